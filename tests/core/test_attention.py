@@ -1,0 +1,176 @@
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnzoo import PreparedKey, attention, prepare_key, scores
+from tests.core.reference import ref_attention, ref_logits
+from tests.core.test_scores import make
+
+NAMES = ["dot", "scaled_dot", "general", "cosine", "additive", "location"]
+
+
+def geometric(i, j, causal, window):
+    m = torch.ones(i, j, dtype=torch.bool)
+    if causal:
+        m &= torch.arange(j)[None] <= torch.arange(i)[:, None]
+    if window is not None:
+        m &= (torch.arange(j)[None] - torch.arange(i)[:, None]).abs() <= window
+    return m
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("return_weights", [False, True])
+@pytest.mark.parametrize(("i", "j", "heads"), [(7, 17, False), (17, 7, True), (1, 143, False)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_path_equals_float64_reference(name, return_weights, i, j, heads, causal):
+    score, params = make(name)
+    lead = (2, 3) if heads else (2,)
+    q, k, v = torch.randn(*lead, i, 6), torch.randn(*lead, j, 6), torch.randn(*lead, j, 5)
+    mask = torch.rand(2, *([1] if heads else []), 1, j) > 0.3
+    out = attention(q, k, v, score=score, mask=mask, causal=causal, return_weights=return_weights)
+    full = mask & geometric(i, j, causal, None)
+    expected, weights = ref_attention(ref_logits(name, q, k, params), v, full)
+    torch.testing.assert_close(out.context.double(), expected, rtol=1e-4, atol=1e-5)
+    if return_weights:
+        torch.testing.assert_close(out.weights.double(), weights, rtol=1e-4, atol=1e-6)
+    else:
+        assert out.weights is None
+
+
+@pytest.mark.parametrize("name", ["dot", "general", "additive", "location"])
+def test_gradcheck_through_attention(name):
+    score, _ = make(name)
+    score = score.double()
+    q = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 4, 2, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[[True, True, False, True]], [[False, True, True, True]]])
+    for rw in (False, True):
+        assert torch.autograd.gradcheck(
+            lambda q, k, v, rw=rw: (
+                attention(q, k, v, score=score, mask=mask, return_weights=rw).context
+            ),
+            (q, k, v),
+        )
+
+
+@given(
+    name=st.sampled_from(NAMES),
+    i=st.integers(1, 12),
+    j=st.integers(1, 12),
+    causal=st.booleans(),
+    window=st.one_of(st.none(), st.integers(1, 3)),
+    seed=st.integers(0, 2**16),
+)
+def test_properties(name, i, j, causal, window, seed):
+    """weights sum to 1 (or 0 for a row with nothing allowed), masked weights exactly 0,
+    return_weights on == off, broadcast mask == expanded mask."""
+    g = torch.Generator().manual_seed(seed)
+    score, _ = make(name)
+    q, k, v = (torch.randn(2, n, 6, generator=g) for n in (i, j, j))
+    mask = torch.rand(2, 1, j, generator=g) > 0.4
+    on = attention(
+        q, k, v, score=score, mask=mask, causal=causal, window=window, return_weights=True
+    )
+    off = attention(q, k, v, score=score, mask=mask, causal=causal, window=window)
+    expanded = attention(
+        q, k, v, score=score, mask=mask.expand(2, i, j).contiguous(), causal=causal, window=window
+    )
+    allowed = mask & geometric(i, j, causal, window)
+    rows = allowed.any(-1).to(on.weights.dtype)
+    torch.testing.assert_close(on.weights.sum(-1), rows)
+    assert (on.weights[~allowed] == 0).all()
+    torch.testing.assert_close(on.context, off.context, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(expanded.context, off.context, rtol=1e-4, atol=1e-5)
+    assert (off.context[~allowed.any(-1)] == 0).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_fully_masked_row_zero_output_finite_gradient(name, return_weights):
+    score, _ = make(name)
+    q = torch.randn(2, 3, 6, requires_grad=True)
+    k = torch.randn(2, 4, 6, requires_grad=True)
+    v = torch.randn(2, 4, 5, requires_grad=True)
+    mask = torch.ones(2, 3, 4, dtype=torch.bool)
+    mask[1, 2] = False
+    out = attention(q, k, v, score=score, mask=mask, return_weights=return_weights)
+    assert (out.context[1, 2] == 0).all()
+    out.context.sum().backward()
+    for t in (q, k, v):
+        assert t.grad is None or torch.isfinite(t.grad).all()  # location ignores key content
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_causal_leak_by_gradient(name):
+    """Output i must not depend on keys or values at positions > i."""
+    score, _ = make(name)
+    q = torch.randn(1, 6, 6)
+    k = torch.randn(1, 6, 6, requires_grad=True)
+    v = torch.randn(1, 6, 5, requires_grad=True)
+    out = attention(q, k, v, score=score, causal=True)
+    for i in range(6):
+        gk, gv = torch.autograd.grad(
+            out.context[0, i].sum(),
+            (k, v),
+            retain_graph=True,
+            allow_unused=True,
+            materialize_grads=True,
+        )
+        assert (gk[0, i + 1 :] == 0).all() and (gv[0, i + 1 :] == 0).all()
+
+
+def test_dropout_zero_in_eval_and_changes_context_in_training():
+    q, k, v = torch.randn(2, 5, 4), torch.randn(2, 6, 4), torch.randn(2, 6, 3)
+    for name in ("scaled_dot", scores.Additive(4, 4, 3)):
+        a = attention(q, k, v, score=name, dropout=0.5, return_weights=True)
+        b = attention(q, k, v, score=name, dropout=0.0, return_weights=True)
+        torch.testing.assert_close(a.weights, b.weights)  # weights reported before dropout
+        assert not torch.allclose(a.context, b.context)
+
+
+def test_prepared_key_reused_across_steps():
+    score = scores.Additive(4, 4, 8)
+    k, v = torch.randn(2, 9, 4), torch.randn(2, 9, 3)
+    prepared = prepare_key(score, k)
+    assert isinstance(prepared, PreparedKey)
+    q = torch.randn(2, 1, 4)
+    torch.testing.assert_close(
+        attention(q, prepared, v, score=score).context, attention(q, k, v, score=score).context
+    )
+    with pytest.raises(ValueError, match="same score"):
+        attention(q, prepared, v, score=scores.Additive(4, 4, 8))
+
+
+def test_window_is_local_m():
+    q, k, v = torch.randn(1, 5, 4), torch.randn(1, 5, 4), torch.randn(1, 5, 2)
+    out = attention(q, k, v, score="dot", window=1, return_weights=True)
+    assert (out.weights[0, 0, 2:] == 0).all() and (out.weights[0, 4, :3] == 0).all()
+
+
+BAD = [
+    (dict(query=torch.randn(2, 3)), ValueError, "'query'.*rank 3 or 4"),
+    (dict(key=torch.randn(2, 4, 6).double()), TypeError, "'key'.*torch.float32.*float64"),
+    (dict(value=torch.randn(2, 5, 6)), ValueError, "'value'.*key_len = 4.*5"),
+    (dict(mask=torch.ones(2, 3, 4)), TypeError, "'mask'.*torch.bool.*float32"),
+    (dict(mask=torch.ones(2, 3, 5, dtype=torch.bool)), ValueError, "'mask'.*broadcastable"),
+    (dict(dropout=1.0), ValueError, "'dropout'.*\\[0, 1\\).*1.0"),
+    (dict(window=0), ValueError, "'window'.*positive.*0"),
+    (dict(score="bogus"), ValueError, "'score'.*scaled_dot.*bogus"),
+    (dict(score=3), TypeError, "'score'"),
+    (dict(key=torch.randn(3, 4, 6)), ValueError, "'key'.*leading dims"),
+]
+
+
+@pytest.mark.parametrize(("override", "error", "pattern"), BAD)
+def test_bad_input_names_argument_expected_and_received(override, error, pattern):
+    args = dict(
+        query=torch.randn(2, 3, 6),
+        key=torch.randn(2, 4, 6),
+        value=torch.randn(2, 4, 6),
+        score="dot",
+    )
+    args.update(override)
+    with pytest.raises(error, match=pattern):
+        attention(args.pop("query"), args.pop("key"), args.pop("value"), **args)

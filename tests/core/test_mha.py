@@ -1,0 +1,134 @@
+import pytest
+import torch
+from torch import nn
+
+from attnzoo import KVCache, MultiHeadAttention, scores
+from tests.core.reference import ref_attention
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("cross", [False, True])
+def test_from_torch_parity_with_key_padding(bias, cross):
+    torch_mha = nn.MultiheadAttention(16, 4, bias=bias, batch_first=True).eval()
+    ours = MultiHeadAttention.from_torch(torch_mha).eval()
+    x = torch.randn(3, 7, 16)
+    memory = torch.randn(3, 17, 16) if cross else x
+    key_len = memory.shape[1]
+    lengths = torch.tensor([key_len, 3, 1])
+    pad = torch.arange(key_len)[None] >= lengths[:, None]  # torch: True = ignore
+    expected, expected_w = torch_mha(
+        x, memory, memory, key_padding_mask=pad, average_attn_weights=False
+    )
+    got = ours(x, memory if cross else None, mask=~pad[:, None, :], return_weights=True)
+    torch.testing.assert_close(got.context, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.weights, expected_w, rtol=1e-5, atol=1e-6)
+    fast = ours(x, memory if cross else None, mask=~pad[:, None, :])  # SDPA path
+    torch.testing.assert_close(fast.context, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_from_torch_parity_causal_separate_kdim():
+    torch_mha = nn.MultiheadAttention(8, 2, kdim=5, vdim=5, batch_first=True).eval()
+    ours = MultiHeadAttention.from_torch(torch_mha).eval()
+    x, memory = torch.randn(2, 4, 8), torch.randn(2, 6, 5)
+    expected, _ = torch_mha(x, memory, memory)
+    torch.testing.assert_close(ours(x, memory).context, expected, rtol=1e-5, atol=1e-5)
+    torch_self = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    ours_self = MultiHeadAttention.from_torch(torch_self)
+    y = torch.randn(2, 9, 8)
+    causal = nn.Transformer.generate_square_subsequent_mask(9)
+    expected, _ = torch_self(y, y, y, attn_mask=causal)
+    torch.testing.assert_close(ours_self(y, causal=True).context, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_matches_float64_reference_per_head_mask():
+    mha = MultiHeadAttention(12, 3).double()
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    mask = torch.rand(2, 3, 5, 5) > 0.3
+    out = mha(x, mask=mask, return_weights=True)
+    q = (x @ mha.q_proj.weight.T + mha.q_proj.bias).view(2, 5, 3, 4).transpose(1, 2)
+    k = (x @ mha.k_proj.weight.T + mha.k_proj.bias).view(2, 5, 3, 4).transpose(1, 2)
+    v = (x @ mha.v_proj.weight.T + mha.v_proj.bias).view(2, 5, 3, 4).transpose(1, 2)
+    logits = torch.einsum("bhid,bhjd->bhij", q, k) / 2.0
+    ctx, w = ref_attention(logits, v, mask)
+    expected = ctx.transpose(1, 2).reshape(2, 5, 12) @ mha.out_proj.weight.T + mha.out_proj.bias
+    torch.testing.assert_close(out.context, expected)
+    torch.testing.assert_close(out.weights, w)
+
+
+@pytest.mark.parametrize("score", ["scaled_dot", "dot", "cosine", "general", "additive"])
+def test_every_score_runs_self_and_cross_with_gradients(score):
+    mha = MultiHeadAttention(8, 2, score=score)
+    x, memory = torch.randn(2, 3, 8), torch.randn(2, 5, 8)
+    out = mha(x, memory, mask=torch.tensor([True] * 4 + [False])[None, None])
+    assert out.context.shape == (2, 3, 8)
+    out.context.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in mha.parameters() if p.grad is not None)
+    assert mha(x, causal=True, return_weights=True).weights.shape == (2, 2, 3, 3)
+
+
+@pytest.mark.parametrize("score", ["scaled_dot", "additive"])
+def test_incremental_cache_equals_full_causal(score):
+    mha = MultiHeadAttention(8, 2, score=score).eval()
+    x = torch.randn(2, 6, 8)
+    full = mha(x, causal=True).context
+    cache = KVCache()
+    steps = [mha(x[:, t : t + 1], causal=True, cache=cache).context for t in range(6)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+    # several new positions at once after a prefix: the causal offset is the cache length
+    cache = KVCache()
+    first = mha(x[:, :2], causal=True, cache=cache).context
+    rest = mha(x[:, 2:], causal=True, cache=cache).context
+    torch.testing.assert_close(torch.cat([first, rest], 1), full, rtol=1e-5, atol=1e-5)
+    assert cache.length == 6
+
+
+def test_cross_attention_cache_projects_memory_once_and_reorders():
+    mha = MultiHeadAttention(8, 2).eval()
+    memory, x = torch.randn(3, 5, 8), torch.randn(3, 1, 8)
+    cache = KVCache()
+    a = mha(x, memory, cache=cache).context
+    assert cache.static and cache.length == 5
+    b = mha(x, memory * 0, cache=cache).context  # memory ignored once cached
+    torch.testing.assert_close(a, b)
+    cache.reorder(torch.tensor([2, 2, 0]))
+    c = mha(x[[2, 2, 0]], memory, cache=cache).context
+    torch.testing.assert_close(c, a[[2, 2, 0]])
+
+
+def test_dropout_only_in_training():
+    mha = MultiHeadAttention(8, 2, dropout=0.5)
+    x = torch.randn(2, 5, 8)
+    mha.eval()
+    torch.testing.assert_close(mha(x).context, mha(x).context)
+    mha.train()
+    assert not torch.allclose(mha(x).context, mha(x).context)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        (dict(d_model=10, num_heads=3), "'num_heads'.*divisor of d_model=10.*3"),
+        (dict(d_model=8, num_heads=2, dropout=-0.1), "'dropout'"),
+    ],
+)
+def test_constructor_errors(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        MultiHeadAttention(**kwargs)
+
+
+def test_call_errors():
+    mha = MultiHeadAttention(8, 2)
+    with pytest.raises(ValueError, match="'query'.*d_model = 8.*7"):
+        mha(torch.randn(2, 3, 7))
+    with pytest.raises(ValueError, match="'memory'.*batch size 2.*3"):
+        mha(torch.randn(2, 3, 8), torch.randn(3, 3, 8))
+    with pytest.raises(TypeError, match="'mask'.*torch.bool"):
+        mha(torch.randn(2, 3, 8), mask=torch.ones(2, 3, 3))
+    with pytest.raises(TypeError, match="'module'"):
+        MultiHeadAttention.from_torch(nn.Linear(2, 2))
+
+
+def test_score_module_instance_is_used_per_head():
+    s = scores.General(4, 4)
+    mha = MultiHeadAttention(8, 2, score=s)
+    assert mha.score is s

@@ -1,0 +1,93 @@
+import pytest
+import torch
+
+from attnzoo import scores
+from tests.core.reference import ref_logits
+
+D = 6
+
+
+def make(name):
+    """(score module, params for the reference)."""
+    if name == "dot":
+        return scores.Dot(), None
+    if name == "scaled_dot":
+        return scores.ScaledDot(), None
+    if name == "general":
+        s = scores.General(D, D)
+        return s, {"weight": s.weight}
+    if name == "cosine":
+        return scores.Cosine(beta=2.5), {"beta": 2.5}
+    if name == "additive":
+        s = scores.Additive(D, D, 5)
+        return s, {"wq": s.query_proj.weight, "wk": s.key_proj.weight, "v": s.v}
+    if name == "location":
+        s = scores.Location(D, 150)
+        return s, {"weight": s.proj.weight, "bias": s.proj.bias}
+    raise ValueError(name)
+
+
+NAMES = ["dot", "scaled_dot", "general", "cosine", "additive", "location"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("shape", [((2, 7), (2, 17)), ((3, 2, 1), (3, 2, 7)), ((1, 17), (1, 1))])
+def test_score_matches_float64_reference(name, shape):
+    (qlead_i), (klead_j) = shape
+    q = torch.randn(*qlead_i, D, dtype=torch.float64)
+    k = torch.randn(*klead_j, D, dtype=torch.float64)
+    score, params = make(name)
+    score = score.double()
+    torch.testing.assert_close(score(q, k), ref_logits(name, q, k, params))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_score_gradcheck(name):
+    score, _ = make(name)
+    score = score.double()
+    q = torch.randn(2, 3, D, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 4, D, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda q, k: score(q, k), (q, k))
+
+
+def test_hand_computed_values():
+    q = torch.tensor([[[1.0, 2.0]]])
+    k = torch.tensor([[[3.0, 4.0], [0.0, 0.0]]])
+    assert scores.Dot()(q, k).tolist() == [[[11.0, 0.0]]]
+    torch.testing.assert_close(scores.ScaledDot()(q, k), torch.tensor([[[11.0 / 2**0.5, 0.0]]]))
+    # cosine: (3 + 8) / (sqrt(5) * 5); the zero key gives 0, not NaN (NTM's empty memory)
+    torch.testing.assert_close(
+        scores.Cosine(beta=2.0)(q, k), torch.tensor([[[2.0 * 11 / (5**0.5 * 5), 0.0]]])
+    )
+
+
+def test_cosine_zero_memory_has_finite_gradient():
+    q = torch.randn(1, 1, 4, requires_grad=True)
+    k = torch.zeros(1, 3, 4, requires_grad=True)
+    scores.Cosine()(q, k).sum().backward()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
+
+
+def test_cosine_per_query_beta():
+    q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    beta = torch.rand(2, 3) * 5
+    s = scores.Cosine()
+    torch.testing.assert_close(s.logits(q, s.prepare_key(k), beta), beta[..., None] * s(q, k))
+
+
+@pytest.mark.parametrize(
+    ("score", "arg"),
+    [
+        (scores.Dot(), "key"),
+        (scores.General(4, 4), "key"),
+        (scores.Additive(4, 4, 3), "key"),
+    ],
+)
+def test_dimension_mismatch_names_argument(score, arg):
+    with pytest.raises(ValueError, match=f"'{arg}'"):
+        score(torch.randn(1, 2, 4), torch.randn(1, 2, 5))
+
+
+def test_location_too_many_keys():
+    with pytest.raises(ValueError, match="max_keys = 3"):
+        scores.Location(4, 3)(torch.randn(1, 2, 4), torch.randn(1, 5, 4))
