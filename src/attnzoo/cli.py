@@ -1,0 +1,141 @@
+"""`attnzoo ...`: demo, train, eval, plot, list.
+
+Wrong input prints one line naming the argument, what was expected and what was given, and
+exits with status 2; `--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def _table(title: str, metrics: dict) -> Table:
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in metrics.items():
+        table.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
+    return table
+
+
+def cmd_list(args) -> None:
+    from attnzoo.models.registry import MODELS
+    from attnzoo.tasks.registry import TASKS
+
+    table = Table(title="models")
+    table.add_column("name")
+    table.add_column("what")
+    for name, (_, text) in MODELS.items():
+        table.add_row(name, text)
+    console.print(table)
+    table = Table(title="tasks")
+    table.add_column("name")
+    table.add_column("what")
+    for name, spec in TASKS.items():
+        table.add_row(name, spec.description)
+    console.print(table)
+
+
+def cmd_train(args) -> None:
+    from attnzoo import runs
+
+    if args.resume:
+        config = json.loads((Path(args.out) / "config.json").read_text())
+    else:
+        config = runs.apply_overrides(runs.default_config(args.model, args.task), args.set)
+    out = Path(args.out or f"runs/{config['model_name']}-{config['task_name']}")
+    start = time.perf_counter()
+    task, model, final = runs.run_train(
+        config, out, resume=args.resume, progress=not args.no_progress
+    )
+    runs.write_figures(out, task, model)
+    final = {**final, "train_minutes": (time.perf_counter() - start) / 60}
+    console.print(_table(f"{config['model_name']} on {config['task_name']} -> {out}", final))
+
+
+def cmd_demo(args) -> None:
+    """Bahdanau on dates; prints the result and writes runs/demo/figures/alignment.png."""
+    args.model, args.task, args.resume = "bahdanau", "dates", False
+    args.out = args.out or "runs/demo"
+    cmd_train(args)
+    console.print(f"alignment figure: {Path(args.out) / 'figures' / 'alignment.png'}")
+
+
+def cmd_eval(args) -> None:
+    from attnzoo import runs
+
+    config, task, model = runs.load_run(Path(args.dir))
+    metrics = task.evaluate(model)
+    console.print(_table(f"{config['model_name']} on {config['task_name']}", metrics))
+
+
+def cmd_plot(args) -> None:
+    from attnzoo import runs
+
+    _, task, model = runs.load_run(Path(args.dir))
+    for path in runs.write_figures(Path(args.dir), task, model):
+        console.print(str(path))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attnzoo", description=__doc__.splitlines()[0])
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="train Bahdanau attention on dates, draw its alignment")
+    demo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    demo.add_argument("--out", default=None)
+    demo.add_argument("--no-progress", action="store_true")
+    demo.set_defaults(func=cmd_demo)
+    train = sub.add_parser("train", help="train MODEL on --task")
+    train.add_argument("model", nargs="?", default=None)
+    train.add_argument("--task", default=None)
+    train.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. model.hidden=256",
+    )
+    train.add_argument("--out", default=None, help="run directory")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out")
+    train.add_argument("--no-progress", action="store_true")
+    train.set_defaults(func=cmd_train)
+    for name, func, text in (
+        ("eval", cmd_eval, "evaluate a run"),
+        ("plot", cmd_plot, "draw a run's figures"),
+    ):
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("dir")
+        sp.set_defaults(func=func)
+    sub.add_parser("list", help="models and tasks").set_defaults(func=cmd_list)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "train":
+        if args.resume and not args.out:
+            parser().error("--resume needs --out DIR")
+        if not args.resume and (args.model is None or args.task is None):
+            parser().error("train needs MODEL and --task TASK (see `attnzoo list`)")
+    try:
+        args.func(args)
+    except (ValueError, TypeError, ModuleNotFoundError, FileNotFoundError) as err:
+        if args.debug:
+            raise
+        print(f"attnzoo: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""One decoding engine for every decoder: greedy search and batched beam search.
+
+A decoder exposes `decode_step(tokens (batch,), state) -> (log_probs (batch, vocab), state)`
+and its state exposes `reorder(index) -> state` (keep rows `index`). The RNN decoders' state
+holds their hidden vectors; the Transformer's holds its key/value caches. Beam search flattens
+(batch, beam) into the batch dimension, so every decoder sees an ordinary batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from attnzoo.core.checks import fail
+
+
+class DecodingState(Protocol):
+    def reorder(self, index: torch.Tensor) -> DecodingState: ...
+
+
+Step = Callable[[torch.Tensor, DecodingState], tuple[torch.Tensor, DecodingState]]
+
+
+def _pad_after_eos(tokens: torch.Tensor, eos: int, pad: int) -> torch.Tensor:
+    """Everything after the first EOS becomes padding. tokens: (batch, t)."""
+    after = (tokens == eos).long().cumsum(-1) - (tokens == eos).long()  # EOS seen before
+    return tokens.masked_fill(after > 0, pad)
+
+
+@torch.no_grad()
+def greedy(
+    step: Step,
+    state: DecodingState,
+    batch: int,
+    *,
+    bos: int,
+    eos: int,
+    max_len: int,
+    pad: int = 0,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """argmax at every step until every row has produced EOS or max_len tokens.
+
+    Returns (batch, <= max_len) token ids, EOS included, padding after it.
+    """
+    tokens = torch.full((batch,), bos, dtype=torch.long, device=device)
+    out, done = [], torch.zeros(batch, dtype=torch.bool, device=device)
+    for _ in range(max_len):
+        log_probs, state = step(tokens, state)
+        tokens = log_probs.argmax(-1)  # (batch,)
+        out.append(tokens)
+        done |= tokens == eos
+        if done.all():
+            break
+    return _pad_after_eos(torch.stack(out, 1), eos, pad)
+
+
+@torch.no_grad()
+def beam_search(
+    step: Step,
+    state: DecodingState,
+    batch: int,
+    *,
+    bos: int,
+    eos: int,
+    max_len: int,
+    beam_size: int = 5,
+    length_penalty: float = 1.0,
+    pad: int = 0,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Batched beam search; finished hypotheses are ranked by log p / length^length_penalty
+    (Wu et al. 2016 use ((5 + len) / 6)^alpha; plain length normalisation is alpha = 1 here).
+
+    Returns the best hypothesis per batch row: (batch, <= max_len), padding after EOS.
+    """
+    if beam_size < 1:
+        fail("beam_search", "beam_size", "an int >= 1", beam_size)
+    k = beam_size
+    flat = torch.arange(batch, device=device).repeat_interleave(k)  # (batch * k,)
+    state = state.reorder(flat)
+    tokens = torch.full((batch * k,), bos, dtype=torch.long, device=device)
+    scores = torch.zeros(batch, k, device=device)
+    scores[:, 1:] = float("-inf")  # all beams start identical: keep one alive
+    history = torch.empty(batch * k, 0, dtype=torch.long, device=device)
+    finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
+    lengths = torch.zeros(batch, k, device=device)
+    for _ in range(max_len):
+        log_probs, state = step(tokens, state)  # (batch * k, V)
+        vocab = log_probs.shape[-1]
+        log_probs = log_probs.view(batch, k, vocab)
+        # a finished beam only extends with padding at no cost
+        frozen = torch.full_like(log_probs, float("-inf"))
+        frozen[..., pad] = 0.0
+        log_probs = torch.where(finished.unsqueeze(-1), frozen, log_probs)
+        candidates = (scores.unsqueeze(-1) + log_probs).view(batch, k * vocab)
+        new_len = (lengths + (~finished).float()).unsqueeze(-1).expand(batch, k, vocab)
+        ranked = candidates / new_len.reshape(batch, -1).clamp_min(1) ** length_penalty
+        _, best = ranked.topk(k, dim=-1)  # (batch, k)
+        beam, token = best // vocab, best % vocab
+        scores = candidates.gather(-1, best)
+        source = (torch.arange(batch, device=device)[:, None] * k + beam).view(-1)
+        lengths = lengths.gather(-1, beam) + (~finished.gather(-1, beam)).float()
+        finished = finished.gather(-1, beam) | (token == eos)
+        history = torch.cat([history.index_select(0, source), token.view(-1, 1)], 1)
+        state = state.reorder(source)
+        tokens = token.view(-1)
+        if finished.all():
+            break
+    final = scores / lengths.clamp_min(1) ** length_penalty  # (batch, k)
+    best = final.argmax(-1)  # (batch,)
+    chosen = history.view(batch, k, -1)[torch.arange(batch, device=device), best]
+    return _pad_after_eos(chosen, eos, pad)

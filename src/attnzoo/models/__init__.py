@@ -1,0 +1,1 @@
+"""attnzoo.models: one file per classic attention model, built only from `attnzoo.core`."""

@@ -1,0 +1,336 @@
+"""RNN sequence-to-sequence models with and without attention.
+
+- "none": Sutskever 2014 / Cho 2014 encoder-decoder; the encoder's final state is the only
+  context (the baseline of Bahdanau 2015, "RNNencdec").
+- "bahdanau": Bahdanau 2015 ("RNNsearch"): bidirectional encoder; at step i the additive
+  score compares the previous decoder state s_{i-1} with every annotation h_j,
+      c_i = sum_j softmax_j(v_a^T tanh(W_a s_{i-1} + U_a h_j)) h_j,
+  and c_i enters the RNN: s_i = f(s_{i-1}, [E y_{i-1}; c_i]); a maxout readout
+  (appendix A.2.2) predicts y_i from (s_i, c_i, E y_{i-1}).
+- "luong": Luong 2015: the attention comes after the RNN step: h_t = f(h_{t-1}, x_t),
+  c_t = attend(h_t, H) with a global score (dot, general, concat) or local-m / local-p,
+  the attentional state h~_t = tanh(W_c [c_t; h_t]) (eq. 5) predicts y_t (eq. 6), and with
+  input feeding h~_{t-1} is concatenated to the next input (sec. 3.3).
+- "simple": the SimpleRNN with attention of the usual lecture: s_t = tanh(A' [x'_t; s_{t-1};
+  c_{t-1}] + b), c_t = attend(s_t, H), y_t predicted from [s_t; c_t].
+
+Note:
+    The decoder RNN is one stack of `layers` cells (GRU by default, as in Bahdanau's gated
+    unit). The initial decoder state is tanh(W_s h_final) of the encoder's last states
+    (Bahdanau appendix A.2.2 uses the first backward state; the final states of both
+    directions carry the same information here). The keys are prepared (projected) once per
+    source sentence, not once per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from attnzoo.core import LocalAttention, PreparedKey, attention, padding_mask, scores
+from attnzoo.core.checks import fail
+
+ATTENTIONS = ("none", "bahdanau", "luong", "simple")
+SCORES = ("additive", "dot", "scaled_dot", "general", "location")
+LOCAL = ("global", "local-m", "local-p")
+CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
+
+
+@dataclass(frozen=True)
+class Seq2SeqConfig:
+    attention: str = "bahdanau"  # one of ATTENTIONS
+    score: str = "additive"  # one of SCORES ("additive" is Luong's "concat")
+    local: str = "global"  # Luong only: one of LOCAL
+    window: int = 4  # D of local attention
+    input_feeding: bool = True  # Luong only
+    cell: str = "gru"  # rnn | gru | lstm
+    embed_dim: int = 64
+    hidden: int = 128
+    attn_hidden: int = 128  # d_hidden of the additive score
+    layers: int = 1
+    bidirectional: bool = True
+    dropout: float = 0.1
+    max_source_len: int = 128  # Location score only: the longest addressable source
+
+    def __post_init__(self):
+        for name, allowed in (
+            ("attention", ATTENTIONS),
+            ("score", SCORES),
+            ("local", LOCAL),
+            ("cell", tuple(CELLS)),
+        ):
+            if getattr(self, name) not in allowed:
+                fail("Seq2SeqConfig", name, f"one of {list(allowed)}", repr(getattr(self, name)))
+        if self.local != "global" and self.attention != "luong":
+            fail("Seq2SeqConfig", "local", "'global' unless attention='luong'", repr(self.local))
+
+
+def bahdanau(**overrides) -> Seq2SeqConfig:
+    """RNNsearch (Bahdanau 2015): BiGRU encoder, additive score, maxout readout."""
+    return replace(Seq2SeqConfig(), **overrides)
+
+
+def luong(**overrides) -> Seq2SeqConfig:
+    """Luong 2015 global attention, general score, input feeding (their best single model used
+    local-p with general; global-general is the simplest strong variant)."""
+    base = Seq2SeqConfig(attention="luong", score="general", cell="lstm", bidirectional=False)
+    return replace(base, **overrides)
+
+
+@dataclass
+class EncoderOutput:
+    annotations: torch.Tensor  # (b, j, d_enc)
+    mask: torch.Tensor  # (b, 1, j) True = real source token
+    lengths: torch.Tensor  # (b,)
+    final: torch.Tensor  # (b, d_enc) last states of both directions, concatenated
+
+
+@dataclass
+class DecoderState:
+    """Everything one decoding step needs; `reorder` serves beam search."""
+
+    hidden: torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # (layers, b, d) [LSTM: (h, c)]
+    feed: torch.Tensor  # (b, d_feed): h~_{t-1} (Luong), c_{t-1} (simple), unused otherwise
+    step: int
+    memory: EncoderOutput
+    keys: PreparedKey | torch.Tensor | None  # keys prepared once per sentence
+
+    def reorder(self, index: torch.Tensor) -> DecoderState:
+        hidden = (
+            tuple(h.index_select(1, index) for h in self.hidden)
+            if isinstance(self.hidden, tuple)
+            else self.hidden.index_select(1, index)
+        )
+        m = self.memory
+        memory = EncoderOutput(
+            m.annotations.index_select(0, index),
+            m.mask.index_select(0, index),
+            m.lengths.index_select(0, index),
+            m.final.index_select(0, index),
+        )
+        keys = self.keys
+        if isinstance(keys, PreparedKey):
+            keys = PreparedKey(keys.tensor.index_select(0, index), keys.score)
+        elif isinstance(keys, torch.Tensor):
+            keys = keys.index_select(0, index)
+        return DecoderState(hidden, self.feed.index_select(0, index), self.step, memory, keys)
+
+
+@dataclass
+class Seq2SeqOutput:
+    logits: torch.Tensor  # (b, t, vocab)
+    weights: torch.Tensor | None  # (b, t, j) attention over source, None without attention
+
+
+class Seq2Seq(nn.Module):
+    """Encoder-decoder over token ids; see the module docstring for the decoders.
+
+    Args:
+        config: `Seq2SeqConfig`.
+        source_vocab, target_vocab: vocabulary sizes (id 0 is padding).
+    """
+
+    def __init__(self, config: Seq2SeqConfig, source_vocab: int, target_vocab: int):
+        super().__init__()
+        c = self.config = config
+        cell = CELLS[c.cell]
+        self.source_embed = nn.Embedding(source_vocab, c.embed_dim, padding_idx=0)
+        self.target_embed = nn.Embedding(target_vocab, c.embed_dim, padding_idx=0)
+        self.drop = nn.Dropout(c.dropout)
+        self.encoder = cell(
+            c.embed_dim,
+            c.hidden,
+            num_layers=c.layers,
+            batch_first=True,
+            bidirectional=c.bidirectional,
+            dropout=c.dropout if c.layers > 1 else 0.0,
+        )
+        d_enc = c.hidden * (2 if c.bidirectional else 1)
+        self.bridge = nn.Linear(d_enc, c.layers * c.hidden)
+
+        d_in = c.embed_dim
+        if c.attention == "bahdanau":
+            d_in += d_enc  # context enters the RNN
+        elif c.attention == "luong" and c.input_feeding:
+            d_in += c.hidden  # h~_{t-1}
+        elif c.attention == "simple":
+            d_in += d_enc  # c_{t-1}
+        self.decoder = cell(
+            d_in,
+            c.hidden,
+            num_layers=c.layers,
+            batch_first=True,
+            dropout=c.dropout if c.layers > 1 else 0.0,
+        )
+
+        self.score = None if c.attention == "none" else self._build_score(c, d_enc)
+        self.local = None
+        if c.attention == "luong" and c.local != "global":
+            self.local = LocalAttention(
+                self.score, c.window, d_query=c.hidden if c.local == "local-p" else None
+            )
+        if c.attention == "bahdanau":  # maxout readout: 2l units pooled in pairs
+            self.readout = nn.Linear(c.hidden + d_enc + c.embed_dim, 2 * c.hidden)
+            d_out = c.hidden
+        elif c.attention == "luong":
+            self.combine = nn.Linear(d_enc + c.hidden, c.hidden, bias=False)  # W_c
+            d_out = c.hidden
+        elif c.attention == "simple":
+            d_out = c.hidden + d_enc
+        else:
+            d_out = c.hidden
+        self.output = nn.Linear(d_out, target_vocab)
+
+    @staticmethod
+    def _build_score(c: Seq2SeqConfig, d_enc: int) -> scores.Score:
+        if c.score in ("dot", "scaled_dot") and d_enc != c.hidden:
+            fail(
+                "Seq2Seq",
+                "score",
+                f"'general' or 'additive' when the encoder size ({d_enc}) "
+                f"differs from the decoder's ({c.hidden})",
+                repr(c.score),
+            )
+        return {
+            "additive": lambda: scores.Additive(c.hidden, d_enc, c.attn_hidden),
+            "dot": scores.Dot,
+            "scaled_dot": scores.ScaledDot,
+            "general": lambda: scores.General(c.hidden, d_enc),
+            "location": lambda: scores.Location(c.hidden, c.max_source_len),
+        }[c.score]()
+
+    # -- encoder ---------------------------------------------------------------------------
+
+    def encode(self, source: torch.Tensor, lengths: torch.Tensor) -> EncoderOutput:
+        """source: (b, j) ids, padded with 0; lengths: (b,) -> EncoderOutput."""
+        if source.dim() != 2:
+            fail(
+                "Seq2Seq.encode",
+                "source",
+                "(batch, source_len) token ids",
+                f"shape {tuple(source.shape)}",
+            )
+        embedded = self.drop(self.source_embed(source))  # (b, j, e)
+        packed = pack_padded_sequence(
+            embedded, lengths.cpu(), batch_first=True, enforce_sorted=False
+        )
+        out, final = self.encoder(packed)
+        annotations, _ = pad_packed_sequence(
+            out, batch_first=True, total_length=source.shape[1]
+        )  # (b, j, d_enc)
+        h = final[0] if isinstance(final, tuple) else final  # (layers*dirs, b, d)
+        dirs = 2 if self.config.bidirectional else 1
+        last = h.view(self.config.layers, dirs, h.shape[1], h.shape[2])[-1]  # (dirs, b, d)
+        last = last.transpose(0, 1).reshape(h.shape[1], -1)  # (b, d_enc)
+        return EncoderOutput(annotations, padding_mask(lengths, source.shape[1]), lengths, last)
+
+    # -- decoder -----------------------------------------------------------------------------
+
+    def start(self, memory: EncoderOutput) -> DecoderState:
+        c = self.config
+        b = memory.final.shape[0]
+        h0 = torch.tanh(self.bridge(memory.final)).view(b, c.layers, c.hidden)
+        h0 = h0.transpose(0, 1).contiguous()  # (layers, b, d)
+        hidden = (h0, torch.zeros_like(h0)) if c.cell == "lstm" else h0
+        d_feed = {"luong": c.hidden, "simple": memory.annotations.shape[-1]}.get(c.attention, 0)
+        feed = memory.final.new_zeros(b, d_feed)
+        keys = None
+        if self.score is not None:
+            keys = PreparedKey(self.score.prepare_key(memory.annotations), self.score)
+        return DecoderState(hidden, feed, 0, memory, keys)
+
+    def _attend(self, query: torch.Tensor, state: DecoderState, need_weights: bool):
+        """query: (b, t, d) -> context (b, t, d_enc), weights (b, t, j) or None."""
+        m = state.memory
+        if self.local is not None:
+            positions = torch.arange(state.step, state.step + query.shape[1], device=query.device)
+            out = self.local(
+                query,
+                m.annotations,
+                m.annotations,
+                mask=m.mask,
+                lengths=m.lengths,
+                positions=positions,
+                prepared_key=state.keys.tensor,
+            )
+            return out.context, out.weights
+        out = attention(
+            query,
+            state.keys,
+            m.annotations,
+            score=self.score,
+            mask=m.mask,
+            return_weights=need_weights,
+        )
+        return out.context, out.weights
+
+    def _run(self, tokens: torch.Tensor, state: DecoderState, need_weights: bool):
+        """Decode target inputs `tokens` (b, t) from `state`: logits (b, t, V), weights, state.
+
+        Luong attention without input feeding runs the RNN over all t steps at once and then
+        attends for all of them in one call; every other decoder steps one position at a time.
+        """
+        c = self.config
+        embedded = self.drop(self.target_embed(tokens))  # (b, t, e)
+        if c.attention == "none":
+            out, hidden = self.decoder(embedded, state.hidden)
+            logits = self.output(self.drop(out))
+            return logits, None, replace(state, hidden=hidden, step=state.step + tokens.shape[1])
+        if c.attention == "luong" and not c.input_feeding:
+            out, hidden = self.decoder(embedded, state.hidden)  # (b, t, d)
+            context, weights = self._attend(out, state, need_weights)
+            attentional = torch.tanh(self.combine(torch.cat([context, out], -1)))  # h~_t
+            logits = self.output(self.drop(attentional))
+            return logits, weights, replace(state, hidden=hidden, step=state.step + tokens.shape[1])
+        logits, weights = [], []
+        for t in range(tokens.shape[1]):
+            step_logits, w, state = self._step(embedded[:, t : t + 1], state, need_weights)
+            logits.append(step_logits)
+            weights.append(w)
+        return (torch.cat(logits, 1), torch.cat(weights, 1) if need_weights else None, state)
+
+    def _step(self, x: torch.Tensor, state: DecoderState, need_weights: bool):
+        """One target position. x: (b, 1, e) embedded y_{t-1}."""
+        c = self.config
+        hidden = state.hidden
+        if c.attention == "bahdanau":
+            s_prev = (hidden[0] if isinstance(hidden, tuple) else hidden)[-1]  # s_{i-1}: (b, d)
+            context, w = self._attend(s_prev.unsqueeze(1), state, need_weights)  # (b, 1, d_enc)
+            out, hidden = self.decoder(torch.cat([x, context], -1), hidden)  # s_i: (b, 1, d)
+            t = self.readout(self.drop(torch.cat([out, context, x], -1)))  # (b, 1, 2d)
+            maxout = t.view(*t.shape[:-1], -1, 2).amax(-1)  # (b, 1, d)
+            logits = self.output(self.drop(maxout))
+            feed = state.feed
+        elif c.attention == "luong":
+            out, hidden = self.decoder(torch.cat([x, state.feed.unsqueeze(1)], -1), hidden)
+            context, w = self._attend(out, state, need_weights)
+            attentional = torch.tanh(self.combine(torch.cat([context, out], -1)))  # (b, 1, d)
+            logits = self.output(self.drop(attentional))
+            feed = attentional.squeeze(1)
+        else:  # simple
+            out, hidden = self.decoder(torch.cat([x, state.feed.unsqueeze(1)], -1), hidden)
+            context, w = self._attend(out, state, need_weights)
+            logits = self.output(self.drop(torch.cat([out, context], -1)))
+            feed = context.squeeze(1)
+        return logits, w, replace(state, hidden=hidden, feed=feed, step=state.step + 1)
+
+    def forward(
+        self,
+        source: torch.Tensor,
+        lengths: torch.Tensor,
+        target_in: torch.Tensor,
+        return_weights: bool = False,
+    ) -> Seq2SeqOutput:
+        """Teacher forcing. source: (b, j); lengths: (b,); target_in: (b, t) starting with BOS.
+        Returns Seq2SeqOutput(logits (b, t, V), weights (b, t, j) or None)."""
+        state = self.start(self.encode(source, lengths))
+        logits, weights, _ = self._run(target_in, state, return_weights and self.score is not None)
+        return Seq2SeqOutput(logits, weights)
+
+    def decode_step(self, tokens: torch.Tensor, state: DecoderState):
+        """The decoding engine's step: tokens (b,) -> log-probabilities (b, V), new state."""
+        logits, _, state = self._run(tokens.unsqueeze(1), state, False)
+        return torch.log_softmax(logits[:, -1].float(), -1), state

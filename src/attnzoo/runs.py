@@ -1,0 +1,191 @@
+"""Runs: a resolved config -> task, model, training, figures, in a run directory.
+
+A run directory holds config.json (resolved), metrics.jsonl, final.json, checkpoints/ and
+figures/ (DESIGN.md, "Runs").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnzoo.core.checks import fail
+from attnzoo.models.registry import MODELS, build_model
+from attnzoo.tasks.registry import TASKS
+from attnzoo.tasks.translation import EvalConfig, TranslationTask
+from attnzoo.train.checkpoint import atomic_write_json, latest_checkpoint, load_weights
+from attnzoo.train.loop import TrainConfig, train
+
+# Per-task training budgets sized for this 2-core CPU (see docs/ for what they reach).
+TASK_TRAIN = {
+    "dates": dict(steps=1500, batch_size=64, lr=3e-3, warmup=100, checkpoint_every=250),
+    "numbers": dict(steps=2500, batch_size=64, lr=3e-3, warmup=100, checkpoint_every=250),
+    "kjv2web": dict(steps=6000, batch_size=64, lr=2e-3, warmup=200, checkpoint_every=500),
+}
+TASK_EVAL = {"dates": dict(limit=1000), "numbers": dict(limit=1000), "kjv2web": dict(limit=500)}
+SECTIONS = ("model", "task", "train", "eval")
+
+
+def default_config(model: str, task: str) -> dict[str, Any]:
+    if model not in MODELS:
+        fail("attnzoo", "MODEL", f"one of {sorted(MODELS)}", repr(model))
+    if task not in TASKS:
+        fail("attnzoo", "--task", f"one of {sorted(TASKS)}", repr(task))
+    return {
+        "model_name": model,
+        "task_name": task,
+        "model": dataclasses.asdict(MODELS[model][0]()),
+        "task": dataclasses.asdict(TASKS[task].config_type()()),
+        "train": dataclasses.asdict(TrainConfig(**TASK_TRAIN[task])),
+        "eval": dataclasses.asdict(EvalConfig(**TASK_EVAL[task])),
+    }
+
+
+def _classes(config: dict) -> dict[str, type]:
+    from attnzoo.models.seq2seq import Seq2SeqConfig
+
+    return {
+        "model": Seq2SeqConfig,
+        "task": TASKS[config["task_name"]].config_type(),
+        "train": TrainConfig,
+        "eval": EvalConfig,
+    }
+
+
+def _parse(value: str, annotation, key: str):
+    """Parse `value` as the dataclass field's type."""
+    text = value.strip()
+    origin = typing.get_origin(annotation)
+    kinds = (
+        typing.get_args(annotation) if origin in (typing.Union, type(int | None)) else (annotation,)
+    )
+    if "None" in [getattr(k, "__name__", str(k)) for k in kinds] and text.lower() == "none":
+        return None
+    for kind in kinds:
+        base = typing.get_origin(kind) or kind
+        try:
+            if base is bool:
+                if text.lower() in ("true", "1", "yes"):
+                    return True
+                if text.lower() in ("false", "0", "no"):
+                    return False
+                raise ValueError
+            if base is int:
+                return int(text)
+            if base is float:
+                return float(text)
+            if base is tuple:
+                items = json.loads(text) if text.startswith("[") else text.split(",")
+                inner = (typing.get_args(kind) or (str,))[0]
+                return tuple(inner(x) if callable(inner) else x for x in items)
+            if base is str or isinstance(base, typing._LiteralGenericAlias | type(typing.Literal)):
+                return text
+        except (ValueError, TypeError, json.JSONDecodeError):
+            continue
+    fail("attnzoo --set", key, f"a value of type {annotation}", repr(value))
+
+
+def apply_overrides(config: dict, sets: list[str]) -> dict:
+    """`section.field=value` strings -> config; an unknown key lists the valid ones."""
+    classes = _classes(config)
+    for item in sets:
+        if "=" not in item:
+            fail("attnzoo --set", "--set", "key=value (e.g. model.hidden=256)", repr(item))
+        key, value = item.split("=", 1)
+        section, _, name = key.strip().partition(".")
+        valid = sorted(f"{s}.{f.name}" for s in SECTIONS for f in dataclasses.fields(classes[s]))
+        if section not in SECTIONS or name not in config[section]:
+            fail("attnzoo --set", key, f"one of {', '.join(valid)}", repr(key))
+        hints = typing.get_type_hints(classes[section])
+        config[section][name] = _parse(value, hints[name], key)
+    validate(config)
+    return config
+
+
+def validate(config: dict) -> None:
+    """Construct every config dataclass once so their own checks run before any work."""
+    for section, cls in _classes(config).items():
+        cls(**_tuples(config[section]))
+
+
+def _tuples(d: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+
+
+def build(config: dict):
+    """(task, model) from a resolved config."""
+    classes = _classes(config)
+    spec = TASKS[config["task_name"]]
+    module = spec.load()
+    task_config = classes["task"](**_tuples(config["task"]))
+    task = TranslationTask(
+        module.make_splits(task_config),
+        module.detokenize,
+        metric=spec.metric,
+        seed=config["train"]["seed"],
+        eval_config=EvalConfig(**config["eval"]),
+        max_vocab=spec.max_vocab,
+    )
+    model_config = classes["model"](**_tuples(config["model"]))
+    if model_config.score == "location":
+        model_config = dataclasses.replace(model_config, max_source_len=task.max_source_len)
+    torch.manual_seed(config["train"]["seed"])
+    return task, build_model(model_config, task)
+
+
+def run_train(config: dict, out: Path, *, resume: bool = False, progress: bool = True):
+    out = Path(out)
+    task, model = build(config)
+    if not resume:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / "config.json", config)
+    train_config = TrainConfig(**_tuples(config["train"]))
+    final = train(task, model, train_config, out, resume=resume, progress=progress)
+    return task, model, final
+
+
+def load_run(run_dir: Path):
+    run_dir = Path(run_dir)
+    path = run_dir / "config.json"
+    if not path.exists():
+        fail("attnzoo", "DIR", "a run directory with config.json", str(run_dir))
+    config = json.loads(path.read_text())
+    task, model = build(config)
+    folder = latest_checkpoint(run_dir / "checkpoints")
+    if folder is None:
+        fail("attnzoo", "DIR", "a run with a checkpoint", f"none under {run_dir}/checkpoints")
+    model.load_state_dict(load_weights(folder))
+    model.eval()
+    return config, task, model
+
+
+def write_figures(run_dir: Path, task, model, *, count: int = 3) -> list[Path]:
+    """figures/alignment.png (+ alignment_1.png ...) and figures/loss.png."""
+    from attnzoo.viz import alignment_figure, loss_figure
+
+    figures = Path(run_dir) / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    written = []
+    examples = task.examples()[:count]
+    with torch.no_grad():
+        model.eval()
+        outputs = task.translate(model, examples)
+        weights = task.alignments(model, examples)
+    for k, (e, w) in enumerate(zip(examples, weights, strict=False)):
+        title = f"output: {task.detokenize(outputs[k])}"
+        fig = alignment_figure(w, [*e.source, "<eos>"], [*e.target, "<eos>"], title=title)
+        path = figures / ("alignment.png" if k == 0 else f"alignment_{k}.png")
+        fig.savefig(path, dpi=110)
+        written.append(path)
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if metrics.exists():
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        fig = loss_figure([r["step"] for r in rows], [r["loss"] for r in rows])
+        fig.savefig(figures / "loss.png", dpi=110)
+        written.append(figures / "loss.png")
+    return written

@@ -1,0 +1,44 @@
+"""The task registry: name -> data config class, data builder, detokenizer, headline metric."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    module: str  # attnzoo.tasks.<module> with make_splits(config), detokenize(tokens)
+    config_class: str
+    metric: str
+    max_vocab: int | None = None
+    description: str = ""
+
+    def load(self):
+        return importlib.import_module(f"attnzoo.tasks.{self.module}")
+
+    def config_type(self):
+        return getattr(self.load(), self.config_class)
+
+
+TASKS = {
+    "dates": TaskSpec(
+        "dates",
+        "DatesConfig",
+        "exact_match",
+        description="human-written dates in many locales -> ISO (babel)",
+    ),
+    "numbers": TaskSpec(
+        "numbers",
+        "NumbersConfig",
+        "exact_match",
+        description="German number words -> digits (num2words)",
+    ),
+    "kjv2web": TaskSpec(
+        "kjv2web",
+        "Kjv2WebConfig",
+        "bleu",
+        max_vocab=8000,
+        description="King James verse -> World English Bible verse",
+    ),
+}

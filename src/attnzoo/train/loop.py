@@ -1,0 +1,229 @@
+"""One training loop for every model and task (STYLE.md 12).
+
+The task supplies the step: `task.batch(step, batch_size, rank, world)` draws the global batch
+of `step` (a pure function of the seed and the step, so a resumed run sees the same data) and
+returns this process's shard; `task.loss(model, batch)` returns the summed loss and the number
+of items it sums over; `task.evaluate(model)` returns metrics. The loop owns optimisation
+(AdamW, schedule, clipping), logging, checkpoints and torch.distributed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from attnzoo.core.checks import fail
+from attnzoo.train.checkpoint import (
+    atomic_write_json,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+
+SCHEDULES = ("constant", "cosine", "inverse_sqrt")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 2000
+    batch_size: int = 64
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    schedule: str = "cosine"  # constant | cosine | inverse_sqrt (Vaswani 2017 eq. 3)
+    warmup: int = 100
+    clip: float = 1.0  # max gradient norm; 0 disables
+    log_every: int = 50
+    eval_every: int = 0  # 0: only at the end
+    checkpoint_every: int = 500
+    seed: int = 0
+    threads: int = 0  # torch threads; 0 leaves torch's default
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            fail("TrainConfig", "schedule", f"one of {list(SCHEDULES)}", repr(self.schedule))
+        for name in ("steps", "batch_size"):
+            if getattr(self, name) <= 0:
+                fail("TrainConfig", name, "a positive int", getattr(self, name))
+        if self.lr <= 0:
+            fail("TrainConfig", "lr", "a positive learning rate", self.lr)
+
+
+class Task(Protocol):
+    def batch(self, step: int, batch_size: int, rank: int, world: int) -> Any: ...
+
+    def loss(self, model: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, int]: ...
+
+    def evaluate(self, model: torch.nn.Module) -> dict[str, float]: ...
+
+
+def lr_factor(config: TrainConfig, step: int) -> float:
+    """Multiplier of the base lr at optimizer step `step` (0-based)."""
+    warm = min(1.0, (step + 1) / config.warmup) if config.warmup > 0 else 1.0
+    if config.schedule == "constant":
+        return warm
+    if config.schedule == "cosine":
+        progress = min(1.0, step / max(1, config.steps))
+        return warm * 0.5 * (1 + math.cos(math.pi * progress))
+    # inverse_sqrt: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), with lr as the peak
+    s = step + 1
+    return min(s**-0.5, s * max(1, config.warmup) ** -1.5) * math.sqrt(max(1, config.warmup))
+
+
+@dataclass
+class Distributed:
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed() -> Distributed:
+    """Join the process group when launched by torchrun (gloo on CPU, NCCL on GPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Distributed()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return Distributed(dist.get_rank(), dist.get_world_size())
+
+
+def train(
+    task: Task,
+    model: torch.nn.Module,
+    config: TrainConfig,
+    run_dir: Path | None,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+) -> dict[str, float]:
+    """Train `model` on `task`; returns the final evaluation metrics.
+
+    With `run_dir`, writes metrics.jsonl, final.json and checkpoints/ there; `resume`
+    continues from the newest checkpoint to the same result as an uninterrupted run.
+    """
+    env = setup_distributed()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(config, s))
+    start = 0
+    ckpt_dir = Path(run_dir) / "checkpoints" if run_dir else None
+    metrics_path = Path(run_dir) / "metrics.jsonl" if run_dir else None
+    if resume and ckpt_dir is not None:
+        folder = latest_checkpoint(ckpt_dir)
+        if folder is None:
+            fail("train", "--resume", f"a checkpoint under {ckpt_dir}", "none")
+        start = load_checkpoint(folder, model, optimizer, scheduler) + 1
+        if env.main and metrics_path.exists():  # drop log lines written after that checkpoint
+            kept = [
+                line
+                for line in metrics_path.read_text().splitlines()
+                if json.loads(line).get("step", -1) < start
+            ]
+            metrics_path.write_text("".join(line + "\n" for line in kept))
+    elif env.main and metrics_path is not None and metrics_path.exists():
+        metrics_path.unlink()
+
+    trained = DistributedDataParallel(model) if env.world > 1 else model
+    bar = _progress(progress and env.main, config.steps, start)
+    window_loss, window_items, window_start = 0.0, 0, time.perf_counter()
+    for step in range(start, config.steps):
+        model.train()
+        batch = task.batch(step, config.batch_size, env.rank, env.world)
+        loss_sum, count = task.loss(trained, batch)
+        total = torch.tensor(float(count))
+        if env.world > 1:  # normalise by the global count so the gradient equals 1 process's
+            dist.all_reduce(total)
+        (loss_sum * env.world / total).backward()
+        if config.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        window_loss += float(loss_sum.detach())
+        window_items += count
+        last = step == config.steps - 1
+        if (step + 1) % config.log_every == 0 or last:
+            stats = torch.tensor([window_loss, float(window_items)])
+            if env.world > 1:
+                dist.all_reduce(stats)
+            elapsed = time.perf_counter() - window_start
+            record = {
+                "step": step,
+                "loss": stats[0].item() / max(1.0, stats[1].item()),
+                "lr": scheduler.get_last_lr()[0],
+                "items_per_s": stats[1].item() / max(elapsed, 1e-9),
+            }
+            if config.eval_every and (step + 1) % config.eval_every == 0 and not last:
+                record.update(_evaluate(task, model, env))
+            if env.main and metrics_path is not None:
+                with metrics_path.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+            bar.update(step + 1, record)
+            window_loss, window_items, window_start = 0.0, 0, time.perf_counter()
+        if (
+            env.main
+            and ckpt_dir is not None
+            and ((step + 1) % config.checkpoint_every == 0 or last)
+        ):
+            save_checkpoint(ckpt_dir, step, model, optimizer, scheduler)
+        if env.world > 1 and (step + 1) % config.checkpoint_every == 0:
+            dist.barrier()
+    bar.close()
+    final = _evaluate(task, model, env)
+    if env.main and run_dir is not None:
+        atomic_write_json(Path(run_dir) / "final.json", final)
+    if env.world > 1:
+        dist.barrier()
+    return final
+
+
+def _evaluate(task: Task, model: torch.nn.Module, env: Distributed) -> dict[str, float]:
+    """Every process evaluates the same data, so no process waits on another."""
+    model.eval()
+    with torch.no_grad():
+        return task.evaluate(model)
+
+
+class _progress:
+    """A rich progress bar on the main process, nothing elsewhere."""
+
+    def __init__(self, enabled: bool, total: int, start: int):
+        self.bar = None
+        if enabled:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(
+                TextColumn("train"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+                transient=True,
+            )
+            self.bar.start()
+            self.task = self.bar.add_task("train", total=total, completed=start, info="")
+
+    def update(self, completed: int, record: dict) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=completed, info=f"loss {record['loss']:.4f}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

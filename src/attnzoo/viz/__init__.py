@@ -1,0 +1,5 @@
+"""attnzoo.viz: pure functions from weights and labels to matplotlib figures."""
+
+from attnzoo.viz.figures import alignment_figure, loss_figure
+
+__all__ = ["alignment_figure", "loss_figure"]
