@@ -1,0 +1,196 @@
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnzoo.train.checkpoint import atomic_write, latest_checkpoint, load_checkpoint
+from attnzoo.train.loop import TrainConfig, lr_factor
+
+TINY = [
+    "task.n_train=300",
+    "task.n_valid=20",
+    "task.n_test=40",
+    "model.hidden=16",
+    "model.embed_dim=8",
+    "model.attn_hidden=16",
+    "train.steps=40",
+    "train.batch_size=16",
+    "train.log_every=10",
+    "train.checkpoint_every=10",
+    "train.threads=1",
+    "eval.limit=20",
+]
+
+
+def cli(*args, **kw):
+    return subprocess.run(
+        [sys.executable, "-m", "attnzoo.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kw,
+    )
+
+
+def sets(extra=()):
+    return [x for s in [*TINY, *extra] for x in ("--set", s)]
+
+
+def test_lr_schedules():
+    c = TrainConfig(steps=100, warmup=10, schedule="constant")
+    assert lr_factor(c, 0) == pytest.approx(0.1) and lr_factor(c, 50) == 1.0
+    c = TrainConfig(steps=100, warmup=0, schedule="cosine")
+    assert lr_factor(c, 0) == 1.0 and lr_factor(c, 50) == pytest.approx(0.5)
+    assert lr_factor(c, 100) == pytest.approx(0.0)
+    c = TrainConfig(steps=100, warmup=16, schedule="inverse_sqrt")
+    # peak 1.0 at the end of warm-up, then decays as step^-0.5
+    assert lr_factor(c, 15) == pytest.approx(1.0)
+    assert lr_factor(c, 63) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="'schedule'"):
+        TrainConfig(schedule="linear")
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+    path = tmp_path / "a.json"
+    atomic_write(path, b"one")
+    atomic_write(path, b"two")
+    assert path.read_bytes() == b"two"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]  # no temp files left
+
+
+def test_checkpoint_round_trip_restores_everything(tmp_path):
+    from attnzoo.train.checkpoint import save_checkpoint
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (s + 1))
+    for _ in range(3):
+        model(torch.randn(5, 3)).sum().backward()
+        opt.step()
+        sched.step()
+    save_checkpoint(tmp_path, 2, model, opt, sched)
+    expected_next = torch.rand(3)
+    folder = latest_checkpoint(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == ["state.json", "tensors.safetensors"]
+    model2 = torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 2)
+    )
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=0.1)
+    sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1 / (s + 1))
+    assert load_checkpoint(folder, model2, opt2, sched2) == 2
+    assert torch.equal(torch.rand(3), expected_next)  # RNG restored
+    for a, b in zip(model.parameters(), model2.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert sched2.get_last_lr() == sched.get_last_lr()
+    s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
+    assert all(torch.equal(s1[k]["exp_avg_sq"], s2[k]["exp_avg_sq"]) for k in s1)
+
+
+def _weights(run: Path):
+    return load_file(latest_checkpoint(run / "checkpoints") / "tensors.safetensors")
+
+
+def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    r = cli(
+        "train",
+        "bahdanau",
+        "--task",
+        "dates",
+        "--out",
+        str(full),
+        "--no-progress",
+        *sets(["train.steps=60"]),
+    )
+    assert r.returncode == 0, r.stderr
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "attnzoo.cli",
+            "train",
+            "bahdanau",
+            "--task",
+            "dates",
+            "--out",
+            str(killed),
+            "--no-progress",
+            *sets(["train.steps=60"]),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pointer = killed / "checkpoints" / "latest.json"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if pointer.exists() and json.loads(pointer.read_text())["step"] >= 19:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    saved = json.loads(pointer.read_text())["step"]
+    assert saved < 59, "the run finished before it could be killed"
+    r = cli("train", "--resume", "--out", str(killed), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    a, b = _weights(full), _weights(killed)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    log = [json.loads(x)["step"] for x in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert log == sorted(set(log))  # no duplicated log lines after resuming
+    assert json.loads((full / "final.json").read_text()) == json.loads(
+        (killed / "final.json").read_text()
+    )
+
+
+@pytest.mark.skipif(
+    shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
+    reason="torchrun not installed",
+)
+def test_ddp_two_processes_match_one_process(tmp_path):
+    """Same global batch: the 2-process loss curve equals the 1-process one within noise."""
+    extra = ["model.dropout=0.0", "train.steps=30", "train.batch_size=16"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    r = cli(
+        "train", "bahdanau", "--task", "dates", "--out", str(one), "--no-progress", *sets(extra)
+    )
+    assert r.returncode == 0, r.stderr
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(
+        [
+            torchrun,
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "29517",
+            "-m",
+            "attnzoo.cli",
+            "train",
+            "bahdanau",
+            "--task",
+            "dates",
+            "--out",
+            str(two),
+            "--no-progress",
+            *sets(extra),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    curve = [json.loads(x)["loss"] for x in (one / "metrics.jsonl").read_text().splitlines()]
+    curve2 = [json.loads(x)["loss"] for x in (two / "metrics.jsonl").read_text().splitlines()]
+    assert len(curve) == len(curve2) == 3
+    for a, b in zip(curve, curve2, strict=True):
+        assert a == pytest.approx(b, rel=1e-3)
