@@ -91,6 +91,15 @@ def _mask_block(mask, ns, qs, causal, window, i_total, j, device):
     return block
 
 
+def _accumulate(grad: torch.Tensor, ns: slice, qs: slice, block: torch.Tensor) -> None:
+    """grad[ns] += block, where the first query block of a batch block assigns instead: the
+    gradient buffers start uninitialised (zero-filling them cost page faults on every call)."""
+    if qs.start == 0:
+        grad[ns] = block
+    else:
+        grad[ns] += block
+
+
 class _AdditiveLogits(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, v):
@@ -107,12 +116,12 @@ class _AdditiveLogits(torch.autograd.Function):
     def backward(ctx, grad_logits):
         a, b, v = ctx.saved_tensors
         n, i, h = a.shape
-        grad_a, grad_b, grad_v = torch.zeros_like(a), torch.zeros_like(b), torch.zeros_like(v)
+        grad_a, grad_b, grad_v = torch.empty_like(a), torch.empty_like(b), torch.zeros_like(v)
         for ns, qs in _blocks(n, i, b.shape[1], h):
             t = _tanh_block(a, b, ns, qs)
             ga, gb, gv = _tanh_backward(t, grad_logits[ns, qs], v)
             grad_a[ns, qs] = ga
-            grad_b[ns] += gb
+            _accumulate(grad_b, ns, qs, gb)
             grad_v += gv
         return grad_a, grad_b, grad_v
 
@@ -147,8 +156,8 @@ class _AdditiveAttention(torch.autograd.Function):
         n, i, h = a.shape
         j = b.shape[1]
         lowest = torch.finfo(a.dtype).min
-        grad_a, grad_b, grad_v = torch.zeros_like(a), torch.zeros_like(b), torch.zeros_like(v)
-        grad_value = torch.zeros_like(value)
+        grad_a, grad_b, grad_v = torch.empty_like(a), torch.empty_like(b), torch.zeros_like(v)
+        grad_value = torch.empty_like(value)
         delta = (grad_context * context).sum(-1, keepdim=True)  # (N, I, 1)
         for ns, qs in _blocks(n, i, j, h):
             t = _tanh_block(a, b, ns, qs)
@@ -160,12 +169,12 @@ class _AdditiveAttention(torch.autograd.Function):
             if allowed is not None:
                 weights.masked_fill_(~allowed, 0.0)
             g = grad_context[ns, qs]  # (nb, qb, Dv)
-            grad_value[ns] += weights.transpose(1, 2) @ g  # (nb, J, Dv)
+            _accumulate(grad_value, ns, qs, weights.transpose(1, 2) @ g)  # (nb, J, Dv)
             # softmax backward: dlogits = w * (dw - sum_j w dw), and sum_j w dw = dO . O
             grad_logits = weights.mul_(g @ value[ns].transpose(1, 2) - delta[ns, qs])
             ga, gb, gv = _tanh_backward(t, grad_logits, v)
             grad_a[ns, qs] = ga
-            grad_b[ns] += gb
+            _accumulate(grad_b, ns, qs, gb)
             grad_v += gv
         return grad_a, grad_b, grad_v, grad_value, None, None, None
 
