@@ -26,8 +26,19 @@ TASK_TRAIN = {
     "dates": dict(steps=1500, batch_size=64, lr=3e-3, warmup=100, checkpoint_every=250),
     "numbers": dict(steps=2500, batch_size=64, lr=3e-3, warmup=100, checkpoint_every=250),
     "kjv2web": dict(steps=6000, batch_size=64, lr=2e-3, warmup=200, checkpoint_every=500),
+    **{
+        k: dict(steps=3000, batch_size=64, lr=3e-3, warmup=100, checkpoint_every=500)
+        for k in ("copy", "reverse", "sort")
+    },
 }
-TASK_EVAL = {"dates": dict(limit=1000), "numbers": dict(limit=1000), "kjv2web": dict(limit=500)}
+TASK_EVAL = {
+    "dates": dict(limit=1000),
+    "numbers": dict(limit=1000),
+    "kjv2web": dict(limit=500),
+    "copy": dict(limit=1000),
+    "reverse": dict(limit=1000),
+    "sort": dict(limit=1000),
+}
 SECTIONS = ("model", "task", "train", "eval")
 
 
@@ -40,7 +51,7 @@ def default_config(model: str, task: str) -> dict[str, Any]:
         "model_name": model,
         "task_name": task,
         "model": dataclasses.asdict(MODELS[model][0]()),
-        "task": dataclasses.asdict(TASKS[task].config_type()()),
+        "task": dataclasses.asdict(TASKS[task].default_config()),
         "train": dataclasses.asdict(TrainConfig(**TASK_TRAIN[task])),
         "eval": dataclasses.asdict(EvalConfig(**TASK_EVAL[task])),
     }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -13,12 +13,16 @@ class TaskSpec:
     metric: str
     max_vocab: int | None = None
     description: str = ""
+    defaults: dict = field(default_factory=dict)  # the config's values for this task name
 
     def load(self):
         return importlib.import_module(f"attnzoo.tasks.{self.module}")
 
     def config_type(self):
         return getattr(self.load(), self.config_class)
+
+    def default_config(self):
+        return self.config_type()(**self.defaults)
 
 
 TASKS = {
@@ -41,4 +45,14 @@ TASKS = {
         max_vocab=8000,
         description="King James verse -> World English Bible verse",
     ),
+    **{
+        kind: TaskSpec(
+            "sequences",
+            "SequenceConfig",
+            "exact_match",
+            defaults={"kind": kind},
+            description=f"{kind} a random symbol sequence (generated)",
+        )
+        for kind in ("copy", "reverse", "sort")
+    },
 }

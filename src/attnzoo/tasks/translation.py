@@ -7,6 +7,7 @@ three meet the models, so no model or task carries that code twice.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +137,29 @@ class TranslationTask:
             for r, e in enumerate(chunk):
                 out.append(weights[r, : len(e.target) + 1, : len(e.source) + 1])
         return out
+
+    def by_source_length(self, model, edges: Sequence[int]) -> list[dict[str, Any]]:
+        """The headline metric per source-length bucket [edges[k], edges[k+1]) (Bahdanau 2015
+        Fig. 2): list of {"min_len", "max_len", "n", "exact_match"[, "bleu"]}."""
+        examples = self.examples()
+        hyps = self.translate(model, examples)
+        rows = []
+        for lo, hi in itertools.pairwise(edges):
+            picked = [k for k, e in enumerate(examples) if lo <= len(e.source) < hi]
+            if not picked:
+                continue
+            h = [hyps[k] for k in picked]
+            r = [list(examples[k].target) for k in picked]
+            row = {
+                "min_len": lo,
+                "max_len": hi - 1,
+                "n": len(picked),
+                "exact_match": exact_match(h, r),
+            }
+            if self.metric == "bleu":
+                row["bleu"] = bleu([self.detokenize(x) for x in h], [self.detokenize(x) for x in r])
+            rows.append(row)
+        return rows
 
     def evaluate(self, model) -> dict[str, Any]:
         examples = self.examples()

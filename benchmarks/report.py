@@ -1,0 +1,214 @@
+"""Generate the result tables and figures of docs/ from benchmarks/results/*.json.
+
+Every number in docs/ comes from here; nothing is typed by hand except the papers' own
+numbers (PAPER below, with the table they come from).
+
+    python benchmarks/report.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+ROOT = Path(__file__).parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS = ROOT / "docs"
+BEGIN, END = "<!-- generated: {} -->", "<!-- end generated: {} -->"
+
+# Bahdanau et al. 2015 (ICLR, arXiv:1409.0473v7), Table 1, WMT'14 En->Fr BLEU on all test
+# sentences / sentences without unknown words.
+PAPER = {
+    "bahdanau": [
+        ("RNNencdec-50", "17.82", "26.71"),
+        ("RNNsearch-50", "26.75", "34.16"),
+        ("RNNsearch-50*", "28.45", "36.15"),
+    ],
+}
+
+
+def load(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def fmt(x, digits=3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "**no**"
+    if isinstance(x, float):
+        return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:,.0f}"
+    return str(x)
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def splice(path: Path, key: str, body: str) -> None:
+    """Replace the text between the generated markers of `key` in `path`."""
+    text = path.read_text()
+    begin, end = BEGIN.format(key), END.format(key)
+    if begin not in text:
+        raise SystemExit(f"{path}: no marker {begin}")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
+
+
+def targets_table(data: dict) -> str:
+    return table(
+        ["target", "measured", "wanted", "met"],
+        [[t["name"], t["value"], t["target"], t["met"]] for t in data["targets"]],
+    )
+
+
+def attention_tables() -> None:
+    data = load("attention")
+    if data is None:
+        return
+    rows = [r for r in data["rows"] if r.get("status") == "ok" or r.get("status") == "oom"]
+    body = [
+        targets_table(data),
+        "",
+        "Every row: median time and peak memory (fresh process per row, VmHWM).",
+        "",
+    ]
+    keys = sorted(
+        {(r["score"], r["mode"], r["length"]) for r in rows}, key=lambda k: (k[0], k[1], k[2])
+    )
+    lines = []
+    for score, mode, length in keys:
+        for r in rows:
+            if (r["score"], r["mode"], r["length"]) == (score, mode, length):
+                lines.append(
+                    [
+                        score,
+                        mode,
+                        length,
+                        r["impl"],
+                        "OOM" if r["status"] == "oom" else r.get("median_ms"),
+                        r.get("peak_mib"),
+                    ]
+                )
+    body.append(
+        table(["score", "mode", "length", "implementation", "median ms", "peak MiB"], lines)
+    )
+    splice(DOCS / "core.md", "attention", "\n".join(body))
+
+
+def length_figure(rows: list[dict], task: str, metric: str) -> Path | None:
+    rows = [r for r in rows if r["task"] == task and r.get("by_length")]
+    if not rows:
+        return None
+    fig = Figure(figsize=(5.2, 3.4))
+    ax = fig.add_subplot()
+    for r in rows:
+        xs = [(b["min_len"] + b["max_len"]) / 2 for b in r["by_length"]]
+        ys = [b[metric] * (100 if metric == "exact_match" else 1) for b in r["by_length"]]
+        ax.plot(xs, ys, marker="o", label=f"{r['name']} ({r['params'] / 1e6:.2f}M params)")
+    ax.set_xlabel("source length (tokens)")
+    ax.set_ylabel("exact match (%)" if metric == "exact_match" else "BLEU")
+    ax.set_title(f"{task}: score against source length")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = DOCS / "figures" / f"length_{task}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def seq2seq_tables() -> None:
+    data = load("seq2seq")
+    body = []
+    if data is not None:
+        rows = [r for r in data["rows"] if r.get("status") == "ok"]
+        dec = [r for r in rows if r["experiment"] == "decoders"]
+        body += [
+            "### Every decoder on every task",
+            "",
+            f"Budget per run: the steps shown at batch 64, one thread per run, "
+            f"two runs in parallel on the 2-core CPU{' (QUICK smoke run)' if data['quick'] else ''}.",
+            "",
+            table(
+                ["task", "decoder", "exact match %", "alignment %", "params", "steps", "minutes"],
+                [
+                    [
+                        r["task"],
+                        r["name"],
+                        100 * r["exact_match"],
+                        None if r.get("alignment") is None else 100 * r["alignment"],
+                        r["params"],
+                        r["steps"],
+                        r["train_minutes"],
+                    ]
+                    for r in dec
+                ],
+            ),
+            "",
+        ]
+        length = [r for r in rows if r["experiment"] == "length"]
+        for task, metric in (("reverse", "exact_match"), ("kjv2web", "bleu")):
+            picked = [r for r in length if r["task"] == task]
+            if not picked:
+                continue
+            fig = length_figure(picked, task, metric)
+            edges = [f"{b['min_len']}-{b['max_len']}" for b in picked[0]["by_length"]]
+            body += [
+                f"### Score against source length: {task} (smaller scale than the paper)",
+                "",
+                f"![length]({fig.relative_to(DOCS)})",
+                "",
+                table(
+                    ["model", "params", "steps", "minutes", *edges, "all"],
+                    [
+                        [
+                            r["name"],
+                            r["params"],
+                            r["steps"],
+                            r["train_minutes"],
+                            *[
+                                b[metric] * (100 if metric == "exact_match" else 1)
+                                for b in r["by_length"]
+                            ],
+                            r.get(metric, 0) * (100 if metric == "exact_match" else 1),
+                        ]
+                        for r in picked
+                    ],
+                ),
+                "",
+            ]
+    throughput = load("seq2seq_throughput")
+    if throughput is not None:
+        body += [
+            "### Training throughput against the tutorial-style implementation",
+            "",
+            table(
+                ["shape", "attnzoo tokens/s", "plain tokens/s", "speedup"],
+                [
+                    [r["config"], r["attnzoo_tokens_per_s"], r["plain_tokens_per_s"], r["speedup"]]
+                    for r in throughput["rows"]
+                ],
+            ),
+            "",
+            targets_table(throughput),
+        ]
+    body += [
+        "",
+        "### The paper (for reference)",
+        "",
+        "Bahdanau 2015, Table 1 (WMT'14 En->Fr, BLEU): "
+        + "; ".join(f"{n} {a} (all) / {b} (no UNK)" for n, a, b in PAPER["bahdanau"]),
+    ]
+    splice(DOCS / "seq2seq.md", "results", "\n".join(body))
+
+
+if __name__ == "__main__":
+    attention_tables()
+    seq2seq_tables()
+    print("docs updated")
