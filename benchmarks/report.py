@@ -132,8 +132,8 @@ def seq2seq_tables() -> None:
         body += [
             "### Every decoder on every task",
             "",
-            f"Budget per run: the steps shown at batch 64, one thread per run, "
-            f"two runs in parallel on the 2-core CPU{' (QUICK smoke run)' if data['quick'] else ''}.",
+            "Budget per run: the steps shown at batch 64, one thread per run, two runs in "
+            "parallel on the 2-core CPU" + (" (QUICK smoke run)" if data["quick"] else "") + ".",
             "",
             table(
                 ["task", "decoder", "exact match %", "alignment %", "params", "steps", "minutes"],
