@@ -97,11 +97,24 @@ def experiments(quick: bool) -> list[dict]:
     return runs
 
 
-def _count(config) -> int:
+def _matched_hidden(config: dict, spec: dict) -> int:
+    """The hidden width that brings this model's parameter count closest to Bahdanau's."""
     from attnzoo import runs
+    from attnzoo.models.seq2seq import Seq2Seq, Seq2SeqConfig
 
-    _, model = runs.build(config)
-    return sum(p.numel() for p in model.parameters())
+    task, _ = runs.build(config)
+    sizes = len(task.source_vocab), len(task.target_vocab)
+
+    def count(model_config: dict) -> int:
+        return sum(p.numel() for p in Seq2Seq(Seq2SeqConfig(**model_config), *sizes).parameters())
+
+    ref = runs.apply_overrides(runs.default_config("bahdanau", spec["task"]), spec["sets"])
+    target = count(ref["model"])
+    hidden = config["model"]["hidden"]
+    return min(
+        range(8, 4 * hidden + 1, 4),
+        key=lambda h: abs(count({**config["model"], "hidden": h}) - target),
+    )
 
 
 def worker(spec: dict) -> dict:
@@ -115,19 +128,8 @@ def worker(spec: dict) -> dict:
         runs.default_config(spec["model"], spec["task"]), [*spec["sets"], "train.threads=1"]
     )
     if spec.get("match_params") and spec["model"] != "bahdanau":
-        # equal parameter count: resize the model's hidden width to Bahdanau's count
-        ref = runs.apply_overrides(
-            runs.default_config("bahdanau", spec["task"]), [*spec["sets"], "train.threads=1"]
-        )
-        target = _count(ref)
-        best = min(
-            range(32, 4 * config["model"]["hidden"] + 1, 8),
-            key=lambda h: abs(
-                _count({**config, "model": {**config["model"], "hidden": h}}) - target
-            ),
-        )
-        config["model"]["hidden"] = best
-    out = RUNS / f"{spec['experiment']}-{spec['task']}-{spec['name']}"
+        config["model"]["hidden"] = _matched_hidden(config, spec)
+    out = Path(spec.get("runs", RUNS)) / f"{spec['experiment']}-{spec['task']}-{spec['name']}"
     start = time.perf_counter()
     task, model, final = runs.run_train(config, out, progress=False)
     minutes = (time.perf_counter() - start) / 60
@@ -166,6 +168,7 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--limit", type=int, default=0, help="run only the first N runs (smoke)")
     p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--runs", default=str(RUNS), help="where the run directories go")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -173,6 +176,7 @@ def main() -> None:
         return
     specs = [s for s in experiments(args.quick) if args.only in (None, s["experiment"])]
     specs = specs[: args.limit] if args.limit else specs
+    specs = [{**s, "runs": args.runs} for s in specs]
     previous = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else None
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(run_one, specs))

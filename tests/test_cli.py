@@ -72,3 +72,12 @@ def test_train_eval_plot_writes_run_layout(tmp_path, capsys):
     (out / "figures" / "alignment.png").unlink()
     assert main(["plot", str(out)]) == 0
     assert (out / "figures" / "alignment.png").exists()
+
+
+def test_demo_command_wiring(tmp_path, capsys):
+    """The demo is `train bahdanau --task dates`; smoke it with a tiny budget."""
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--no-progress", *sets()]) == 0
+    assert json.loads((out / "config.json").read_text())["model_name"] == "bahdanau"
+    assert (out / "figures" / "alignment.png").exists()
+    assert "alignment figure" in capsys.readouterr().out

@@ -9,6 +9,10 @@ import numpy as np
 from matplotlib.figure import Figure
 
 
+def _label(token: str) -> str:
+    return token if token.strip() else "␣"  # make a space token visible
+
+
 def alignment_figure(
     weights, source: Sequence[str], target: Sequence[str], *, title: str = ""
 ) -> Figure:
@@ -28,8 +32,8 @@ def alignment_figure(
     fig = Figure(figsize=(max(3.0, cell * len(source) + 1.5), max(2.5, cell * len(target) + 1.2)))
     ax = fig.add_subplot()
     ax.imshow(w, cmap="gray", vmin=0.0, vmax=1.0, aspect="equal")
-    ax.set_xticks(range(len(source)), [repr(s)[1:-1] or "␣" for s in source], rotation=90)
-    ax.set_yticks(range(len(target)), [repr(t)[1:-1] or "␣" for t in target])
+    ax.set_xticks(range(len(source)), [_label(s) for s in source], rotation=90)
+    ax.set_yticks(range(len(target)), [_label(t) for t in target])
     ax.xaxis.tick_top()
     ax.set_xlabel("source")
     ax.set_ylabel("output")
