@@ -34,8 +34,8 @@ def cmd_list(args) -> None:
     table = Table(title="models")
     table.add_column("name")
     table.add_column("what")
-    for name, (_, text) in MODELS.items():
-        table.add_row(name, text)
+    for name, spec in MODELS.items():
+        table.add_row(name, spec.description)
     console.print(table)
     table = Table(title="tasks")
     table.add_column("name")

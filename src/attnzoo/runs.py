@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from attnzoo.core.checks import fail
-from attnzoo.models.registry import MODELS, build_model
+from attnzoo.models.registry import MODELS
 from attnzoo.tasks.registry import TASKS
 from attnzoo.tasks.translation import EvalConfig, TranslationTask
 from attnzoo.train.checkpoint import atomic_write_json, latest_checkpoint, load_weights
@@ -50,7 +50,7 @@ def default_config(model: str, task: str) -> dict[str, Any]:
     return {
         "model_name": model,
         "task_name": task,
-        "model": dataclasses.asdict(MODELS[model][0]()),
+        "model": dataclasses.asdict(MODELS[model].preset()),
         "task": dataclasses.asdict(TASKS[task].default_config()),
         "train": dataclasses.asdict(TrainConfig(**TASK_TRAIN[task])),
         "eval": dataclasses.asdict(EvalConfig(**TASK_EVAL[task])),
@@ -58,10 +58,8 @@ def default_config(model: str, task: str) -> dict[str, Any]:
 
 
 def _classes(config: dict) -> dict[str, type]:
-    from attnzoo.models.seq2seq import Seq2SeqConfig
-
     return {
-        "model": Seq2SeqConfig,
+        "model": MODELS[config["model_name"]].config_class,
         "task": TASKS[config["task_name"]].config_type(),
         "train": TrainConfig,
         "eval": EvalConfig,
@@ -143,10 +141,11 @@ def build(config: dict):
         max_vocab=spec.max_vocab,
     )
     model_config = classes["model"](**_tuples(config["model"]))
-    if model_config.score == "location":
+    if any(f.name == "max_source_len" for f in dataclasses.fields(model_config)):
+        # sized by the data (Luong's location score, learned positions): the longest source
         model_config = dataclasses.replace(model_config, max_source_len=task.max_source_len)
     torch.manual_seed(config["train"]["seed"])
-    return task, build_model(model_config, task)
+    return task, MODELS[config["model_name"]].build(model_config, task)
 
 
 def run_train(config: dict, out: Path, *, resume: bool = False, progress: bool = True):

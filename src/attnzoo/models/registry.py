@@ -1,24 +1,46 @@
-"""The model registry: name -> config preset and builder."""
+"""The model registry: name -> config preset, model class, description.
+
+A model class takes `(config, source_vocab_size, target_vocab_size)` and offers the
+sequence-to-sequence interface the tasks and the decoding engine use:
+`forward(source, lengths, target_in, return_weights=False) -> output with .logits, .weights`,
+`encode(source, lengths)`, `start(memory) -> state`, `decode_step(tokens, state)`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from attnzoo.models.seq2seq import Seq2Seq, Seq2SeqConfig, bahdanau, luong
 
+
+@dataclass(frozen=True)
+class ModelSpec:
+    preset: Callable[..., object]  # (**overrides) -> frozen config dataclass
+    model_class: type
+    description: str
+
+    @property
+    def config_class(self) -> type:
+        return type(self.preset())
+
+    def build(self, config, task):
+        return self.model_class(config, len(task.source_vocab), len(task.target_vocab))
+
+
 MODELS = {
-    "bahdanau": (bahdanau, "RNNsearch: BiGRU encoder, additive attention (Bahdanau 2015)"),
-    "luong": (luong, "global/local attention, input feeding (Luong 2015)"),
-    "encdec": (
+    "bahdanau": ModelSpec(
+        bahdanau, Seq2Seq, "RNNsearch: BiGRU encoder, additive attention (Bahdanau 2015)"
+    ),
+    "luong": ModelSpec(luong, Seq2Seq, "global/local attention, input feeding (Luong 2015)"),
+    "encdec": ModelSpec(
         lambda **kw: replace(Seq2SeqConfig(attention="none"), **kw),
+        Seq2Seq,
         "encoder-decoder without attention (Sutskever 2014 / Cho 2014)",
     ),
-    "simple": (
+    "simple": ModelSpec(
         lambda **kw: replace(Seq2SeqConfig(attention="simple", score="general", cell="rnn"), **kw),
+        Seq2Seq,
         "SimpleRNN + attention (the lecture model)",
     ),
 }
-
-
-def build_model(config: Seq2SeqConfig, task):
-    return Seq2Seq(config, len(task.source_vocab), len(task.target_vocab))
