@@ -136,13 +136,23 @@ def seq2seq_tables() -> None:
             "parallel on the 2-core CPU" + (" (QUICK smoke run)" if data["quick"] else "") + ".",
             "",
             table(
-                ["task", "decoder", "exact match %", "alignment %", "params", "steps", "minutes"],
+                [
+                    "task",
+                    "decoder",
+                    "exact match %",
+                    "alignment %",
+                    "held-out n",
+                    "params",
+                    "steps",
+                    "minutes",
+                ],
                 [
                     [
                         r["task"],
                         r["name"],
                         100 * r["exact_match"],
                         None if r.get("alignment") is None else 100 * r["alignment"],
+                        r["n_eval"],
                         r["params"],
                         r["steps"],
                         r["train_minutes"],

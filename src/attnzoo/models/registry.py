@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from attnzoo.models import transformer
 from attnzoo.models.seq2seq import Seq2Seq, Seq2SeqConfig, bahdanau, luong
 
 
@@ -42,5 +43,15 @@ MODELS = {
         lambda **kw: replace(Seq2SeqConfig(attention="simple", score="general", cell="rnn"), **kw),
         Seq2Seq,
         "SimpleRNN + attention (the lecture model)",
+    ),
+    "transformer": ModelSpec(
+        transformer.tiny,
+        transformer.Transformer,
+        "Transformer, CPU-sized: d_model 128, 2 + 2 layers (Vaswani 2017)",
+    ),
+    "transformer-base": ModelSpec(
+        transformer.base,
+        transformer.Transformer,
+        "Transformer base: d_model 512, 6 + 6 layers, 8 heads (Vaswani 2017, Table 3)",
     ),
 }
