@@ -128,8 +128,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     configs = [
         ("dates-sized", 64, 30, 11, 60, 20, 128),
         ("kjv2web-sized", 64, 45, 50, 8000, 8000, 256),
