@@ -82,6 +82,16 @@ def test_incremental_cache_equals_full_causal(score):
     assert cache.length == 6
 
 
+def test_incremental_cache_with_window_equals_full():
+    mha = MultiHeadAttention(8, 2).eval()
+    x = torch.randn(2, 7, 8)
+    full = mha(x, causal=True, window=2).context
+    cache = KVCache()
+    first = mha(x[:, :3], causal=True, window=2, cache=cache).context
+    steps = [mha(x[:, t : t + 1], causal=True, window=2, cache=cache).context for t in range(3, 7)]
+    torch.testing.assert_close(torch.cat([first, *steps], 1), full, rtol=1e-5, atol=1e-5)
+
+
 def test_cross_attention_cache_projects_memory_once_and_reorders():
     mha = MultiHeadAttention(8, 2).eval()
     memory, x = torch.randn(3, 5, 8), torch.randn(3, 1, 8)

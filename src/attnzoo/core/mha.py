@@ -16,7 +16,7 @@ from torch import nn
 
 from attnzoo.core.attention import AttentionOutput, attention
 from attnzoo.core.checks import check_dropout, check_tensor, fail
-from attnzoo.core.masks import causal_mask, combine_masks
+from attnzoo.core.masks import causal_mask, combine_masks, window_mask
 from attnzoo.core.scores import Additive, General, Score, resolve_score
 
 
@@ -178,14 +178,17 @@ class MultiHeadAttention(nn.Module):
 
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # shared by all heads: (b, 1, i, j)
-        if causal and past:
-            # The new queries sit at positions past..past+i-1; a single new query sees all.
+        if past and (causal or window is not None):
+            # The new queries sit at positions past..past+i-1 of the cached sequence.
             i = query.shape[1]
-            if i > 1:
+            if causal and i > 1:  # a single new query may see every cached key
                 mask = combine_masks(
                     mask, causal_mask(i, past + i, offset=past, device=query.device)
                 )
-            causal = False
+            if window is not None:
+                centers = torch.arange(past, past + i, device=query.device)
+                mask = combine_masks(mask, window_mask(i, past + i, window, centers=centers))
+            causal, window = False, None
         out = attention(
             q,
             k,
