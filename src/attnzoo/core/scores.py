@@ -17,6 +17,7 @@ them on `torch.nn.functional.scaled_dot_product_attention`.
 
 from __future__ import annotations
 
+import abc
 import math
 
 import torch
@@ -27,14 +28,15 @@ from attnzoo.core.additive import additive_logits
 from attnzoo.core.checks import fail
 
 
-class Score(nn.Module):
+class Score(nn.Module, abc.ABC):
     """Base class. Subclasses implement `logits`; most keep `prepare_key` as the identity."""
 
     def prepare_key(self, key: torch.Tensor) -> torch.Tensor:
         return key
 
+    @abc.abstractmethod
     def logits(self, query: torch.Tensor, prepared_key: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError  # abstract: every concrete score overrides it
+        """query (b, [h,] i, d_q), prepared key (b, [h,] j, .) -> logits (b, [h,] i, j)."""
 
     def forward(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         return self.logits(query, self.prepare_key(key))
@@ -43,8 +45,9 @@ class Score(nn.Module):
 class DotFamily(Score):
     """A score that is a (scaled) dot product after a map of query and/or key."""
 
+    @abc.abstractmethod
     def as_dot(self, query: torch.Tensor, prepared_key: torch.Tensor):
-        raise NotImplementedError  # abstract: every concrete dot-family score overrides it
+        """-> (query', key', scale) with logits = scale * query' @ key'^T."""
 
     def logits(self, query: torch.Tensor, prepared_key: torch.Tensor) -> torch.Tensor:
         q, k, scale = self.as_dot(query, prepared_key)
