@@ -19,9 +19,12 @@ Both compute in the input dtype; both are checked against the float64 broadcast 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.autograd.function import once_differentiable
 
+from attnzoo.core.checks import broadcast_shape
 from attnzoo.core.normalisers import masked_softmax
 
 # Workspace budget per block: 4M elements (16 MiB in fp32). Measured here: blocks of 4-16 MiB
@@ -196,7 +199,7 @@ def additive_logits(query: torch.Tensor, key: torch.Tensor, v: torch.Tensor) -> 
     Returns:
         logits (batch, [heads,] query_len, key_len).
     """
-    lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2])
+    lead = broadcast_shape(query.shape[:-2], key.shape[:-2])
     if _fits_one_block(lead, query, key):
         return _broadcast_logits(query, key, v)
     logits = _AdditiveLogits.apply(_flatten(query, lead), _flatten(key, lead), v)
@@ -207,7 +210,7 @@ def _fits_one_block(lead, query, key) -> bool:
     """A problem whose whole tanh tensor fits in one block gains nothing from recomputation:
     plain autograd keeps exactly one block, and skips the recompute (an RNN decoder's single
     query per step lands here)."""
-    return lead.numel() * query.shape[-2] * key.shape[-2] * query.shape[-1] <= BLOCK_ELEMENTS
+    return math.prod(lead) * query.shape[-2] * key.shape[-2] * query.shape[-1] <= BLOCK_ELEMENTS
 
 
 def _broadcast_logits(query, key, v):
@@ -228,7 +231,7 @@ def additive_attention(query, key, v, value, mask=None, causal=False, window=Non
     Returns:
         context (batch, [heads,] query_len, d_value); a query with no allowed key gets zeros.
     """
-    lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    lead = broadcast_shape(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     i, j = query.shape[-2], key.shape[-2]
     if _fits_one_block(lead, query, key):
         allowed = _mask_block(None, None, slice(0, i), causal, window, i, j, query.device)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from attnzoo.core.additive import additive_attention
 from attnzoo.core.checks import (
+    broadcast_shape,
     check_dropout,
     check_mask,
     check_same_kind,
@@ -167,9 +168,8 @@ def _validate(query, key, value, mask, dropout, window) -> None:
         )
     if key.shape[-2] != value.shape[-2]:
         fail("attention", "value", f"key_len = {key.shape[-2]} positions", value.shape[-2])
-    try:
-        lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
-    except RuntimeError:
+    lead = broadcast_shape(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    if lead is None:
         fail(
             "attention",
             "key",

@@ -96,7 +96,8 @@ class MultiHeadAttention(nn.Module):
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        return x.view(b, t, self.num_heads, self.d_head).transpose(1, 2)  # (b, h, t, d_head)
+        x = x.view(b, t, self.num_heads, self.d_head)  # (b, t, h, d_head)
+        return x.transpose(1, 2).contiguous()  # (b, h, t, d_head)
 
     def _project_self(self, x: torch.Tensor):
         """q, k, v of x with one matmul (the three projections stacked)."""
@@ -108,7 +109,8 @@ class MultiHeadAttention(nn.Module):
         )
         b, t, _ = x.shape
         qkv = F.linear(x, weight, bias).view(b, t, 3, self.num_heads, self.d_head)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x (b, h, t, d_head)
+        # contiguous (b, h, t, d_head) blocks: SDPA ran ~20% slower on the strided views
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).contiguous()  # 3 x (b, h, t, d_head)
         return q, k, v
 
     def forward(
