@@ -9,9 +9,13 @@ numbers (PAPER below, with the table they come from).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from matplotlib.figure import Figure
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import format_number  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -34,14 +38,8 @@ def load(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def fmt(x, digits=3) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, bool):
-        return "yes" if x else "**no**"
-    if isinstance(x, float):
-        return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:,.0f}"
-    return str(x)
+def fmt(x) -> str:
+    return "**no**" if x is False else format_number(x)
 
 
 def table(header: list[str], rows: list[list]) -> str:
