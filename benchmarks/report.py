@@ -15,7 +15,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import format_number  # noqa: E402
+from _common import format_number
 
 ROOT = Path(__file__).parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
