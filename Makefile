@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,data]'
+	$(BIN)/pip install -q -e '.[dev,data,bench]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -27,9 +27,12 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	$(BIN)/pytest -q -n 2 --durations=15
 
+# every benchmark, then the docs tables from their JSON (long: see docs/ for each one's budget)
 bench: $(STAMP)
-	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/bench_attention.py
+	$(BIN)/python benchmarks/bench_seq2seq_throughput.py
+	$(BIN)/python benchmarks/bench_seq2seq.py
+	$(BIN)/python benchmarks/report.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

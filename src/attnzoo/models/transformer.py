@@ -10,7 +10,8 @@ the decoder output goes through a linear map and softmax, whose weight may be th
 embedding matrix (sec. 3.4).
 
 Every attention is `attnzoo.core.MultiHeadAttention` with the scaled dot-product score
-(sec. 3.2.1): softmax(Q K^T / sqrt(d_k)) V.
+(sec. 3.2.1): softmax(Q K^T / sqrt(d_k)) V. `TransformerLM` is the decoder alone (no
+cross-attention), a language model.
 
 Note:
     - Embeddings are initialised N(0, d_model^-0.5) so that the sqrt(d_model)-scaled embedding
@@ -418,13 +419,8 @@ class Transformer(nn.Module):
         logits = self.output(hidden)  # (b, t, V)
         if not return_weights:
             return TransformerOutput(logits, None)
-        return TransformerOutput(
-            logits,
-            cross_w[-1].mean(1),
-            memory.weights,
-            self_w,
-            cross_w,  # (b, t, j)
-        )
+        alignment = cross_w[-1].mean(1)  # last layer, mean over heads: (b, t, j)
+        return TransformerOutput(logits, alignment, memory.weights, self_w, cross_w)
 
     def start(self, memory: TransformerMemory, *, cache: bool = True) -> TransformerState:
         """The decoding state before the first target token: empty per-layer caches, or with
@@ -638,4 +634,5 @@ class TransformerLM(nn.Module):
         _check_tokens("TransformerLM.decode_step", "tokens", tokens, 1, "(batch,)")
         x = self.embed(tokens[:, None], state.step)  # (b, 1, d_model)
         logits, _ = self._run(x, state.caches, False)
-        return torch.log_softmax(logits[:, -1].float(), -1), replace(state, step=state.step + 1)
+        log_probs = torch.log_softmax(logits[:, -1].float(), -1)  # (b, V)
+        return log_probs, replace(state, step=state.step + 1)
