@@ -73,7 +73,7 @@ def _parse(value: str, annotation, key: str):
     kinds = (
         typing.get_args(annotation) if origin in (typing.Union, type(int | None)) else (annotation,)
     )
-    if "None" in [getattr(k, "__name__", str(k)) for k in kinds] and text.lower() == "none":
+    if type(None) in kinds and text.lower() == "none":
         return None
     for kind in kinds:
         base = typing.get_origin(kind) or kind
@@ -144,6 +144,9 @@ def build(config: dict):
     if any(f.name == "max_source_len" for f in dataclasses.fields(model_config)):
         # sized by the data (Luong's location score, learned positions): the longest source
         model_config = dataclasses.replace(model_config, max_source_len=task.max_source_len)
+    if any(f.name == "max_target_len" for f in dataclasses.fields(model_config)):
+        # decoding runs up to max_target_len + 5 tokens (TranslationTask.translate)
+        model_config = dataclasses.replace(model_config, max_target_len=task.max_target_len + 5)
     torch.manual_seed(config["train"]["seed"])
     return task, MODELS[config["model_name"]].build(model_config, task)
 

@@ -142,3 +142,14 @@ def test_score_module_instance_is_used_per_head():
     s = scores.General(4, 4)
     mha = MultiHeadAttention(8, 2, score=s)
     assert mha.score is s
+
+
+def test_stacked_projection_cache_follows_weight_updates():
+    mha = MultiHeadAttention(8, 2).eval()
+    x = torch.randn(1, 3, 8)
+    with torch.no_grad():
+        before = mha(x).context
+        mha.q_proj.weight.add_(1.0)  # an in-place update bumps the version counter
+        after = mha(x).context
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, mha(x).context.detach())  # grad mode: fresh concat

