@@ -216,7 +216,57 @@ def seq2seq_tables() -> None:
     splice(DOCS / "seq2seq.md", "results", "\n".join(body))
 
 
+def transformer_tables() -> None:
+    data = load("transformer")
+    if data is None:
+        return
+    train = [r for r in data["rows"] if r["kind"] == "training"]
+    decode = [r for r in data["rows"] if r["kind"] == "decoding"]
+    m = data["machine"]
+    body = [
+        f"Measured with {m.get('threads')} thread(s), load average "
+        f"{fmt(m.get('load_average', [None])[0])} at the start; interleaved medians.",
+        "",
+        targets_table(data),
+        "",
+        "### Training throughput (target tokens/s)",
+        "",
+        table(
+            ["dropout", "attnzoo", "nn.Transformer", "x-transformers", "attnzoo bf16"],
+            [
+                [
+                    r["dropout"],
+                    r["attnzoo_tokens_per_s"],
+                    r["torch_tokens_per_s"],
+                    r.get("x_transformers_tokens_per_s"),
+                    r.get("attnzoo_bf16_tokens_per_s"),
+                ]
+                for r in train
+            ],
+        ),
+        "",
+        "### Greedy decoding with and without the key/value cache",
+        "",
+        table(
+            ["batch", "steps", "cached ms", "uncached ms", "speedup", "identical tokens"],
+            [
+                [
+                    r["batch"],
+                    r["steps"],
+                    r["cached_ms"],
+                    r["uncached_ms"],
+                    r["speedup"],
+                    r["identical_tokens"],
+                ]
+                for r in decode
+            ],
+        ),
+    ]
+    splice(DOCS / "transformer.md", "transformer", "\n".join(body))
+
+
 if __name__ == "__main__":
     attention_tables()
     seq2seq_tables()
+    transformer_tables()
     print("docs updated")
