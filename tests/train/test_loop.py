@@ -194,3 +194,53 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     assert len(curve) == len(curve2) == 3
     for a, b in zip(curve, curve2, strict=True):
         assert a == pytest.approx(b, rel=1e-3)
+
+
+AUTOCAST_RUN = [
+    "model.d_model=16",
+    "model.heads=2",
+    "model.layers_enc=1",
+    "model.layers_dec=1",
+    "model.d_ff=32",
+    "model.dropout=0.0",
+    "task.n_train=200",
+    "task.n_valid=10",
+    "task.n_test=20",
+    "train.steps=30",
+    "train.batch_size=16",
+    "train.log_every=10",
+    "train.checkpoint_every=30",
+    "train.threads=1",
+    "eval.limit=10",
+]
+
+
+def test_bf16_autocast_follows_the_fp32_loss_curve(tmp_path):
+    from attnzoo.cli import main
+
+    curves = {}
+    for precision in ("none", "bf16"):
+        out = tmp_path / precision
+        args = ["train", "transformer", "--task", "reverse", "--out", str(out), "--no-progress"]
+        extra = [*AUTOCAST_RUN, f"train.autocast={precision}"]
+        assert main([*args, *[x for s in extra for x in ("--set", s)]]) == 0
+        assert json.loads((out / "config.json").read_text())["train"]["autocast"] == precision
+        rows = (out / "metrics.jsonl").read_text().splitlines()
+        curves[precision] = [json.loads(x)["loss"] for x in rows]
+    fp32, bf16 = curves["none"], curves["bf16"]
+    assert len(fp32) == len(bf16) == 3
+    assert fp32 != bf16  # the bf16 run did compute in bfloat16
+    for a, b in zip(fp32, bf16, strict=True):
+        assert abs(a - b) <= max(0.15 * a, 0.1), (fp32, bf16)
+
+
+def test_bad_autocast_is_a_one_line_error(capsys):
+    from attnzoo.cli import main
+
+    argv = ["train", "transformer", "--task", "reverse", "--set", "train.autocast=fp16"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "'autocast'" in err and "['none', 'bf16']" in err and "'fp16'" in err
+    with pytest.raises(ValueError, match="'autocast'"):
+        TrainConfig(autocast="float16")

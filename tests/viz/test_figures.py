@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from attnzoo.viz import alignment_figure, loss_figure
+from attnzoo.viz import alignment_figure, head_grid_figure, loss_figure
 
 
 def test_alignment_figure_has_labelled_axes(tmp_path):
@@ -23,3 +23,41 @@ def test_alignment_figure_rejects_mismatched_labels():
 def test_loss_figure():
     fig = loss_figure([1, 2, 3], [3.0, 2.0, 1.0])
     assert len(fig.axes[0].lines) == 1
+
+
+def test_head_grid_figure_one_map_per_layer_and_head(tmp_path):
+    w = torch.softmax(torch.randn(2, 3, 4, 5), -1)  # (layers, heads, query_len, key_len)
+    source, target = ["a", "b", " ", "d", "e"], ["w", "x", "y", "z"]
+    fig = head_grid_figure(w, source, target, title="heads")
+    assert len(fig.axes) == 2 * 3
+    for k, ax in enumerate(fig.axes):  # row-major: axes[k] is layer k // 3, head k % 3
+        layer, head = divmod(k, 3)
+        image = ax.images[0].get_array()
+        assert image.shape == (4, 5)
+        assert torch.allclose(torch.as_tensor(image), w[layer, head].double())
+        xlabels = [t.get_text() for t in ax.get_xticklabels()]
+        ylabels = [t.get_text() for t in ax.get_yticklabels()]
+        assert xlabels == (["a", "b", "␣", "d", "e"] if layer == 1 else [])
+        assert ylabels == (target if head == 0 else [])
+        assert ax.get_title() == (f"head {head + 1}" if layer == 0 else "")
+        assert ax.get_ylabel() == (f"layer {layer + 1}" if head == 0 else "")
+    assert fig._suptitle.get_text() == "heads"
+    fig.savefig(tmp_path / "h.png")
+    assert (tmp_path / "h.png").stat().st_size > 1000
+
+
+def test_head_grid_figure_single_map_and_no_title():
+    fig = head_grid_figure([[[[1.0, 0.0], [0.5, 0.5]]]], ["p", "q"], ["r", "s"])
+    assert len(fig.axes) == 1 and fig._suptitle is None
+    assert fig.axes[0].images[0].get_array().shape == (2, 2)
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (2, 3, 4), (1, 2, 2, 3, 4)])
+def test_head_grid_figure_rejects_wrong_rank(shape):
+    with pytest.raises(ValueError, match=r"'weights'.*4-d.*\(layers, heads, query_len, key_len\)"):
+        head_grid_figure(torch.zeros(shape), ["a"] * 4, ["x"] * 3)
+
+
+def test_head_grid_figure_rejects_mismatched_labels():
+    with pytest.raises(ValueError, match=r"'weights'.*\(2, 4\), got \(3, 4\)"):
+        head_grid_figure(torch.zeros(1, 2, 3, 4), ["a"] * 4, ["x", "y"])

@@ -1,9 +1,12 @@
-"""The model registry: name -> config preset, model class, description.
+"""The model registry: name -> config preset, model class, description, interface.
 
-A model class takes `(config, source_vocab_size, target_vocab_size)` and offers the
+A "seq2seq" model class takes `(config, source_vocab_size, target_vocab_size)` and offers the
 sequence-to-sequence interface the tasks and the decoding engine use:
 `forward(source, lengths, target_in, return_weights=False) -> output with .logits, .weights`,
 `encode(source, lengths)`, `start(memory) -> state`, `decode_step(tokens, state)`.
+An "lm" model class takes `(config, vocab_size)` (the task's `target_vocab`) and offers
+`forward(tokens, return_weights=False) -> output with .logits`, `start()`,
+`decode_step(tokens, state)`. A task pairs with the models of its `TaskSpec.interface`.
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ class ModelSpec:
     preset: Callable[..., object]  # (**overrides) -> frozen config dataclass
     model_class: type
     description: str
+    interface: str = "seq2seq"  # seq2seq | lm (see the module docstring)
 
     @property
     def config_class(self) -> type:
         return type(self.preset())
 
     def build(self, config, task):
+        if self.interface == "lm":
+            return self.model_class(config, len(task.target_vocab))
         return self.model_class(config, len(task.source_vocab), len(task.target_vocab))
 
 
@@ -53,5 +59,11 @@ MODELS = {
         transformer.base,
         transformer.Transformer,
         "Transformer base: d_model 512, 6 + 6 layers, 8 heads (Vaswani 2017, Table 3)",
+    ),
+    "transformer-lm": ModelSpec(
+        transformer.tiny,
+        transformer.TransformerLM,
+        "decoder-only Transformer language model, CPU-sized: d_model 128, 2 layers",
+        interface="lm",
     ),
 }

@@ -1,4 +1,10 @@
-"""The task registry: name -> data config class, data builder, detokenizer, headline metric."""
+"""The task registry: name -> data config class, data builder, detokenizer, headline metric.
+
+A sequence-to-sequence task module gives `make_splits(config)` and `detokenize(tokens)`, and the
+runs layer wraps its splits in a `TranslationTask`; a task module that builds its own task
+object (a language model's) names that function in `factory`. `interface` says which models
+fit: it must equal the model's `ModelSpec.interface`.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,14 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class TaskSpec:
-    module: str  # attnzoo.tasks.<module> with make_splits(config), detokenize(tokens)
+    module: str  # attnzoo.tasks.<module>
     config_class: str
     metric: str
     max_vocab: int | None = None
     description: str = ""
     defaults: dict = field(default_factory=dict)  # the config's values for this task name
+    interface: str = "seq2seq"  # seq2seq | lm
+    factory: str = ""  # module function (config, *, seed, eval_config) -> task; "": TranslationTask
 
     def load(self):
         return importlib.import_module(f"attnzoo.tasks.{self.module}")
@@ -55,4 +63,12 @@ TASKS = {
         )
         for kind in ("copy", "reverse", "sort")
     },
+    "kjv_lm": TaskSpec(
+        "kjv_lm",
+        "KjvLmConfig",
+        "bits_per_char",
+        description="character-level language model of the King James text",
+        interface="lm",
+        factory="make_task",
+    ),
 }

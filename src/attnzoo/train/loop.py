@@ -30,6 +30,7 @@ from attnzoo.train.checkpoint import (
 )
 
 SCHEDULES = ("constant", "cosine", "inverse_sqrt")
+AUTOCAST = ("none", "bf16")
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,13 @@ class TrainConfig:
     checkpoint_every: int = 500
     seed: int = 0
     threads: int = 0  # torch threads; 0 leaves torch's default
+    autocast: str = "none"  # none | bf16: forward and loss under torch.autocast in bfloat16
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             fail("TrainConfig", "schedule", f"one of {list(SCHEDULES)}", repr(self.schedule))
+        if self.autocast not in AUTOCAST:
+            fail("TrainConfig", "autocast", f"one of {list(AUTOCAST)}", repr(self.autocast))
         for name in ("steps", "batch_size"):
             if getattr(self, name) <= 0:
                 fail("TrainConfig", name, "a positive int", getattr(self, name))
@@ -140,12 +144,19 @@ def train(
         metrics_path.unlink()
 
     trained = DistributedDataParallel(model) if env.world > 1 else model
+    # Mixed precision covers the forward pass and the loss only: the tasks' losses take their
+    # logits to float32, and backward, clipping and AdamW run on the float32 weights.
+    device_type = next(model.parameters()).device.type
+    autocast = dict(
+        device_type=device_type, dtype=torch.bfloat16, enabled=config.autocast == "bf16"
+    )
     bar = _progress(progress and env.main, config.steps, start)
     window_loss, window_items, window_start = 0.0, 0, time.perf_counter()
     for step in range(start, config.steps):
         model.train()
         batch = task.batch(step, config.batch_size, env.rank, env.world)
-        loss_sum, count = task.loss(trained, batch)
+        with torch.autocast(**autocast):
+            loss_sum, count = task.loss(trained, batch)
         total = torch.tensor(float(count))
         if env.world > 1:  # normalise by the global count so the gradient equals 1 process's
             dist.all_reduce(total)

