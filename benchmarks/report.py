@@ -9,6 +9,7 @@ numbers (PAPER below, with the table they come from).
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -173,12 +174,13 @@ def seq2seq_tables() -> None:
                 f"![length]({fig.relative_to(DOCS)})",
                 "",
                 table(
-                    ["model", "params", "steps", "minutes", *edges, "all"],
+                    ["model", "params", "steps", "batch", "minutes", *edges, "all"],
                     [
                         [
                             r["name"],
                             r["params"],
                             r["steps"],
+                            r["batch_size"],
                             r["train_minutes"],
                             *[
                                 b[metric] * (100 if metric == "exact_match" else 1)
@@ -191,6 +193,15 @@ def seq2seq_tables() -> None:
                 ),
                 "",
             ]
+        shown = []  # alignment figures of the runs, copied next to the docs when present
+        for r in rows:
+            source = Path(r["run_dir"]) / "figures" / "alignment.png"
+            if r["name"] in ("bahdanau", "luong-general") and source.exists():
+                target = DOCS / "figures" / f"alignment_{r['task']}_{r['name']}.png"
+                shutil.copyfile(source, target)
+                shown.append(f"![{r['task']} {r['name']}]({target.relative_to(DOCS)})")
+        if shown:
+            body += ["### Alignments (first held-out example of each run)", "", *shown, ""]
     throughput = load("seq2seq_throughput")
     if throughput is not None:
         body += [
