@@ -57,3 +57,10 @@ def test_build_sizes_the_location_score_to_the_data():
     )
     task, model = runs.build(config)
     assert model.score.max_keys == task.max_source_len == 10
+
+
+def test_literal_fields_accept_only_their_choices():
+    config = runs.apply_overrides(runs.default_config("luong", "numbers"), ["task.target=english"])
+    assert config["task"]["target"] == "english"
+    with pytest.raises(ValueError, match="'task.target'.*digits"):
+        runs.apply_overrides(runs.default_config("luong", "numbers"), ["task.target=french"])

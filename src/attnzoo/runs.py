@@ -98,7 +98,9 @@ def _parse(value: str, annotation, key: str):
                 items = json.loads(text) if text.startswith("[") else text.split(",")
                 inner = (typing.get_args(kind) or (str,))[0]
                 return tuple(inner(x) if callable(inner) else x for x in items)
-            if base is str or isinstance(base, typing._LiteralGenericAlias | type(typing.Literal)):
+            if base is str:
+                return text
+            if base is typing.Literal and text in typing.get_args(kind):
                 return text
         except (ValueError, TypeError, json.JSONDecodeError):
             continue

@@ -182,7 +182,7 @@ def train(
                 "items_per_s": stats[1].item() / max(elapsed, 1e-9),
             }
             if config.eval_every and (step + 1) % config.eval_every == 0 and not last:
-                record.update(_evaluate(task, model, env))
+                record.update(_evaluate(task, model))
             if env.main and metrics_path is not None:
                 with metrics_path.open("a") as f:
                     f.write(json.dumps(record) + "\n")
@@ -197,7 +197,7 @@ def train(
         if env.world > 1 and (step + 1) % config.checkpoint_every == 0:
             dist.barrier()
     bar.close()
-    final = _evaluate(task, model, env)
+    final = _evaluate(task, model)
     if env.main and run_dir is not None:
         atomic_write_json(Path(run_dir) / "final.json", final)
     if env.world > 1:
@@ -205,7 +205,7 @@ def train(
     return final
 
 
-def _evaluate(task: Task, model: torch.nn.Module, env: Distributed) -> dict[str, float]:
+def _evaluate(task: Task, model: torch.nn.Module) -> dict[str, float]:
     """Every process evaluates the same data, so no process waits on another."""
     model.eval()
     with torch.no_grad():
