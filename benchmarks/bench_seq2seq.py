@@ -94,6 +94,23 @@ def experiments(quick: bool) -> list[dict]:
                     match_params=True,
                 )
             )
+    if not quick:  # the Transformer (issue 4) on the generated tasks and dates, tiny preset
+        for task, task_steps in (
+            ("copy", 2000),
+            ("reverse", 2000),
+            ("sort", 2000),
+            ("dates", 1000),
+        ):
+            runs.append(
+                dict(
+                    experiment="transformer",
+                    name="transformer",
+                    model="transformer",
+                    task=task,
+                    sets=[f"train.steps={task_steps}"],
+                    edges=None,
+                )
+            )
     return runs
 
 
@@ -142,7 +159,7 @@ def worker(spec: dict) -> dict:
         "train_minutes": minutes,
         "params": sum(p.numel() for p in model.parameters()),
         "run_dir": str(out),
-        "hidden": config["model"]["hidden"],
+        "hidden": config["model"].get("hidden"),
         **final,
     }
     if spec["edges"]:
@@ -164,7 +181,7 @@ def run_one(spec: dict) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--only", choices=("decoders", "length"))
+    p.add_argument("--only", choices=("decoders", "length", "transformer"))
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--limit", type=int, default=0, help="run only the first N runs (smoke)")
     p.add_argument("--out", default=str(RESULTS))

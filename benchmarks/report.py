@@ -273,6 +273,41 @@ def transformer_tables() -> None:
             ],
         ),
     ]
+    runs = load("seq2seq")
+    rows = [
+        r
+        for r in (runs or {"rows": []})["rows"]
+        if r.get("experiment") == "transformer" and r.get("status") == "ok"
+    ]
+    if rows:
+        body += [
+            "",
+            "### Tasks (tiny preset; one thread per run, two runs in parallel)",
+            "",
+            table(
+                [
+                    "task",
+                    "exact match %",
+                    "alignment %",
+                    "held-out n",
+                    "params",
+                    "steps",
+                    "minutes",
+                ],
+                [
+                    [
+                        r["task"],
+                        100 * r["exact_match"],
+                        None if r.get("alignment") is None else 100 * r["alignment"],
+                        r["n_eval"],
+                        r["params"],
+                        r["steps"],
+                        r["train_minutes"],
+                    ]
+                    for r in rows
+                ],
+            ),
+        ]
     splice(DOCS / "transformer.md", "transformer", "\n".join(body))
 
 
