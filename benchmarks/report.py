@@ -60,6 +60,36 @@ def splice(path: Path, key: str, body: str) -> None:
     path.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
 
 
+def runs_table(rows: list[dict], *, with_name: bool) -> str:
+    """One row per training run: its task, score, alignment, held-out size and budget."""
+    header = [
+        "task",
+        *(["model"] if with_name else []),
+        "exact match %",
+        "alignment %",
+        "held-out n",
+        "params",
+        "steps",
+        "minutes",
+    ]
+    return table(
+        header,
+        [
+            [
+                r["task"],
+                *([r["name"]] if with_name else []),
+                100 * r["exact_match"],
+                None if r.get("alignment") is None else 100 * r["alignment"],
+                r["n_eval"],
+                r["params"],
+                r["steps"],
+                r["train_minutes"],
+            ]
+            for r in rows
+        ],
+    )
+
+
 def targets_table(data: dict) -> str:
     return table(
         ["target", "measured", "wanted", "met"],
@@ -134,31 +164,7 @@ def seq2seq_tables() -> None:
             "Budget per run: the steps shown at batch 64, one thread per run, two runs in "
             "parallel on the 2-core CPU" + (" (QUICK smoke run)" if data["quick"] else "") + ".",
             "",
-            table(
-                [
-                    "task",
-                    "decoder",
-                    "exact match %",
-                    "alignment %",
-                    "held-out n",
-                    "params",
-                    "steps",
-                    "minutes",
-                ],
-                [
-                    [
-                        r["task"],
-                        r["name"],
-                        100 * r["exact_match"],
-                        None if r.get("alignment") is None else 100 * r["alignment"],
-                        r["n_eval"],
-                        r["params"],
-                        r["steps"],
-                        r["train_minutes"],
-                    ]
-                    for r in dec
-                ],
-            ),
+            runs_table(dec, with_name=True),
             "",
         ]
         length = [r for r in rows if r["experiment"] == "length"]
@@ -284,29 +290,7 @@ def transformer_tables() -> None:
             "",
             "### Tasks (tiny preset; one thread per run, two runs in parallel)",
             "",
-            table(
-                [
-                    "task",
-                    "exact match %",
-                    "alignment %",
-                    "held-out n",
-                    "params",
-                    "steps",
-                    "minutes",
-                ],
-                [
-                    [
-                        r["task"],
-                        100 * r["exact_match"],
-                        None if r.get("alignment") is None else 100 * r["alignment"],
-                        r["n_eval"],
-                        r["params"],
-                        r["steps"],
-                        r["train_minutes"],
-                    ]
-                    for r in rows
-                ],
-            ),
+            runs_table(rows, with_name=False),
         ]
     splice(DOCS / "transformer.md", "transformer", "\n".join(body))
 
