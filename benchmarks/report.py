@@ -40,7 +40,8 @@ def load(name: str) -> dict | None:
 
 
 def fmt(x) -> str:
-    return "**no**" if x is False else format_number(x)
+    # 4 significant digits: 99.45 must not print as 99.5 beside a 99.5 target
+    return "**no**" if x is False else format_number(x, 4)
 
 
 def table(header: list[str], rows: list[list]) -> str:
