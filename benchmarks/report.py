@@ -63,10 +63,12 @@ def splice(path: Path, key: str, body: str) -> None:
 
 def runs_table(rows: list[dict], *, with_name: bool) -> str:
     """One row per training run: its task, score, alignment, held-out size and budget."""
+    bleu = any("bleu" in r for r in rows)
     header = [
         "task",
         *(["model"] if with_name else []),
         "exact match %",
+        *(["BLEU"] if bleu else []),
         "alignment %",
         "held-out n",
         "params",
@@ -80,6 +82,7 @@ def runs_table(rows: list[dict], *, with_name: bool) -> str:
                 r["task"],
                 *([r["name"]] if with_name else []),
                 100 * r["exact_match"],
+                *([r.get("bleu")] if bleu else []),
                 None if r.get("alignment") is None else 100 * r["alignment"],
                 r["n_eval"],
                 r["params"],
