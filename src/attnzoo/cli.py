@@ -31,18 +31,13 @@ def cmd_list(args) -> None:
     from attnzoo.models.registry import MODELS
     from attnzoo.tasks.registry import TASKS
 
-    table = Table(title="models")
-    table.add_column("name")
-    table.add_column("what")
-    for name, spec in MODELS.items():
-        table.add_row(name, spec.description)
-    console.print(table)
-    table = Table(title="tasks")
-    table.add_column("name")
-    table.add_column("what")
-    for name, spec in TASKS.items():
-        table.add_row(name, spec.description)
-    console.print(table)
+    for title, registry in (("models", MODELS), ("tasks", TASKS)):
+        table = Table(title=title)
+        table.add_column("name")
+        table.add_column("what")
+        for name, spec in registry.items():
+            table.add_row(name, spec.description)
+        console.print(table)
 
 
 def cmd_train(args) -> None:
