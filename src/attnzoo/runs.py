@@ -192,14 +192,19 @@ def load_run(run_dir: Path):
 def write_figures(run_dir: Path, task, model, *, count: int = 3) -> list[Path]:
     """figures/alignment.png (+ alignment_1.png ...) and figures/loss.png; for a model whose
     forward returns per-head maps (the Transformer), also figures/heads_encoder_self.png,
-    heads_decoder_self.png and heads_cross.png of the first example. A task that does not
-    translate (a language model) gets loss.png only."""
+    heads_decoder_self.png and heads_cross.png of the first example. A task that draws its own
+    pictures has `figures(model, folder, count) -> paths` (pointer and memory tasks); a task
+    that does neither (a language model) gets loss.png only."""
     from attnzoo.viz import alignment_figure, loss_figure
 
     figures = Path(run_dir) / "figures"
     figures.mkdir(parents=True, exist_ok=True)
     written = []
-    if hasattr(task, "translate") and hasattr(task, "alignments"):
+    if hasattr(task, "figures"):
+        with torch.no_grad():
+            model.eval()
+            written += task.figures(model, figures, count)
+    elif hasattr(task, "translate") and hasattr(task, "alignments"):
         examples = task.examples()[:count]
         with torch.no_grad():
             model.eval()

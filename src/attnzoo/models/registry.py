@@ -6,7 +6,9 @@ sequence-to-sequence interface the tasks and the decoding engine use:
 `encode(source, lengths)`, `start(memory) -> state`, `decode_step(tokens, state)`.
 An "lm" model class takes `(config, vocab_size)` (the task's `target_vocab`) and offers
 `forward(tokens, return_weights=False) -> output with .logits`, `start()`,
-`decode_step(tokens, state)`. A task pairs with the models of its `TaskSpec.interface`.
+`decode_step(tokens, state)`. Any other interface ("pointer", "bits") takes
+`(config, **task.model_dims())`: the task names the sizes the model needs. A task pairs with
+the models of its `TaskSpec.interface`.
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ class ModelSpec:
     preset: Callable[..., object]  # (**overrides) -> frozen config dataclass
     model_class: type
     description: str
-    interface: str = "seq2seq"  # seq2seq | lm (see the module docstring)
+    interface: str = "seq2seq"  # seq2seq | lm | pointer | bits (see the module docstring)
 
     @property
     def config_class(self) -> type:
         return type(self.preset())
 
     def build(self, config, task):
+        if hasattr(task, "model_dims"):
+            return self.model_class(config, **task.model_dims())
         if self.interface == "lm":
             return self.model_class(config, len(task.target_vocab))
         return self.model_class(config, len(task.source_vocab), len(task.target_vocab))
