@@ -1,4 +1,4 @@
-"""One decoding engine for every decoder: greedy search and batched beam search.
+"""One decoding engine for every decoder: greedy search, sampling and batched beam search.
 
 A decoder exposes `decode_step(tokens (batch,), state) -> (log_probs (batch, vocab), state)`
 and its state exposes `reorder(index) -> state` (keep rows `index`). The RNN decoders' state
@@ -55,6 +55,40 @@ def greedy(
         if done.all():
             break
     return _pad_after_eos(torch.stack(out, 1), eos, pad)
+
+
+def sample(
+    step: Step,
+    state: DecodingState,
+    batch: int,
+    *,
+    bos: int,
+    eos: int,
+    max_len: int,
+    pad: int = 0,
+    generator: torch.Generator | None = None,
+    device: torch.device | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ancestral sampling: a token from p(. | prefix) at every step until EOS or max_len.
+
+    Runs with autograd on, so the returned log-probability of each sequence (the sum over
+    its tokens up to and including EOS) trains a policy by REINFORCE.
+    Returns (tokens (batch, <= max_len), padding after EOS; log_prob (batch,)).
+    """
+    tokens = torch.full((batch,), bos, dtype=torch.long, device=device)
+    out, total = [], torch.zeros(batch, device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    for _ in range(max_len):
+        log_probs, state = step(tokens, state)
+        tokens = torch.multinomial(log_probs.detach().float().exp(), 1, generator=generator)
+        chosen = log_probs.gather(-1, tokens).squeeze(-1)
+        total = total + chosen.float().masked_fill(done, 0.0)
+        tokens = tokens.squeeze(-1)
+        out.append(tokens)
+        done = done | (tokens == eos)
+        if done.all():
+            break
+    return _pad_after_eos(torch.stack(out, 1), eos, pad), total
 
 
 @torch.no_grad()

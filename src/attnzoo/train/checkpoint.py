@@ -55,11 +55,16 @@ def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return _contiguous(model.state_dict())
 
 
-def save_checkpoint(directory: Path, step: int, model, optimizer, scheduler, keep: int = 2):
-    """Save everything needed to continue bit-for-bit at step + 1."""
+def save_checkpoint(
+    directory: Path, step: int, model, optimizer, scheduler, keep: int = 2, task=None
+):
+    """Save everything needed to continue bit-for-bit at step + 1, including the tensors of a
+    task that keeps state (`task.state_dict()`, e.g. a REINFORCE baseline policy)."""
     directory = Path(directory)
     folder = directory / f"step_{step:08d}"
     tensors = {f"model.{k}": v for k, v in model_tensors(model).items()}
+    if hasattr(task, "state_dict"):
+        tensors.update({f"task.{k}": v for k, v in task.state_dict().items()})
     opt = optimizer.state_dict()
     opt_scalars = {}
     for pid, entry in opt["state"].items():
@@ -108,8 +113,8 @@ def load_weights(folder: Path) -> dict[str, torch.Tensor]:
     return {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
 
 
-def load_checkpoint(folder: Path, model, optimizer, scheduler) -> int:
-    """Restore model, optimizer, schedule and RNG states; returns the step saved."""
+def load_checkpoint(folder: Path, model, optimizer, scheduler, task=None) -> int:
+    """Restore model, optimizer, schedule, RNG and task states; returns the step saved."""
     folder = Path(folder)
     tensors = load_tensors((folder / "tensors.safetensors").read_bytes())
     state = json.loads((folder / "state.json").read_text())
@@ -128,6 +133,8 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler) -> int:
         {"state": opt_state, "param_groups": state["optimizer"]["param_groups"]}
     )
     scheduler.load_state_dict(state["scheduler"])
+    if hasattr(task, "load_state_dict"):
+        task.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("task.")})
     torch.set_rng_state(tensors["rng.torch"])
     random.setstate(_tupled(state["python_rng"]))
     return int(state["step"])

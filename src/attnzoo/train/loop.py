@@ -132,7 +132,7 @@ def train(
         folder = latest_checkpoint(ckpt_dir)
         if folder is None:
             fail("train", "--resume", f"a checkpoint under {ckpt_dir}", "none")
-        start = load_checkpoint(folder, model, optimizer, scheduler) + 1
+        start = load_checkpoint(folder, model, optimizer, scheduler, task) + 1
         if env.main and metrics_path.exists():  # drop log lines written after that checkpoint
             kept = [
                 line
@@ -193,7 +193,7 @@ def train(
             and ckpt_dir is not None
             and ((step + 1) % config.checkpoint_every == 0 or last)
         ):
-            save_checkpoint(ckpt_dir, step, model, optimizer, scheduler)
+            save_checkpoint(ckpt_dir, step, model, optimizer, scheduler, task=task)
         if env.world > 1 and (step + 1) % config.checkpoint_every == 0:
             dist.barrier()
     bar.close()

@@ -1,0 +1,176 @@
+import json
+
+import pytest
+import torch
+
+from attnzoo import runs
+from attnzoo.models.pointer_net import PointerNet, PointerNetConfig
+from attnzoo.tasks import geometry
+from attnzoo.tasks.pointing import PointingConfig, PointingTask
+from attnzoo.tasks.translation import EvalConfig
+from attnzoo.train.loop import TrainConfig, train
+
+SMALL = PointerNetConfig(hidden=16, attn_hidden=16)
+
+
+def task_and_model(kind, **config):
+    task = PointingTask(
+        PointingConfig(kind=kind, **{"n_min": 4, "n_max": 6, "n_test": 20, **config}),
+        seed=0,
+        eval_config=EvalConfig(batch_size=8),
+    )
+    torch.manual_seed(0)
+    return task, PointerNet(SMALL, **task.model_dims())
+
+
+@pytest.mark.parametrize("kind", ["sort_numbers", "convex_hull", "tsp"])
+def test_batches_are_deterministic_and_targets_are_the_true_outputs(kind):
+    task, _ = task_and_model(kind)
+    a, b = task.batch(3, 8), task.batch(3, 8)
+    assert torch.equal(a.points, b.points) and torch.equal(a.targets, b.targets)
+    assert not torch.equal(task.batch(4, 8).points, a.points)
+    off = int(kind == "convex_hull")
+    for k in range(8):
+        row = a.targets[k, : int(a.steps[k])].tolist()
+        if off:
+            assert row[-1] == 0 and 0 not in row[:-1]
+            row = row[:-1]
+        out = [i - off for i in row]
+        if kind == "sort_numbers":
+            values = a.points[k, :, 0]
+            assert values[out].tolist() == sorted(values.tolist())
+        elif kind == "tsp":
+            opt = geometry.held_karp(a.points[k : k + 1])[1]
+            got = geometry.tour_length(a.points[k : k + 1], torch.tensor([out]))
+            torch.testing.assert_close(got, opt.to(got.dtype))
+        else:
+            assert out == geometry.convex_hull(a.points[k : k + 1])[0]
+
+
+def test_batch_shards_are_the_global_batch_split_across_processes():
+    task, _ = task_and_model("tsp")
+    whole = task.batch(5, 8)
+    parts = [task.batch(5, 8, rank, 2) for rank in range(2)]
+    assert torch.equal(
+        torch.cat([parts[0].points, parts[1].points]).sort(0)[0], whole.points.sort(0)[0]
+    )
+
+
+@pytest.mark.parametrize("kind", ["sort_numbers", "convex_hull", "tsp"])
+def test_loss_is_the_summed_nll_of_the_counted_steps(kind):
+    task, model = task_and_model(kind)
+    batch = task.batch(0, 6)
+    loss, count = task.loss(model, batch)
+    assert count == int(batch.steps.sum())
+    out = model(batch.points, batch.targets)
+    manual = sum(
+        -out.log_probs[k, i, batch.targets[k, i]]
+        for k in range(6)
+        for i in range(int(batch.steps[k]))
+    )
+    torch.testing.assert_close(loss, manual)
+
+
+def test_evaluate_reports_the_papers_columns():
+    task, model = task_and_model("tsp", test_sizes=(5, 6))
+    metrics = task.evaluate(model)
+    for key in ("tour_length", "optimal", "gap_pct", "tour_length_n6", "gap_pct_n6"):
+        assert key in metrics
+    assert metrics["tour_length"] >= metrics["optimal"] - 1e-9  # decoding gives valid tours
+    task, model = task_and_model("convex_hull")
+    assert {"accuracy", "area_coverage", "fail_rate"} <= set(task.evaluate(model))
+    task, model = task_and_model("sort_numbers")
+    assert 0.0 <= task.evaluate(model)["exact_match"] <= 100.0
+
+
+def test_scoring_the_true_outputs_is_perfect():
+    task, _ = task_and_model("tsp")
+    points, truth = task.test_set(6)
+    scores = task.score(points, truth, truth)
+    assert abs(scores["gap_pct"]) < 1e-9
+    task, _ = task_and_model("convex_hull")
+    points, truth = task.test_set(6)
+    assert task.score(points, truth, truth)["accuracy"] == 100.0
+
+
+def test_reinforce_loss_is_finite_and_improves_the_baseline_when_significantly_better():
+    task, model = task_and_model("tsp", objective="reinforce", baseline_instances=64)
+    batch = task.batch(0, 16)
+    assert batch.targets is None
+    loss, count = task.loss(model, batch)
+    loss.backward()
+    assert count == 16 and torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    # the same policy is not significantly better than itself: no update
+    assert not task._update_baseline(model, 0)
+
+    class Optimal(PointerNet):  # a policy whose greedy tours are the optimum
+        def decode(self, points, beam_size=1):
+            return geometry.held_karp(points)[0]
+
+    torch.manual_seed(0)
+    better = Optimal(SMALL, **task.model_dims())
+    assert task._update_baseline(better, 0)
+    for k, v in better.state_dict().items():
+        assert torch.equal(task.state_dict()[k], v)
+
+
+def test_reinforce_resume_restores_the_baseline(tmp_path):
+    """Interrupted at step 4 and resumed = uninterrupted, baseline updates included."""
+
+    def run(out, steps, resume=False):
+        task, model = task_and_model(
+            "tsp", objective="reinforce", baseline_every=2, baseline_instances=16
+        )
+        config = TrainConfig(
+            steps=steps,
+            batch_size=8,
+            lr=1e-2,
+            warmup=1,
+            checkpoint_every=2,
+            schedule="constant",
+            log_every=1,
+        )
+        out.mkdir(exist_ok=True)
+        train(task, model, config, out, resume=resume, progress=False)
+        return model, task
+
+    whole, whole_task = run(tmp_path / "a", 6)
+    run(tmp_path / "b", 4)
+    config = json.loads((tmp_path / "b" / "checkpoints" / "latest.json").read_text())
+    assert config["step"] == 3
+    resumed, resumed_task = run(tmp_path / "b", 6, resume=True)
+    for k, v in whole.state_dict().items():
+        assert torch.equal(resumed.state_dict()[k], v), k
+    for k, v in whole_task.state_dict().items():
+        assert torch.equal(resumed_task.state_dict()[k], v), k
+
+
+def test_figures_are_written(tmp_path):
+    for kind in ("tsp", "convex_hull", "sort_numbers"):
+        task, model = task_and_model(kind)
+        paths = task.figures(model, tmp_path, count=2)
+        assert [p.name for p in paths] == ["pointer.png", "pointer_1.png"]
+        assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_config_errors_name_the_argument():
+    with pytest.raises(ValueError, match="kind"):
+        PointingConfig(kind="knapsack")
+    with pytest.raises(ValueError, match="n_max.*supervised TSP"):
+        PointingConfig(kind="tsp", n_min=5, n_max=20)
+    PointingConfig(kind="tsp", n_min=5, n_max=20, objective="reinforce")
+    with pytest.raises(ValueError, match="objective"):
+        PointingConfig(kind="convex_hull", objective="reinforce")
+    with pytest.raises(ValueError, match="n_max"):
+        PointingConfig(kind="convex_hull", n_min=2, n_max=5)
+
+
+def test_the_cli_config_builds_every_pointer_task():
+    for name in ("sort_numbers", "convex_hull", "tsp"):
+        config = runs.apply_overrides(
+            runs.default_config("pointer-net", name), ["task.n_test=4", "model.hidden=8"]
+        )
+        _, model = runs.build(config)
+        assert config["task"]["kind"] == name and isinstance(model, PointerNet)
+        assert model.end_token == (name == "convex_hull")
