@@ -31,6 +31,11 @@ TASK_TRAIN = {
         for k in ("copy", "reverse", "sort")
     },
     "kjv_lm": dict(steps=3000, batch_size=32, lr=1e-3, warmup=200, checkpoint_every=500),
+    "bit_copy": dict(steps=2000, batch_size=32, lr=1e-3, warmup=100, checkpoint_every=500),
+    "repeat_copy": dict(steps=4000, batch_size=32, lr=1e-3, warmup=100, checkpoint_every=500),
+    "associative_recall": dict(
+        steps=4000, batch_size=32, lr=1e-3, warmup=100, checkpoint_every=500
+    ),
 }
 TASK_EVAL = {
     "dates": dict(limit=0),  # the whole held-out test split
@@ -40,6 +45,8 @@ TASK_EVAL = {
     "reverse": dict(limit=1000),
     "sort": dict(limit=1000),
     "kjv_lm": dict(limit=0),  # every held-out window (KjvLmConfig.n_test_chars bounds them)
+    # BitsConfig.n_test_per_length sizes the held-out set; eval.limit is unused
+    **{k: dict(limit=0) for k in ("bit_copy", "repeat_copy", "associative_recall")},
 }
 SECTIONS = ("model", "task", "train", "eval")
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from attnzoo.models import transformer
+from attnzoo.models.ntm import NTM, LSTMBaseline, lstm, ntm
 from attnzoo.models.seq2seq import Seq2Seq, Seq2SeqConfig, bahdanau, luong
 
 
@@ -69,5 +70,18 @@ MODELS = {
         transformer.TransformerLM,
         "decoder-only Transformer language model, CPU-sized: d_model 128, 2 layers",
         interface="lm",
+    ),
+    "ntm": ModelSpec(
+        ntm,
+        NTM,
+        "Neural Turing Machine: LSTM controller, 128 x 20 memory, 1 read + 1 write head "
+        "(Graves 2014)",
+        interface="bits",
+    ),
+    "lstm": ModelSpec(
+        lstm,
+        LSTMBaseline,
+        "LSTM without memory, 3 layers sized to the NTM's parameter count (Graves 2014 baseline)",
+        interface="bits",
     ),
 }

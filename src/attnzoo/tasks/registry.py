@@ -71,4 +71,28 @@ TASKS = {
         interface="lm",
         factory="make_task",
     ),
+    **{
+        name: TaskSpec(
+            "bits",
+            "BitsConfig",
+            "bit_errors",
+            description=text,
+            defaults=defaults,
+            interface="bits",
+            factory="make_task",
+        )
+        for name, defaults, text in (
+            ("bit_copy", {"kind": "copy"}, "copy random 8-bit vectors (Graves 2014, sec. 4.1)"),
+            (
+                "repeat_copy",
+                {"kind": "repeat_copy", "max_len": 10, "test_lengths": (20,)},
+                "copy a bit sequence K times, then an end marker (Graves 2014, sec. 4.2)",
+            ),
+            (
+                "associative_recall",
+                {"kind": "associative_recall", "min_len": 2, "max_len": 6, "test_lengths": (12,)},
+                "recall the item after a query item (Graves 2014, sec. 4.3)",
+            ),
+        )
+    },
 }

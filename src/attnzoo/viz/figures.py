@@ -105,3 +105,95 @@ def loss_figure(steps: Sequence[int], losses: Sequence[float], *, title: str = "
         ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def _array(x) -> np.ndarray:
+    return np.asarray(x.detach().cpu().float() if hasattr(x, "detach") else x, dtype=float)
+
+
+def _used_rows(*weights: np.ndarray, threshold: float = 0.01, margin: int = 2) -> slice:
+    """The contiguous range of memory rows any weighting puts more than `threshold` on, with a
+    margin; all rows when the range wraps round or covers most of the memory."""
+    n = weights[0].shape[-1]
+    used = np.flatnonzero(np.max([w.max(axis=0) for w in weights], axis=0) > threshold)
+    if used.size == 0 or used[-1] - used[0] > n // 2:
+        return slice(0, n)
+    return slice(max(0, used[0] - margin), min(n, used[-1] + margin + 1))
+
+
+def memory_figure(
+    inputs,
+    targets,
+    outputs,
+    *,
+    adds=None,
+    reads=None,
+    write_weights=None,
+    read_weights=None,
+    memory=None,
+    mask=None,
+    title: str = "",
+) -> Figure:
+    """Graves 2014 Fig. 6: one sequence of a memory model, time across every panel.
+
+    Left column the write side (inputs, add vectors, write weightings), right column the read
+    side (targets and outputs, read vectors, read weightings); the final memory below. The
+    weightings and memory show only the rows the heads used (all rows if they wrap round).
+
+    Args:
+        inputs: (T, input_size); targets, outputs: (T, output_size), outputs as probabilities.
+        adds, reads: (T, M) of one write / read head; write_weights, read_weights: (T, N).
+        memory: (N, M) memory contents. Every argument after `outputs` may be None (an LSTM).
+        mask: (T,) bool, the steps whose outputs are scored (bit errors count there only).
+    """
+    x, y, o = _array(inputs), _array(targets), _array(outputs)
+    if not (x.shape[0] == y.shape[0] == o.shape[0]) or y.shape != o.shape:
+        raise ValueError(
+            f"memory_figure: arguments 'inputs', 'targets', 'outputs' expected shapes (T, .), "
+            f"(T, C), (T, C), got {x.shape}, {y.shape}, {o.shape}"
+        )
+    wrong = ((o > 0.5) != (y > 0.5)).astype(float)  # (T, C)
+    if mask is not None:
+        wrong = wrong * _array(mask)[:, None]
+    panels = [
+        [("inputs", x, "channel"), ("outputs", o, "channel")],
+        [("targets", y, "channel"), (f"bit errors ({int(wrong.sum())})", wrong, "channel")],
+    ]
+    if adds is not None and reads is not None:
+        panels.append([("adds", _array(adds), "column"), ("reads", _array(reads), "column")])
+    rows = None
+    if write_weights is not None and read_weights is not None:
+        ww, rw = _array(write_weights), _array(read_weights)
+        rows = _used_rows(ww, rw)
+        label = f"location {rows.start}-{rows.stop - 1}"
+        panels.append(
+            [("write weightings", ww[:, rows], label), ("read weightings", rw[:, rows], label)]
+        )
+    if memory is not None:
+        m = _array(memory)
+        m = m[rows] if rows is not None else m  # (locations, M)
+        panels.append([("memory after the last step (location across)", m, "column")])
+    steps = x.shape[0]
+    fig = Figure(figsize=(max(6.0, 0.24 * steps + 2), 1.5 * len(panels) + 0.6))
+    grid = fig.add_gridspec(len(panels), 2)
+    for r, row in enumerate(panels):
+        for col, (name, data, ylabel) in enumerate(row):
+            ax = fig.add_subplot(grid[r, col] if len(row) == 2 else grid[r, :])
+            signed = name in ("adds", "reads") or name.startswith("memory")
+            limit = max(1.0, float(np.abs(data).max())) if signed else 1.0
+            ax.imshow(
+                data.T,
+                cmap="RdBu_r" if signed else "gray",
+                vmin=-limit if signed else 0.0,
+                vmax=limit,
+                aspect="auto",
+                interpolation="nearest",
+            )
+            ax.set_title(name, fontsize=8)
+            ax.set_ylabel(ylabel, fontsize=7)
+            ax.set_xlabel("location" if name.startswith("memory") else "time", fontsize=7)
+            ax.tick_params(labelsize=6)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
