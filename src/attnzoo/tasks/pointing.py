@@ -238,8 +238,8 @@ class PointingTask:
             exact = sum(p == t for p, t in zip(predicted, truth, strict=True))
             return {"exact_match": 100.0 * exact / len(truth)}
         if kind == "convex_hull":
-            m = geometry.hull_metrics(points, predicted, truth)
-            return {k: 100.0 * float(v) for k, v in m.items()}
+            m = geometry.hull_metrics(points, predicted, truth)  # nan: no simple polygon
+            return {k: None if v != v else 100.0 * float(v) for k, v in m.items()}
         tours = torch.tensor(predicted, dtype=torch.long)
         if sorted(predicted[0]) != list(range(points.shape[1])):
             fail("PointingTask.score", "predicted", "permutations of the inputs", predicted[0])
