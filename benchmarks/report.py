@@ -204,7 +204,7 @@ def seq2seq_tables() -> None:
                 "",
             ]
         shown = []  # alignment figures of the runs, copied next to the docs when present
-        for r in rows:
+        for r in dec + length:
             source = Path(r["run_dir"]) / "figures" / "alignment.png"
             if r["name"] in ("bahdanau", "luong-general") and source.exists():
                 target = DOCS / "figures" / f"alignment_{r['task']}_{r['name']}.png"
@@ -287,20 +287,260 @@ def transformer_tables() -> None:
     rows = [
         r
         for r in (runs or {"rows": []})["rows"]
-        if r.get("experiment") == "transformer" and r.get("status") == "ok"
+        if r.get("experiment") == "transformer"
+        and r.get("status") == "ok"
+        and "exact_match" in r  # the language model's row has its own table
     ]
     if rows:
         body += [
             "",
-            "### Tasks (tiny preset; one thread per run, two runs in parallel)",
+            "### Tasks (tiny preset; one thread per run, on the shared 2-core CPU)",
             "",
             runs_table(rows, with_name=False),
         ]
     splice(DOCS / "transformer.md", "transformer", "\n".join(body))
 
 
+def transformer_run_tables() -> None:
+    """The Transformer against Bahdanau at equal parameters and wall clock, and the language
+    model's bits per character (experiments "matched" and "transformer" of
+    benchmarks/bench_seq2seq.py)."""
+    data = load("seq2seq")
+    rows = [r for r in (data or {"rows": []})["rows"] if r.get("status") == "ok"]
+    matched = [r for r in rows if r["experiment"] == "matched"]
+    lm = [r for r in rows if r["experiment"] == "transformer" and "bits_per_char" in r]
+    body = []
+    if matched:
+        first = matched[0]["calibration"]
+        body += [
+            "### Against Bahdanau at equal size and wall clock (smaller scale than the paper)",
+            "",
+            "Per task, the Transformer (tiny preset: 4 heads, 2 + 2 layers) gets the d_model "
+            "and d_ff that bring its parameter count nearest Bahdanau's. Then one process "
+            f"times both models' training steps on that task (one thread, {first['rounds']} "
+            f"interleaved rounds of {first['steps']} steps each after a warm-up, median), and "
+            "each model trains for budget / (its seconds per step) steps. Runs went one at a "
+            "time with one thread on the 2-core CPU, which other people's training shared, so "
+            "training minutes can drift from the budget (load average at calibration in the "
+            "JSON). Training minutes exclude the final evaluation. "
+            "Command: `python benchmarks/bench_seq2seq.py --only matched --jobs 1`"
+            + (" (QUICK smoke run)" if data["quick"] else "")
+            + ".",
+            "",
+            table(
+                [
+                    "task",
+                    "model",
+                    "params",
+                    "size",
+                    "s/step",
+                    "steps",
+                    "batch",
+                    "budget min",
+                    "train min",
+                    "exact match %",
+                    "BLEU",
+                ],
+                [
+                    [
+                        r["task"],
+                        r["name"],
+                        r["params"],
+                        f"d_model {r['d_model']}, d_ff {r['d_ff']}"
+                        if "d_model" in r
+                        else f"hidden {r['hidden']}",
+                        r["calibration"]["sec_per_step"],
+                        r["steps"],
+                        r["batch_size"],
+                        r["budget_seconds"] / 60,
+                        r["train_minutes"] - r["eval_minutes"],
+                        100 * r["exact_match"],
+                        r.get("bleu"),
+                    ]
+                    for r in matched
+                ],
+            ),
+            "",
+        ]
+    if lm:
+        body += [
+            "### Character-level language modelling of the King James text",
+            "",
+            "Bits per character on the held-out test verses (`kjv_lm`, `transformer-lm` tiny "
+            "preset, one thread). "
+            "Command: `python benchmarks/bench_seq2seq.py --only transformer --task kjv_lm`.",
+            "",
+            table(
+                ["model", "params", "steps", "batch", "train min", "held-out chars", "bits/char"],
+                [
+                    [
+                        r["name"],
+                        r["params"],
+                        r["steps"],
+                        r["batch_size"],
+                        r["train_minutes"] - r.get("eval_minutes", 0),
+                        r["n_chars"],
+                        r["bits_per_char"],
+                    ]
+                    for r in lm
+                ],
+            ),
+        ]
+    if body:
+        splice(DOCS / "transformer.md", "transformer-runs", "\n".join(body).rstrip())
+
+
+def pointer_tables() -> None:
+    """docs/pointer_net.md: the paper's TSP and convex-hull columns beside ours, with budgets;
+    the pointer figures of the TSP and hull runs."""
+    data = load("pointer")
+    if data is None:
+        return
+    rows = {r["name"]: r for r in data["rows"] if r.get("status") == "ok"}
+    m = data["machine"]
+    body = [
+        ("**Smoke run (--quick): not a result.** " if data.get("quick") else "")
+        + f"Measured with one thread per run on {m.get('threads')} cores (1-minute load "
+        f"average {fmt((m.get('load_average') or [None])[0])} at the start); held-out sets of "
+        f"{next(iter(rows.values()))['n_test'] if rows else '-'} instances per size; "
+        "beam search keeps 5 hypotheses restricted to valid outputs. Minutes are the whole run "
+        "(training and its evaluations) on the shared 2-core CPU. "
+        "Smaller-scale than the paper: Vinyals et al. train on 1M instances.",
+        "",
+    ]
+    targets = []
+    for name, limit in (("tsp-n5", 0.5), ("tsp-n10", 2.0)):
+        if name in rows:
+            gap = min(rows[name]["greedy"]["gap_pct"], rows[name]["beam5"]["gap_pct"])
+            targets.append([f"TSP {name[4:]}: gap to optimal %", gap, f"<= {limit}", gap <= limit])
+    if "convex_hull-n10" in rows:
+        hull = rows["convex_hull-n10"]
+        best = max((hull["greedy"], hull["beam5"]), key=lambda s: s["accuracy"])
+        area = best["area_coverage"] or 0.0
+        targets += [
+            ["convex hull n=10: accuracy %", best["accuracy"], ">= 85", best["accuracy"] >= 85],
+            ["convex hull n=10: area coverage %", area, ">= 99", area >= 99],
+        ]
+    if targets:
+        body += [
+            "### Targets (issue 5)",
+            "",
+            table(
+                ["target", "measured", "wanted", "met"],
+                [[*t[:3], "yes" if t[3] else False] for t in targets],
+            ),
+            "",
+        ]
+    tsp = [rows[k] for k in ("tsp-n5", "tsp-n10", "tsp-n10-reinforce") if k in rows]
+    if tsp:
+        body += [
+            "### TSP: average tour length (Vinyals 2015, Table 2)",
+            "",
+            table(
+                [
+                    "run",
+                    "objective",
+                    "paper optimal",
+                    "paper Ptr-Net",
+                    "our optimal",
+                    "ours greedy",
+                    "ours beam 5",
+                    "gap % (beam)",
+                    "steps",
+                    "batch",
+                    "minutes",
+                ],
+                [
+                    [
+                        r["name"],
+                        r["objective"],
+                        r["paper"]["optimal"],
+                        r["paper"]["ptr_net"],
+                        r["greedy"]["optimal"],
+                        r["greedy"]["tour_length"],
+                        r["beam5"]["tour_length"],
+                        r["beam5"]["gap_pct"],
+                        r["steps"],
+                        r["batch_size"],
+                        r["run_minutes"],
+                    ]
+                    for r in tsp
+                ],
+            ),
+            "",
+            "The paper's optimal column is its own test set's average; ours is the exact "
+            "Held-Karp optimum of our held-out instances, so compare each Ptr-Net with the "
+            "optimum beside it.",
+            "",
+        ]
+    if "convex_hull-n10" in rows:
+        r = rows["convex_hull-n10"]
+        body += [
+            "### Convex hull, n = 10 (the columns of Vinyals 2015, Table 1)",
+            "",
+            table(
+                [
+                    "decoding",
+                    "accuracy %",
+                    "area coverage %",
+                    "FAIL %",
+                    "steps",
+                    "batch",
+                    "minutes",
+                ],
+                [
+                    [
+                        label,
+                        s["accuracy"],
+                        s["area_coverage"],
+                        s["fail_rate"],
+                        r["steps"],
+                        r["batch_size"],
+                        r["run_minutes"],
+                    ]
+                    for label, s in (("greedy", r["greedy"]), ("beam 5", r["beam5"]))
+                ],
+            ),
+            "",
+            "The paper reports n = 50 (Ptr-Net 72.6% accuracy, 99.9% area); n = 10 is the "
+            "size this CPU budget trains to its target.",
+            "",
+        ]
+    if "sort_numbers" in rows:
+        r = rows["sort_numbers"]
+        sizes = sorted({int(k.split("_n")[1]) for k in r["greedy"] if "_n" in k})
+        body += [
+            f"### Sorting numbers (trained on n = {r['n_train'][0]}..{r['n_train'][1]})",
+            "",
+            table(
+                ["test n", "exact match % greedy", "exact match % beam 5", "steps", "minutes"],
+                [
+                    [
+                        n,
+                        r["greedy"][f"exact_match_n{n}"],
+                        r["beam5"][f"exact_match_n{n}"],
+                        r["steps"],
+                        r["run_minutes"],
+                    ]
+                    for n in sizes
+                ],
+            ),
+            "",
+        ]
+    figures = DOCS / "figures"
+    for name in ("tsp-n10", "convex_hull-n10", "sort_numbers"):
+        if name in rows:
+            source = Path(rows[name]["run_dir"]) / "figures" / "pointer.png"
+            if source.exists():
+                shutil.copy(source, figures / f"pointer_{name}.png")
+                body += [f"![{name}](figures/pointer_{name}.png)", ""]
+    splice(DOCS / "pointer_net.md", "pointer", "\n".join(body).rstrip())
+
+
 if __name__ == "__main__":
     attention_tables()
     seq2seq_tables()
     transformer_tables()
+    transformer_run_tables()
+    pointer_tables()
     print("docs updated")
