@@ -200,17 +200,19 @@ def test_training_through_the_loop_is_finite_and_lowers_the_loss(kind):
         steps=40, batch_size=16, lr=1e-2, warmup=0, schedule="constant", log_every=10
     )
     final = train(t, model, config, None, progress=False)
-    after = sum(float(t.loss(model, t.batch(s, 16))[0]) for s in range(1000, 1004))
+    with torch.no_grad():
+        after = sum(float(t.loss(model, t.batch(s, 16))[0]) for s in range(1000, 1004))
     assert math.isfinite(final["bit_errors"]) and after < before
 
 
 def test_figures_for_ntm_and_lstm(tmp_path):
     t = task(min_len=1, max_len=3, test_lengths=(5,), n_test_per_length=2)
-    for model in (NTM(TINY_NTM, **t.model_dims()), LSTMBaseline(lstm(hidden=8), **t.model_dims())):
-        with torch.no_grad():
-            paths = t.figures(model.eval(), tmp_path, 2)
-        assert [p.name for p in paths] == ["memory_copy_len3.png", "memory_copy_len5.png"]
-        assert all(p.stat().st_size > 0 for p in paths)
+    with torch.no_grad():
+        paths = t.figures(NTM(TINY_NTM, **t.model_dims()).eval(), tmp_path, 1)
+        assert [p.name for p in paths] == ["memory_copy_len3.png"]
+        lstm_paths = t.figures(LSTMBaseline(lstm(hidden=8), **t.model_dims()).eval(), tmp_path, 1)
+        assert [p.name for p in lstm_paths] == ["memory_copy_len3.png"]
+    assert all(p.stat().st_size > 0 for p in paths)
 
 
 def test_run_end_to_end_through_the_registries(tmp_path):
@@ -236,3 +238,29 @@ def test_run_end_to_end_through_the_registries(tmp_path):
         assert runs.default_config("lstm", name)["task"]["kind"] == name
     with pytest.raises(ValueError, match="MODEL"):
         runs.default_config("bahdanau", "bit_copy")
+
+
+def test_memory_figure_crops_the_used_rows_as_one_circular_range():
+    from attnzoo.viz.figures import _used_rows, memory_figure
+
+    w = torch.zeros(4, 20)
+    w[0, 0] = w[1, 19] = w[2, 18] = w[3, 17] = 1.0  # a head moving back from row 0
+    assert _used_rows(w.numpy(), margin=1).tolist() == [16, 17, 18, 19, 0, 1]
+    assert _used_rows(torch.zeros(4, 20).numpy()).tolist() == list(range(20))
+    fig = memory_figure(
+        torch.zeros(4, 3),
+        torch.zeros(4, 2),
+        torch.zeros(4, 2),
+        write_weights=w,
+        read_weights=w,
+        adds=torch.zeros(4, 5),
+        reads=torch.zeros(4, 5),
+        memory=torch.zeros(20, 5),
+    )
+    assert [ax.get_title() for ax in fig.axes][-3:] == [
+        "write weightings",
+        "read weightings",
+        "memory after the last step (location across)",
+    ]
+    with pytest.raises(ValueError, match="memory_figure: arguments"):
+        memory_figure(torch.zeros(4, 3), torch.zeros(4, 2), torch.zeros(5, 2))

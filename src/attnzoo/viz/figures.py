@@ -111,14 +111,25 @@ def _array(x) -> np.ndarray:
     return np.asarray(x.detach().cpu().float() if hasattr(x, "detach") else x, dtype=float)
 
 
-def _used_rows(*weights: np.ndarray, threshold: float = 0.01, margin: int = 2) -> slice:
-    """The contiguous range of memory rows any weighting puts more than `threshold` on, with a
-    margin; all rows when the range wraps round or covers most of the memory."""
+def _used_rows(*weights: np.ndarray, threshold: float = 0.01, margin: int = 2) -> np.ndarray:
+    """The memory rows any weighting puts more than `threshold` on, with a margin, as one
+    circular run (a head that moves backwards from row 0 wraps round to row N - 1): the
+    indices of the shortest circular range that holds them, in order."""
     n = weights[0].shape[-1]
-    used = np.flatnonzero(np.max([w.max(axis=0) for w in weights], axis=0) > threshold)
-    if used.size == 0 or used[-1] - used[0] > n // 2:
-        return slice(0, n)
-    return slice(max(0, used[0] - margin), min(n, used[-1] + margin + 1))
+    used = np.max([w.max(axis=0) for w in weights], axis=0) > threshold  # (n,)
+    if not used.any():
+        return np.arange(n)
+    # the longest circular run of unused rows is left out
+    best_len, best_start, run = 0, 0, 0
+    for k in range(2 * n):
+        run = 0 if used[k % n] else run + 1
+        if min(run, n) > best_len:
+            best_len, best_start = min(run, n), k - run + 1
+    keep = n - best_len + 2 * margin
+    if keep >= n:
+        return np.arange(n)
+    first = best_start + best_len - margin  # just after the gap
+    return (first + np.arange(keep)) % n
 
 
 def memory_figure(
@@ -136,9 +147,11 @@ def memory_figure(
 ) -> Figure:
     """Graves 2014 Fig. 6: one sequence of a memory model, time across every panel.
 
-    Left column the write side (inputs, add vectors, write weightings), right column the read
-    side (targets and outputs, read vectors, read weightings); the final memory below. The
-    weightings and memory show only the rows the heads used (all rows if they wrap round).
+    Inputs beside outputs, targets beside the bit errors (output-phase bits thresholded at 0.5
+    that differ from the target); then the write side left (add vectors, write weightings) and
+    the read side right (read vectors, read weightings); the final memory below. The
+    weightings and memory show only the rows the heads used, as one circular range (a head
+    that moves back from row 0 wraps round to row N - 1).
 
     Args:
         inputs: (T, input_size); targets, outputs: (T, output_size), outputs as probabilities.
@@ -165,7 +178,7 @@ def memory_figure(
     if write_weights is not None and read_weights is not None:
         ww, rw = _array(write_weights), _array(read_weights)
         rows = _used_rows(ww, rw)
-        label = f"location {rows.start}-{rows.stop - 1}"
+        label = "location"
         panels.append(
             [("write weightings", ww[:, rows], label), ("read weightings", rw[:, rows], label)]
         )
@@ -193,6 +206,10 @@ def memory_figure(
             ax.set_ylabel(ylabel, fontsize=7)
             ax.set_xlabel("location" if name.startswith("memory") else "time", fontsize=7)
             ax.tick_params(labelsize=6)
+            if rows is not None and ("weightings" in name or name.startswith("memory")):
+                at = np.arange(0, len(rows), max(1, len(rows) // 8))  # label the true rows
+                axis = ax.set_xticks if name.startswith("memory") else ax.set_yticks
+                axis(at, [str(k) for k in rows[at]])
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
