@@ -31,6 +31,10 @@ TASK_TRAIN = {
         for k in ("copy", "reverse", "sort")
     },
     "kjv_lm": dict(steps=3000, batch_size=32, lr=1e-3, warmup=200, checkpoint_every=500),
+    **{
+        k: dict(steps=2000, batch_size=128, lr=1e-3, warmup=100, checkpoint_every=500, clip=2.0)
+        for k in ("sort_numbers", "convex_hull", "tsp")
+    },
     # NTM bit tasks: bit_copy (24k sequences) ended at 0 bit errors per sequence on lengths
     # 1-20 and 40 (train.seed 1; ~3 min on 1 thread); repeat_copy and associative_recall are
     # untuned guesses
@@ -49,6 +53,7 @@ TASK_EVAL = {
     "reverse": dict(limit=1000),
     "sort": dict(limit=1000),
     "kjv_lm": dict(limit=0),  # every held-out window (KjvLmConfig.n_test_chars bounds them)
+    **{k: dict(limit=0) for k in ("sort_numbers", "convex_hull", "tsp")},  # n_test instances
     # BitsConfig.n_test_per_length sizes the held-out set; eval.limit is unused
     **{k: dict(limit=0) for k in ("bit_copy", "repeat_copy", "associative_recall")},
 }

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from attnzoo.models import transformer
 from attnzoo.models.ntm import NTM, LSTMBaseline, lstm, ntm
+from attnzoo.models.pointer_net import PointerNet, PointerNetConfig
 from attnzoo.models.seq2seq import Seq2Seq, Seq2SeqConfig, bahdanau, luong
 
 
@@ -70,6 +71,12 @@ MODELS = {
         transformer.TransformerLM,
         "decoder-only Transformer language model, CPU-sized: d_model 128, 2 layers",
         interface="lm",
+    ),
+    "pointer-net": ModelSpec(
+        lambda **kw: replace(PointerNetConfig(), **kw),
+        PointerNet,
+        "Pointer Network: LSTM encoder/decoder, additive attention as the output (Vinyals 2015)",
+        interface="pointer",
     ),
     "ntm": ModelSpec(
         ntm,

@@ -72,6 +72,37 @@ TASKS = {
         factory="make_task",
     ),
     **{
+        kind: TaskSpec(
+            "pointing",
+            "PointingConfig",
+            metric,
+            description=text,
+            defaults={"kind": kind, **sizes},
+            interface="pointer",
+            factory="make_task",
+        )
+        for kind, metric, sizes, text in (
+            (
+                "sort_numbers",
+                "exact_match",
+                {"n_min": 5, "n_max": 10},
+                "sort real numbers by pointing at them (Vinyals 2015)",
+            ),
+            (
+                "convex_hull",
+                "accuracy",
+                {"n_min": 10, "n_max": 10},
+                "planar convex hull, counter-clockwise (Vinyals 2015, Table 1)",
+            ),
+            (
+                "tsp",
+                "gap_pct",
+                {"n_min": 10, "n_max": 10},
+                "planar travelling salesman, optimum by Held-Karp (Vinyals 2015, Table 2)",
+            ),
+        )
+    },
+    **{
         name: TaskSpec(
             "bits",
             "BitsConfig",

@@ -1,5 +1,11 @@
 """attnzoo.viz: pure functions from weights and labels to matplotlib figures."""
 
-from attnzoo.viz.figures import alignment_figure, head_grid_figure, loss_figure, memory_figure
+from attnzoo.viz.figures import (
+    alignment_figure,
+    head_grid_figure,
+    loss_figure,
+    memory_figure,
+    pointer_figure,
+)
 
-__all__ = ["alignment_figure", "head_grid_figure", "loss_figure", "memory_figure"]
+__all__ = ["alignment_figure", "head_grid_figure", "loss_figure", "memory_figure", "pointer_figure"]

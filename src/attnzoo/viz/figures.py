@@ -107,6 +107,70 @@ def loss_figure(steps: Sequence[int], losses: Sequence[float], *, title: str = "
     return fig
 
 
+def pointer_figure(
+    points,
+    weights,
+    output: Sequence[int],
+    truth: Sequence[int] | None,
+    labels: Sequence[str],
+    *,
+    closed: bool = True,
+    title: str = "",
+) -> Figure:
+    """Vinyals 2015 Fig. 2 beside its attention: left, the pointer distribution of every
+    output step over the input positions (grey level); right, the output drawn over the
+    inputs: a closed tour or hull through planar points (`closed`), or, for 1-d inputs, the
+    values in output order. The true output is dashed.
+
+    Args:
+        points: (n, dim) inputs, dim 1 or 2.
+        weights: (steps, positions) pointer distributions; positions = len(labels).
+        output, truth: input indices in output order (no end marker).
+        labels: position labels, e.g. ["end", "0", "1", ...].
+    """
+    p = np.asarray(points.detach().cpu() if hasattr(points, "detach") else points, dtype=float)
+    w = np.asarray(weights.detach().cpu() if hasattr(weights, "detach") else weights, dtype=float)
+    if p.ndim != 2 or p.shape[1] not in (1, 2):
+        raise ValueError(f"pointer_figure: argument 'points' expected (n, 1 or 2), got {p.shape}")
+    if w.ndim != 2 or w.shape[1] != len(labels):
+        raise ValueError(
+            f"pointer_figure: argument 'weights' expected (steps, {len(labels)}), got {w.shape}"
+        )
+    fig = Figure(figsize=(10, 4.4))
+    ax = fig.add_subplot(1, 2, 1)
+    ax.imshow(w, cmap="gray", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
+    ax.set_yticks(range(w.shape[0]), [str(s + 1) for s in range(w.shape[0])], fontsize=7)
+    ax.set_xlabel("input position")
+    ax.set_ylabel("output step")
+    ax.set_title("pointer distribution per step", fontsize=9)
+    ax = fig.add_subplot(1, 2, 2)
+    if p.shape[1] == 2:
+
+        def path(order):
+            idx = [*order, order[0]] if closed and order else list(order)
+            return p[idx, 0], p[idx, 1]
+
+        ax.scatter(p[:, 0], p[:, 1], s=14, color="black", zorder=3)
+        for i, (x, y) in enumerate(p):
+            ax.annotate(str(i), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        if truth:
+            ax.plot(*path(list(truth)), "--", color="tab:gray", label="true")
+        if output:
+            ax.plot(*path(list(output)), color="tab:red", label="output")
+        ax.set_aspect("equal")
+    else:
+        if truth:
+            ax.plot(p[list(truth), 0], "--", color="tab:gray", label="true")
+        ax.plot(p[list(output), 0], "o-", color="tab:red", label="output")
+        ax.set_xlabel("output step")
+        ax.set_ylabel("value")
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def _array(x) -> np.ndarray:
     return np.asarray(x.detach().cpu().float() if hasattr(x, "detach") else x, dtype=float)
 
