@@ -400,7 +400,7 @@ def pointer_tables() -> None:
     m = data["machine"]
     body = [
         ("**Smoke run (--quick): not a result.** " if data.get("quick") else "")
-        + f"Measured with one thread per run on {m.get('threads')} cores (1-minute load "
+        + "Measured with one torch thread per run on the shared 2-core CPU (1-minute load "
         f"average {fmt((m.get('load_average') or [None])[0])} at the start); held-out sets of "
         f"{next(iter(rows.values()))['n_test'] if rows else '-'} instances per size; "
         "beam search keeps 5 hypotheses restricted to valid outputs. Minutes are the whole run "
@@ -537,10 +537,155 @@ def pointer_tables() -> None:
     splice(DOCS / "pointer_net.md", "pointer", "\n".join(body).rstrip())
 
 
+def ntm_tables() -> None:
+    """docs/ntm.md: the issue's targets, NTM against the LSTM baseline per task and per test
+    length, the learning curves, the throughput, and the memory figures of the copy run."""
+    data = load("ntm")
+    if data is None:
+        return
+    rows = {r["name"]: r for r in data["rows"] if r.get("status") == "ok"}
+    tasks = [r for r in rows.values() if r["experiment"] == "tasks"]
+    m = data["machine"]
+    body = [
+        ("**Smoke run (--quick): not a result.** " if data.get("quick") else "")
+        + "One torch thread per run on the shared 2-core CPU (1-minute load average "
+        f"{fmt((m.get('load_average') or [None])[0])} at the start), runs one after another. "
+        "Bit errors are per sequence over the output phase, on 16 held-out sequences per length.",
+        "",
+    ]
+    ntm, lstm = rows.get("bit_copy-ntm"), rows.get("bit_copy-lstm")
+    speed = rows.get("throughput")
+    targets = []
+    if ntm:
+        reached = ntm["sequences_to_target"]
+        targets.append(
+            [
+                "copy: sequences until < 0.1 bit errors on lengths 1-20",
+                reached if reached is not None else f"not within {ntm['sequences']}",
+                "<= 50000",
+                "yes" if reached is not None and reached <= 50000 else False,
+            ]
+        )
+    if ntm and lstm:
+        ratio = ntm["bit_errors_len40"] / max(lstm["bit_errors_len40"], 1e-9)
+        targets.append(
+            [
+                "copy length 40: NTM errors / LSTM errors",
+                ratio,
+                "< 0.25",
+                "yes" if ratio < 0.25 else False,
+            ]
+        )
+    if speed:
+        targets.append(
+            [
+                f"training sequences/s: batched ({speed['batch_size']}) / per-sample (batch 1)",
+                speed["speedup"],
+                ">= 5",
+                "yes" if speed["speedup"] >= 5 else False,
+            ]
+        )
+    if targets:
+        body += [
+            "### Targets (issue 5)",
+            "",
+            table(["target", "measured", "wanted", "met"], targets),
+            "",
+        ]
+    if tasks:
+        body += [
+            "### Every task, NTM against the LSTM baseline",
+            "",
+            table(
+                [
+                    "task",
+                    "model",
+                    "params",
+                    "steps",
+                    "batch",
+                    "sequences",
+                    "train min",
+                    "bit errors (train lengths)",
+                    "exact %",
+                    "sequences to < 0.1",
+                ],
+                [
+                    [
+                        r["task"],
+                        r["model"],
+                        r["params"],
+                        r["steps"],
+                        r["batch_size"],
+                        r["sequences"],
+                        r["train_minutes"],
+                        r["bit_errors"],
+                        100 * r["exact"],
+                        r["sequences_to_target"],
+                    ]
+                    for r in tasks
+                ],
+            ),
+            "",
+        ]
+    if ntm and lstm:
+        lengths = sorted(
+            int(k[len("bit_errors_len") :]) for k in ntm if k.startswith("bit_errors_len")
+        )
+        body += [
+            f"### Copy: generalisation to longer sequences (trained on "
+            f"{ntm['train_lengths'][0]}-{ntm['train_lengths'][1]})",
+            "",
+            "The paper shows this as Fig. 4/5 (NTM copies well past its training lengths, "
+            "the LSTM fails); it gives no table.",
+            "",
+            table(
+                ["length", "NTM bit errors", "LSTM bit errors"],
+                [[n, ntm[f"bit_errors_len{n}"], lstm[f"bit_errors_len{n}"]] for n in lengths],
+            ),
+            "",
+        ]
+        fig = Figure(figsize=(5.2, 3.4))
+        ax = fig.add_subplot()
+        for r in (ntm, lstm):
+            ax.plot(
+                [c["sequences"] for c in r["curve"]],
+                [c["bit_errors"] for c in r["curve"]],
+                marker="o",
+                label=f"{r['model']} ({r['params']} params)",
+            )
+        ax.set_xlabel("training sequences")
+        ax.set_ylabel("bit errors per sequence (lengths 1-20)")
+        ax.set_yscale("symlog", linthresh=0.1)
+        ax.set_title("copy: learning curve")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(DOCS / "figures" / "ntm_copy_curve.png", dpi=110)
+        body += ["![copy learning curve](figures/ntm_copy_curve.png)", ""]
+        for name in sorted((Path(ntm["run_dir"]) / "figures").glob("memory_*.png"))[:2]:
+            shutil.copy(name, DOCS / "figures" / f"ntm_{name.name}")
+            body += [f"![{name.stem}](figures/ntm_{name.name})", ""]
+    if speed:
+        per = speed["sequences_per_s"]
+        body += [
+            f"### Training throughput (copy, length {speed['length']}, one thread)",
+            "",
+            table(
+                ["implementation", "sequences/s"],
+                [
+                    [f"batched, {speed['batch_size']} per update", per["batched"]],
+                    ["per sample, one update per sequence (pytorch-ntm's loop)", per["per_sample"]],
+                ],
+            ),
+            "",
+        ]
+    splice(DOCS / "ntm.md", "ntm", "\n".join(body).rstrip())
+
+
 if __name__ == "__main__":
     attention_tables()
     seq2seq_tables()
     transformer_tables()
     transformer_run_tables()
     pointer_tables()
+    ntm_tables()
     print("docs updated")
