@@ -17,14 +17,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import machine_info, median, print_table, time_interleaved, write_json
+from _common import (
+    emit_result,
+    machine_info,
+    median,
+    print_table,
+    run_worker,
+    time_interleaved,
+    write_json,
+)
 
 RESULTS = Path(__file__).parent / "results" / "ntm.json"
 RUNS = Path(__file__).parent.parent / "runs" / "bench"
@@ -130,12 +137,8 @@ def throughput(quick: bool, length: int = 20, batch: int = 32, repeats: int = 7)
 
 
 def run_one(spec: dict) -> dict:
-    proc = subprocess.run(
-        [sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        return {**spec, "status": "failed", "error": proc.stderr[-2000:]}
-    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "status": "ok"}
+    """One row in a fresh process; a failed run keeps its spec beside the error."""
+    return {**spec, **run_worker([sys.executable, __file__, "--worker", json.dumps(spec)])}
 
 
 def main() -> None:
@@ -149,7 +152,7 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(json.loads(args.worker))))
+        emit_result(worker(json.loads(args.worker)))
         return
     rows = []
     if args.only in (None, "tasks"):
