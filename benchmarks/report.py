@@ -661,7 +661,12 @@ def ntm_tables() -> None:
         fig.tight_layout()
         fig.savefig(DOCS / "figures" / "ntm_copy_curve.png", dpi=110)
         body += ["![copy learning curve](figures/ntm_copy_curve.png)", ""]
-        for name in sorted((Path(ntm["run_dir"]) / "figures").glob("memory_*.png"))[:2]:
+        shown = sorted(
+            (Path(ntm["run_dir"]) / "figures").glob("memory_*.png"),
+            key=lambda path: int(path.stem.rsplit("len", 1)[1]),
+        )
+        train_max = [p for p in shown if p.stem.endswith(f"len{ntm['train_lengths'][1]}")]
+        for name in dict.fromkeys(train_max + shown[-1:]):  # the longest trained, the longest
             shutil.copy(name, DOCS / "figures" / f"ntm_{name.name}")
             body += [f"![{name.stem}](figures/ntm_{name.name})", ""]
     if speed:

@@ -270,11 +270,12 @@ class BitsTask:
 
     def figures(self, model, folder: Path, count: int) -> list[Path]:
         """Graves 2014 Fig. 6 for held-out examples: `count` figures, the first of length
-        max_len, then the test lengths; memory_{kind}_len{L}.png."""
+        max_len, then the test lengths, longest first; memory_{kind}_len{L}.png."""
         from attnzoo.viz import memory_figure
 
         c = self.config
-        lengths = list(dict.fromkeys([c.max_len, *c.test_lengths]))[: max(1, count)]
+        longest_first = sorted(c.test_lengths, reverse=True)
+        lengths = list(dict.fromkeys([c.max_len, *longest_first]))[: max(1, count)]
         written = []
         for length in lengths:
             example = BitsBatch(*(t[:1] for t in self.held_out()[length][0]))
