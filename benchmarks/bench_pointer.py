@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import machine_info, print_table, write_json
+from _common import emit_result, machine_info, print_table, run_worker, write_json
 
 RESULTS = Path(__file__).parent / "results" / "pointer.json"
 RUNS = Path(__file__).parent.parent / "runs" / "bench"
@@ -53,7 +52,7 @@ def experiments(quick: bool) -> list[dict]:
             task="sort_numbers",
             sets=["train.steps=2000", "task.test_sizes=5,10,15"],
         ),
-        dict(name="convex_hull-n10", task="convex_hull", sets=["train.steps=5000"]),
+        dict(name="convex_hull-n10", task="convex_hull", sets=["train.steps=12000"]),
         dict(name="tsp-n5", task="tsp", sets=["task.n_min=5", "task.n_max=5", "train.steps=3000"]),
         dict(
             name="tsp-n10",
@@ -131,12 +130,8 @@ def worker(spec: dict) -> dict:
 
 
 def run_one(spec: dict) -> dict:
-    proc = subprocess.run(
-        [sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        return {**spec, "status": "failed", "error": proc.stderr[-2000:]}
-    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "status": "ok"}
+    """One row in a fresh process; a failed run keeps its spec beside the error."""
+    return {**spec, **run_worker([sys.executable, __file__, "--worker", json.dumps(spec)])}
 
 
 def main() -> None:
@@ -149,7 +144,7 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(json.loads(args.worker))))
+        emit_result(worker(json.loads(args.worker)))
         return
     specs = [
         {**s, "runs": str(args.runs)}
