@@ -6,17 +6,26 @@
 2. "length": no attention vs Bahdanau vs Luong at (nearly) equal parameter count and equal
    step budget, scored per source-length bucket (Bahdanau 2015 Fig. 2, Luong 2015 Fig. 6), on
    the generated `reverse` task (lengths 4-40) and on kjv2web (BLEU, a small CPU budget).
+3. "transformer": the Transformer's tiny preset on the generated tasks, dates, numbers and
+   kjv2web at fixed step budgets, and `transformer-lm` on `kjv_lm` (bits per character).
+4. "matched": the Transformer against Bahdanau at (nearly) equal parameter count and equal
+   wall-clock budget: the Transformer's d_model and d_ff are sized to Bahdanau's parameter
+   count (`_matched_transformer`); then one process times both models' training steps,
+   interleaved (`calibrate`), and each model gets budget / (its seconds per step) steps.
 
-Every run is a fresh process (one torch thread; two runs in parallel), trained with the same
-loop and CLI config as `attnzoo train`; results go to benchmarks/results/seq2seq.json.
+Every run is a fresh process (one torch thread; two runs in parallel unless --jobs 1), trained
+with the same loop and CLI config as `attnzoo train`; results go to
+benchmarks/results/seq2seq.json (rows of the experiments and tasks not selected are kept).
 
-    python benchmarks/bench_seq2seq.py [--quick] [--only decoders|length] [--jobs 2]
+    python benchmarks/bench_seq2seq.py [--quick] [--only decoders|length|transformer|matched]
+        [--task TASK] [--jobs 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -24,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import machine_info, print_table, write_json
+from _common import machine_info, median, print_table, time_interleaved, write_json
 
 RESULTS = Path(__file__).parent / "results" / "seq2seq.json"
 RUNS = Path(__file__).parent.parent / "runs" / "bench"
@@ -40,6 +49,14 @@ DECODERS = {
     "simple": ("simple", []),
 }
 LENGTH_MODELS = {"encdec": "encdec", "bahdanau": "bahdanau", "luong-general": "luong"}
+# matched experiment: task -> (wall-clock training budget in minutes per model, overrides)
+MATCHED = {
+    "dates": (3, []),
+    "numbers": (3, []),
+    # the batch and held-out size of the length experiment's kjv2web runs
+    "kjv2web": (15, ["train.batch_size=48", "eval.limit=1000"]),
+}
+CALIBRATION = dict(steps=10, rounds=5)  # steps per timed call, interleaved calls per model
 
 
 def experiments(quick: bool) -> list[dict]:
@@ -94,23 +111,47 @@ def experiments(quick: bool) -> list[dict]:
                     match_params=True,
                 )
             )
-    if not quick:  # the Transformer (issue 4) on the generated tasks and dates, tiny preset
-        for task, sets in (
-            ("copy", ["train.steps=2000"]),
-            ("reverse", ["train.steps=2000"]),
-            ("sort", ["train.steps=2000"]),
-            ("dates", ["train.steps=1000"]),
+    if not quick:  # the Transformer (issue 4), tiny preset, at fixed step budgets
+        for model, task, sets in (
+            ("transformer", "copy", ["train.steps=2000"]),
+            ("transformer", "reverse", ["train.steps=2000"]),
+            ("transformer", "sort", ["train.steps=2000"]),
+            ("transformer", "dates", ["train.steps=2000"]),  # 1000 missed the 99.5% target
+            ("transformer", "numbers", ["train.steps=1500"]),
             # the Bahdanau/Luong kjv2web budget of the length experiment
-            ("kjv2web", ["train.steps=1500", "train.batch_size=48", "eval.limit=1000"]),
+            (
+                "transformer",
+                "kjv2web",
+                ["train.steps=1500", "train.batch_size=48", "eval.limit=1000"],
+            ),
+            ("transformer-lm", "kjv_lm", []),  # TASK_TRAIN's kjv_lm budget
         ):
             runs.append(
                 dict(
                     experiment="transformer",
-                    name="transformer",
-                    model="transformer",
+                    name=model,
+                    model=model,
                     task=task,
                     sets=sets,
                     edges=None,
+                )
+            )
+    small_task = [x for x in small if not x.startswith("model.")]
+    for task, (minutes, sets) in MATCHED.items():
+        if quick and task == "kjv2web":
+            continue
+        reference = dict(model="bahdanau", sets=[*sets, *small])
+        for name, model_sets in (("bahdanau", small), ("transformer", small_task)):
+            runs.append(
+                dict(
+                    experiment="matched",
+                    name=name,
+                    model=name,
+                    task=task,
+                    sets=[*sets, *model_sets],
+                    edges=None,
+                    budget_seconds=3.0 if quick else 60.0 * minutes,
+                    reference=reference,
                 )
             )
     return runs
@@ -136,21 +177,138 @@ def _matched_hidden(config: dict, spec: dict) -> int:
     )
 
 
-def worker(spec: dict) -> dict:
-    """Train one run in this process and evaluate it; returns the result row."""
-    import torch
+def _matched_transformer(config: dict, spec: dict) -> tuple[int, int]:
+    """(d_model, d_ff) that bring the Transformer's parameter count closest to the reference
+    model's (Bahdanau's) on this task.
 
+    1. d_model over multiples of `heads` with d_ff = 4 d_model (the paper's ratio).
+    2. The count is linear in d_ff: take its slope from two sizes and solve for the d_ff that
+       closes the remaining gap.
+    """
+    from attnzoo import runs
+    from attnzoo.models.registry import MODELS
+
+    ref = spec["reference"]
+    task, reference = runs.build(
+        runs.apply_overrides(runs.default_config(ref["model"], spec["task"]), ref["sets"])
+    )
+    target = sum(p.numel() for p in reference.parameters())
+    spec_model = MODELS[config["model_name"]]
+
+    def count(d_model: int, d_ff: int) -> int:
+        model_config = spec_model.config_class(
+            **{**config["model"], "d_model": d_model, "d_ff": d_ff}
+        )
+        return sum(p.numel() for p in spec_model.build(model_config, task).parameters())
+
+    heads = config["model"]["heads"]
+    d_model = min(
+        range(heads, 2 * config["model"]["d_model"] + 1, heads),
+        key=lambda d: abs(count(d, 4 * d) - target),
+    )
+    base = count(d_model, 4 * d_model)
+    slope = count(d_model, 4 * d_model + 1) - base
+    return d_model, max(1, 4 * d_model + round((target - base) / slope))
+
+
+def resolve(spec: dict) -> dict:
+    """The run's resolved config: defaults, the spec's overrides, one thread, matched sizes."""
     from attnzoo import runs
 
-    torch.set_num_threads(1)
     config = runs.apply_overrides(
         runs.default_config(spec["model"], spec["task"]), [*spec["sets"], "train.threads=1"]
     )
     if spec.get("match_params") and spec["model"] != "bahdanau":
         config["model"]["hidden"] = _matched_hidden(config, spec)
+    if spec.get("reference") and spec["model"] == "transformer":
+        config["model"]["d_model"], config["model"]["d_ff"] = _matched_transformer(config, spec)
+    return config
+
+
+def calibrate(specs: list[dict]) -> dict[str, float]:
+    """Seconds per training step of each spec's model on its task, timed in this process.
+
+    Every model is built with its run's config and optimiser; after one warm-up call each,
+    calls of `CALIBRATION["steps"]` training steps (batch, loss, backward, clipping, AdamW:
+    what the loop does per step) alternate between the models for `rounds` rounds, and the
+    median call time divided by the steps is the model's seconds per step.
+    """
+    import torch
+
+    from attnzoo import runs
+
+    torch.set_num_threads(1)
+    calls = {}
+    for spec in specs:
+        config = resolve(spec)
+        task, model = runs.build(config)
+        train = _train_config(config)
+        calls[spec["name"]] = _steps(task, model, train)
+    times = time_interleaved(calls, repeats=CALIBRATION["rounds"], warmup=1)
+    return {name: median(t) / CALIBRATION["steps"] for name, t in times.items()}
+
+
+def _train_config(config: dict):
+    from attnzoo.train.loop import TrainConfig
+
+    return TrainConfig(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in config["train"].items()}
+    )
+
+
+def _steps(task, model, train):
+    """A function that runs `CALIBRATION["steps"]` training steps of `model` per call: what
+    the loop does per step (batch, loss, backward, clipping, AdamW), without logging."""
+    import torch
+
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
+    )
+    step = 0  # every model sees the same batches, in the same order
+
+    def call() -> None:
+        nonlocal step
+        model.train()
+        for _ in range(CALIBRATION["steps"]):
+            loss, count = task.loss(model, task.batch(step, train.batch_size))
+            (loss / count).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), train.clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+
+    return call
+
+
+def worker(spec: dict) -> dict:
+    """Train one run in this process and evaluate it; returns the result row.
+
+    This is `runs.run_train` with the task's `evaluate` timed, so that the row can tell the
+    training time from the final evaluation's."""
+    import torch
+
+    from attnzoo import runs
+    from attnzoo.train.checkpoint import atomic_write_json
+    from attnzoo.train.loop import train
+
+    torch.set_num_threads(1)
+    config = resolve(spec)
     out = Path(spec.get("runs", RUNS)) / f"{spec['experiment']}-{spec['task']}-{spec['name']}"
     start = time.perf_counter()
-    task, model, final = runs.run_train(config, out, progress=False)
+    task, model = runs.build(config)
+    evaluating = [0.0]  # seconds in task.evaluate (the loop's final evaluation)
+
+    def timed_evaluate(model, evaluate=task.evaluate):
+        begin = time.perf_counter()
+        try:
+            return evaluate(model)
+        finally:
+            evaluating[0] += time.perf_counter() - begin
+
+    task.evaluate = timed_evaluate
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "config.json", config)
+    final = train(task, model, _train_config(config), out, progress=False)
     minutes = (time.perf_counter() - start) / 60
     runs.write_figures(out, task, model, count=1)
     row = {
@@ -158,10 +316,13 @@ def worker(spec: dict) -> dict:
         "overrides": spec["sets"],
         "steps": config["train"]["steps"],
         "batch_size": config["train"]["batch_size"],
-        "train_minutes": minutes,
+        "train_minutes": minutes,  # building, training and the final evaluation
+        "eval_minutes": evaluating[0] / 60,
         "params": sum(p.numel() for p in model.parameters()),
         "run_dir": str(out),
         "hidden": config["model"].get("hidden"),
+        **{k: config["model"][k] for k in ("d_model", "d_ff") if k in config["model"]},
+        **{k: spec[k] for k in ("budget_seconds", "calibration") if k in spec},
         **final,
     }
     if spec["edges"]:
@@ -180,27 +341,68 @@ def run_one(spec: dict) -> dict:
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "status": "ok"}
 
 
+def run_unit(unit: list[dict]) -> list[dict]:
+    """Run one spec, or one matched task: calibrate its models' seconds per step in a fresh
+    process, then train each, one after the other, for budget / (seconds per step) steps."""
+    if len(unit) == 1 and "budget_seconds" not in unit[0]:
+        return [run_one(unit[0])]
+    load = os.getloadavg()[0]
+    proc = subprocess.run(
+        [sys.executable, __file__, "--calibrate", json.dumps(unit)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        return [{**s, "status": "failed", "error": proc.stderr[-2000:]} for s in unit]
+    seconds = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = []
+    for spec in unit:
+        steps = max(1, int(spec["budget_seconds"] / seconds[spec["name"]]))
+        calibration = dict(
+            sec_per_step=seconds[spec["name"]],
+            others={k: v for k, v in seconds.items() if k != spec["name"]},
+            load_average=load,
+            **CALIBRATION,
+        )
+        rows.append(
+            run_one(
+                {
+                    **spec,
+                    "sets": [*spec["sets"], f"train.steps={steps}"],
+                    "calibration": calibration,
+                }
+            )
+        )
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--only", choices=("decoders", "length", "transformer"))
+    p.add_argument("--only", choices=("decoders", "length", "transformer", "matched"))
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--task", help="run only this task's runs")
     p.add_argument("--limit", type=int, default=0, help="run only the first N runs (smoke)")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--runs", default=str(RUNS), help="where the run directories go")
     p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--calibrate", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
+        return
+    if args.calibrate:
+        print(json.dumps(calibrate(json.loads(args.calibrate))))
         return
     specs = [s for s in experiments(args.quick) if args.only in (None, s["experiment"])]
     specs = [s for s in specs if args.task in (None, s["task"])]
     specs = specs[: args.limit] if args.limit else specs
     specs = [{**s, "runs": args.runs} for s in specs]
     previous = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else None
+    units: dict[tuple, list[dict]] = {}  # a matched task's runs stay together
+    for k, s in enumerate(specs):
+        key = ("matched", s["task"]) if "budget_seconds" in s else (k,)
+        units.setdefault(key, []).append(s)
     with ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(run_one, specs))
+        rows = [row for unit in pool.map(run_unit, units.values()) for row in unit]
     if previous and (args.only or args.task):  # keep the rows this run did not redo
         redone = {(r["experiment"], r["task"], r["name"]) for r in rows}
         rows = [
@@ -216,14 +418,16 @@ def main() -> None:
     )
     print_table(
         "seq2seq runs",
-        ["experiment", "task", "name", "exact", "bleu", "align", "min"],
+        ["experiment", "task", "name", "steps", "exact", "bleu", "bpc", "align", "min"],
         [
             [
                 r["experiment"],
                 r["task"],
                 r["name"],
+                r.get("steps"),
                 r.get("exact_match"),
                 r.get("bleu"),
+                r.get("bits_per_char"),
                 r.get("alignment"),
                 r.get("train_minutes"),
             ]

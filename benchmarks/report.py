@@ -322,7 +322,9 @@ def transformer_run_tables() -> None:
             "each model trains for budget / (its seconds per step) steps. Runs went one at a "
             "time with one thread on the 2-core CPU, which other people's training shared, so "
             "training minutes can drift from the budget (load average at calibration in the "
-            "JSON). Training minutes exclude the final evaluation. "
+            "JSON); the seconds per step in the run (training minutes over steps, model "
+            "building and checkpoints included) show by how much. Training minutes exclude "
+            "the final evaluation. "
             "Command: `python benchmarks/bench_seq2seq.py --only matched --jobs 1`"
             + (" (QUICK smoke run)" if data["quick"] else "")
             + ".",
@@ -333,7 +335,8 @@ def transformer_run_tables() -> None:
                     "model",
                     "params",
                     "size",
-                    "s/step",
+                    "s/step calibrated",
+                    "s/step in the run",
                     "steps",
                     "batch",
                     "budget min",
@@ -350,6 +353,7 @@ def transformer_run_tables() -> None:
                         if "d_model" in r
                         else f"hidden {r['hidden']}",
                         r["calibration"]["sec_per_step"],
+                        60 * (r["train_minutes"] - r["eval_minutes"]) / r["steps"],
                         r["steps"],
                         r["batch_size"],
                         r["budget_seconds"] / 60,
