@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -341,11 +342,52 @@ def run_one(spec: dict) -> dict:
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "status": "ok"}
 
 
-def run_unit(unit: list[dict]) -> list[dict]:
+def _train_seconds(row: dict) -> float:
+    return 60 * (row["train_minutes"] - row.get("eval_minutes", 0.0))
+
+
+def rematch(unit: list[dict], previous: dict) -> list[dict]:
+    """A matched task again, timed by its previous runs instead of a calibration: the budget is
+    the reference model's measured training time there, and every other model gets that time
+    divided by its own measured seconds per step (both from the runs' own clocks, so a
+    calibration that mis-timed a model under load is corrected). The reference row is kept."""
+    done = {
+        r["name"]: r
+        for r in previous["rows"]
+        if r["experiment"] == "matched" and r["task"] == unit[0]["task"] and r.get("status") == "ok"
+    }
+    reference = unit[0]["reference"]["model"]
+    if reference not in done or any(s["name"] not in done for s in unit):
+        return [{**s, "status": "failed", "error": "no previous matched runs"} for s in unit]
+    budget = _train_seconds(done[reference])
+    rows = [done[reference]]
+    for spec in unit:
+        if spec["name"] == reference:
+            continue
+        seconds = _train_seconds(done[spec["name"]]) / done[spec["name"]]["steps"]
+        steps = max(1, int(budget / seconds))
+        calibration = dict(method="previous runs", sec_per_step=seconds, budget_seconds=budget)
+        rows.append(
+            run_one(
+                {
+                    **spec,
+                    "sets": [*spec["sets"], f"train.steps={steps}"],
+                    "budget_seconds": budget,
+                    "calibration": calibration,
+                }
+            )
+        )
+    return rows
+
+
+def run_unit(unit: list[dict], previous: dict | None = None) -> list[dict]:
     """Run one spec, or one matched task: calibrate its models' seconds per step in a fresh
-    process, then train each, one after the other, for budget / (seconds per step) steps."""
+    process, then train each, one after the other, for budget / (seconds per step) steps
+    (or, given `previous` results, `rematch`)."""
     if len(unit) == 1 and "budget_seconds" not in unit[0]:
         return [run_one(unit[0])]
+    if previous is not None:
+        return rematch(unit, previous)
     load = os.getloadavg()[0]
     proc = subprocess.run(
         [sys.executable, __file__, "--calibrate", json.dumps(unit)], capture_output=True, text=True
@@ -385,6 +427,12 @@ def main() -> None:
     p.add_argument("--runs", default=str(RUNS), help="where the run directories go")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--calibrate", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--rematch",
+        action="store_true",
+        help="matched: re-run the non-reference models for the reference's measured training "
+        "time, at their own measured seconds per step (from the previous results)",
+    )
     args = p.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
@@ -402,7 +450,8 @@ def main() -> None:
         key = ("matched", s["task"]) if "budget_seconds" in s else (k,)
         units.setdefault(key, []).append(s)
     with ThreadPoolExecutor(args.jobs) as pool:
-        rows = [row for unit in pool.map(run_unit, units.values()) for row in unit]
+        run = partial(run_unit, previous=previous if args.rematch else None)
+        rows = [row for unit in pool.map(run, units.values()) for row in unit]
     if previous and (args.only or args.task):  # keep the rows this run did not redo
         redone = {(r["experiment"], r["task"], r["name"]) for r in rows}
         rows = [
