@@ -307,7 +307,11 @@ def transformer_run_tables() -> None:
     benchmarks/bench_seq2seq.py)."""
     data = load("seq2seq")
     rows = [r for r in (data or {"rows": []})["rows"] if r.get("status") == "ok"]
-    matched = [r for r in rows if r["experiment"] == "matched"]
+    order = ["dates", "numbers", "kjv2web"]
+    matched = sorted(
+        (r for r in rows if r["experiment"] == "matched"),
+        key=lambda r: (order.index(r["task"]) if r["task"] in order else len(order), r["name"]),
+    )
     lm = [r for r in rows if r["experiment"] == "transformer" and "bits_per_char" in r]
     body = []
     if matched:
@@ -372,8 +376,8 @@ def transformer_run_tables() -> None:
                 "Re-run with `--rematch` (the planned s/step is then the model's own from its "
                 "previous run, and the budget the reference's measured training time there): "
                 + ", ".join(f"{r['task']} {r['name']}" for r in rematched)
-                + ". Command: `python benchmarks/bench_seq2seq.py --only matched --task "
-                + f"{rematched[0]['task']} --rematch --jobs 1`.",
+                + ". Command: `python benchmarks/bench_seq2seq.py --only matched --task TASK "
+                "--rematch --jobs 1`.",
                 "",
             ]
     if lm:
