@@ -34,7 +34,15 @@ from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import machine_info, median, print_table, time_interleaved, write_json
+from _common import (
+    emit_result,
+    machine_info,
+    median,
+    print_table,
+    run_worker,
+    time_interleaved,
+    write_json,
+)
 
 RESULTS = Path(__file__).parent / "results" / "seq2seq.json"
 RUNS = Path(__file__).parent.parent / "runs" / "bench"
@@ -334,12 +342,8 @@ def worker(spec: dict) -> dict:
 
 
 def run_one(spec: dict) -> dict:
-    proc = subprocess.run(
-        [sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        return {**spec, "status": "failed", "error": proc.stderr[-2000:]}
-    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "status": "ok"}
+    """One row in a fresh process; a failed run keeps its spec beside the error."""
+    return {**spec, **run_worker([sys.executable, __file__, "--worker", json.dumps(spec)])}
 
 
 def _train_seconds(row: dict) -> float:
@@ -435,7 +439,7 @@ def main() -> None:
     )
     args = p.parse_args()
     if args.worker:
-        print(json.dumps(worker(json.loads(args.worker))))
+        emit_result(worker(json.loads(args.worker)))
         return
     if args.calibrate:
         print(json.dumps(calibrate(json.loads(args.calibrate))))
