@@ -174,3 +174,19 @@ def test_bad_input_names_argument_expected_and_received(override, error, pattern
     args.update(override)
     with pytest.raises(error, match=pattern):
         attention(args.pop("query"), args.pop("key"), args.pop("value"), **args)
+
+
+@pytest.mark.parametrize("j", [17, 143])  # short keys take SDPA's math path in bf16, long flash
+@pytest.mark.parametrize("causal", [False, True])
+def test_bf16_dot_family_follows_the_float64_reference(j, causal):
+    g = torch.Generator().manual_seed(j)
+    q, k, v = (torch.randn(2, 3, n, 16, generator=g) for n in (7, j, j))
+    mask = torch.rand(2, 1, 7, j, generator=g) > 0.2
+    mask[..., 0] = True
+    full = mask & torch.ones(7, j, dtype=torch.bool).tril() if causal else mask
+    want, _ = ref_attention(ref_logits("scaled_dot", q, k), v, full)
+    got = attention(
+        q.bfloat16(), k.bfloat16(), v.bfloat16(), score="scaled_dot", mask=mask, causal=causal
+    ).context
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=3e-2)
