@@ -153,3 +153,12 @@ def test_stacked_projection_cache_follows_weight_updates():
         after = mha(x).context
     assert not torch.allclose(before, after)
     torch.testing.assert_close(after, mha(x).context.detach())  # grad mode: fresh concat
+
+
+def test_bad_mask_is_refused_in_the_callers_shape_before_the_cache_grows():
+    mha = MultiHeadAttention(16, 2)
+    cache = KVCache()
+    mha(torch.randn(2, 3, 16), causal=True, cache=cache)
+    with pytest.raises(ValueError, match=r"'mask'.*\(2, 1, 4\).*\(2, 1, 5\)"):
+        mha(torch.randn(2, 1, 16), mask=torch.ones(2, 1, 5, dtype=torch.bool), cache=cache)
+    assert cache.length == 3

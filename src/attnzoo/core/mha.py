@@ -172,6 +172,12 @@ class MultiHeadAttention(nn.Module):
                 fail(
                     "MultiHeadAttention", "memory", f"batch size {query.shape[0]}", memory.shape[0]
                 )
+        if mask is not None:  # checked before a cache is touched, in the caller's shape
+            b, i = query.shape[:2]
+            past_len = cache.length if cache is not None else 0
+            j = memory.shape[1] if memory is not None else i + past_len
+            shape = (b, self.num_heads, i, j) if mask.dim() == 4 else (b, i, j)
+            check_mask("MultiHeadAttention", mask, shape, query.device)
 
         past = 0
         if memory is None:
@@ -206,9 +212,8 @@ class MultiHeadAttention(nn.Module):
             causal, window = False, None
         dropout = self.dropout if self.training else 0.0
         if isinstance(self.score, Dot | ScaledDot) and window is None and not return_weights:
-            # q, k and v were built above, so only the caller's mask needs checking; going
-            # straight to SDPA saves attention()'s checks, ~20% of a batch-1 decoding step.
-            check_mask("MultiHeadAttention", mask, (*q.shape[:-1], k.shape[-2]), query.device)
+            # q, k and v were built above and the caller's mask checked: going straight to
+            # SDPA saves attention()'s checks, ~20% of a batch-1 decoding step.
             i, j = q.shape[-2], k.shape[-2]
             if causal and mask is not None:
                 mask, causal = combine_masks(mask, causal_mask(i, j, device=query.device)), False
