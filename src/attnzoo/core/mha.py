@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.attention import AttentionOutput, _sdpa, attention
-from attnzoo.core.checks import check_dropout, check_mask, check_tensor, fail
+from attnzoo.core.attention import AttentionOutput, _attend
+from attnzoo.core.checks import check_dropout, check_mask, check_tensor, check_window, fail
 from attnzoo.core.masks import causal_mask, combine_masks, window_mask
-from attnzoo.core.scores import Additive, Dot, General, ScaledDot, Score, resolve_score
+from attnzoo.core.scores import Additive, General, Score, resolve_score
 
 
 @dataclass
@@ -172,6 +172,7 @@ class MultiHeadAttention(nn.Module):
                 fail(
                     "MultiHeadAttention", "memory", f"batch size {query.shape[0]}", memory.shape[0]
                 )
+        check_window("MultiHeadAttention", window)
         if mask is not None:  # checked before a cache is touched, in the caller's shape
             b, i = query.shape[:2]
             past_len = cache.length if cache is not None else 0
@@ -210,28 +211,17 @@ class MultiHeadAttention(nn.Module):
                 centers = torch.arange(past, past + i, device=query.device)
                 mask = combine_masks(mask, window_mask(i, past + i, window, centers=centers))
             causal, window = False, None
-        dropout = self.dropout if self.training else 0.0
-        if isinstance(self.score, Dot | ScaledDot) and window is None and not return_weights:
-            # q, k and v were built above and the caller's mask checked: going straight to
-            # SDPA saves attention()'s checks, ~20% of a batch-1 decoding step.
-            i, j = q.shape[-2], k.shape[-2]
-            if causal and mask is not None:
-                mask, causal = combine_masks(mask, causal_mask(i, j, device=query.device)), False
-            _, _, scale = self.score.as_dot(q, k)
-            context = _sdpa(q, k, v, mask, causal, dropout, scale)
-            b = context.shape[0]
-            context = context.transpose(1, 2).reshape(b, i, self.d_model)  # (b, i, d_model)
-            return AttentionOutput(self.out_proj(context), None)
-        out = attention(
+        # q, k and v were built here and the caller's mask and window checked above
+        out = _attend(
             q,
-            k,
+            self.score.prepare_key(k),
             v,
-            score=self.score,
-            mask=mask,
-            causal=causal,
-            window=window,
-            dropout=dropout,
-            return_weights=return_weights,
+            self.score,
+            mask,
+            causal,
+            window,
+            self.dropout if self.training else 0.0,
+            return_weights,
         )
         b, _, i, _ = out.context.shape
         context = out.context.transpose(1, 2).reshape(b, i, self.d_model)  # (b, i, d_model)
