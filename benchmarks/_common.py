@@ -168,6 +168,12 @@ def run_worker(command: Sequence[str], *, timeout: float | None = None) -> dict[
     return {"status": STATUS_ERROR, "error": " | ".join(tail) or f"exit {done.returncode}"}
 
 
+def run_spec(script: str | Path, spec: dict) -> dict:
+    """`script --worker SPEC` in a fresh process (the worker ends with `emit_result`); the row,
+    or on failure the spec beside the status and error."""
+    return {**spec, **run_worker([sys.executable, str(script), "--worker", json.dumps(spec)])}
+
+
 # 3. Results -----------------------------------------------------------------------------------
 
 

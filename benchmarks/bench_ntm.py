@@ -28,7 +28,7 @@ from _common import (
     machine_info,
     median,
     print_table,
-    run_worker,
+    run_spec,
     time_interleaved,
     write_json,
 )
@@ -137,8 +137,7 @@ def throughput(quick: bool, length: int = 20, batch: int = 32, repeats: int = 7)
 
 
 def run_one(spec: dict) -> dict:
-    """One row in a fresh process; a failed run keeps its spec beside the error."""
-    return {**spec, **run_worker([sys.executable, __file__, "--worker", json.dumps(spec)])}
+    return run_spec(__file__, spec)
 
 
 def main() -> None:

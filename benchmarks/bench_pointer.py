@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import emit_result, machine_info, print_table, run_worker, write_json
+from _common import emit_result, machine_info, print_table, run_spec, write_json
 
 RESULTS = Path(__file__).parent / "results" / "pointer.json"
 RUNS = Path(__file__).parent.parent / "runs" / "bench"
@@ -130,8 +130,7 @@ def worker(spec: dict) -> dict:
 
 
 def run_one(spec: dict) -> dict:
-    """One row in a fresh process; a failed run keeps its spec beside the error."""
-    return {**spec, **run_worker([sys.executable, __file__, "--worker", json.dumps(spec)])}
+    return run_spec(__file__, spec)
 
 
 def main() -> None:

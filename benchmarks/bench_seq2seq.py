@@ -39,7 +39,7 @@ from _common import (
     machine_info,
     median,
     print_table,
-    run_worker,
+    run_spec,
     time_interleaved,
     write_json,
 )
@@ -342,8 +342,7 @@ def worker(spec: dict) -> dict:
 
 
 def run_one(spec: dict) -> dict:
-    """One row in a fresh process; a failed run keeps its spec beside the error."""
-    return {**spec, **run_worker([sys.executable, __file__, "--worker", json.dumps(spec)])}
+    return run_spec(__file__, spec)
 
 
 def _train_seconds(row: dict) -> float:

@@ -408,6 +408,16 @@ def transformer_run_tables() -> None:
         splice(DOCS / "transformer.md", "transformer-runs", "\n".join(body).rstrip())
 
 
+def one_thread_runs(data: dict) -> str:
+    """How a benchmark of one-thread training runs was measured (its JSON's machine block)."""
+    load = (data["machine"].get("load_average") or [None])[0]
+    return (
+        ("**Smoke run (--quick): not a result.** " if data.get("quick") else "")
+        + "One torch thread per run on the shared 2-core CPU (1-minute load average "
+        + f"{fmt(load)} at the start)"
+    )
+
+
 def pointer_tables() -> None:
     """docs/pointer_net.md: the paper's TSP and convex-hull columns beside ours, with budgets;
     the pointer figures of the TSP and hull runs."""
@@ -415,12 +425,10 @@ def pointer_tables() -> None:
     if data is None:
         return
     rows = {r["name"]: r for r in data["rows"] if r.get("status") == "ok"}
-    m = data["machine"]
     body = [
-        ("**Smoke run (--quick): not a result.** " if data.get("quick") else "")
-        + "Measured with one torch thread per run on the shared 2-core CPU (1-minute load "
-        f"average {fmt((m.get('load_average') or [None])[0])} at the start); held-out sets of "
-        f"{next(iter(rows.values()))['n_test'] if rows else '-'} instances per size; "
+        one_thread_runs(data)
+        + f"; held-out sets of {next(iter(rows.values()))['n_test'] if rows else '-'} "
+        "instances per size; "
         "beam search keeps 5 hypotheses restricted to valid outputs. Minutes are the whole run "
         "(training and its evaluations) on the shared 2-core CPU. "
         "Smaller-scale than the paper: Vinyals et al. train on 1M instances.",
@@ -574,11 +582,8 @@ def ntm_tables() -> None:
         return
     rows = {r["name"]: r for r in data["rows"] if r.get("status") == "ok"}
     tasks = [r for r in rows.values() if r["experiment"] == "tasks"]
-    m = data["machine"]
     body = [
-        ("**Smoke run (--quick): not a result.** " if data.get("quick") else "")
-        + "One torch thread per run on the shared 2-core CPU (1-minute load average "
-        f"{fmt((m.get('load_average') or [None])[0])} at the start), runs one after another. "
+        one_thread_runs(data) + ", runs one after another. "
         "Bit errors are per sequence over the output phase, on 16 held-out sequences per length.",
         "",
     ]

@@ -138,9 +138,7 @@ class PointingTask:
         off = int(self.end_token)
         rows = [[i + off for i in out] + ([0] if self.end_token else []) for out in outputs]
         width = max(len(r) for r in rows)
-        targets = torch.zeros(len(rows), width, dtype=torch.long)
-        for k, r in enumerate(rows):
-            targets[k, : len(r)] = torch.tensor(r, dtype=torch.long)
+        targets = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long)
         return targets, torch.tensor([len(r) for r in rows])
 
     def loss(self, model: torch.nn.Module, batch: PointerBatch) -> tuple[torch.Tensor, int]:
@@ -241,8 +239,10 @@ class PointingTask:
             m = geometry.hull_metrics(points, predicted, truth)  # nan: no simple polygon
             return {k: None if v != v else 100.0 * float(v) for k, v in m.items()}
         tours = torch.tensor(predicted, dtype=torch.long)
-        if sorted(predicted[0]) != list(range(points.shape[1])):
-            fail("PointingTask.score", "predicted", "permutations of the inputs", predicted[0])
+        invalid = (~geometry.is_tour(tours)).nonzero()
+        if len(invalid):
+            bad = predicted[int(invalid[0])]
+            fail("PointingTask.score", "predicted", "permutations of the inputs", bad)
         length = float(geometry.tour_length(points, tours).mean())
         out = {"tour_length": length}
         if truth:
