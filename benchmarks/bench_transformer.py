@@ -190,7 +190,7 @@ def decoding(c: dict, batch: int, steps: int, repeats: int) -> dict:
     with torch.no_grad():
         memory = model.encode(source, lengths)
     # eos=-1 never matches, so both run exactly `steps` steps
-    kwargs = dict(bos=1, eos=-1, max_len=steps)
+    kwargs = dict(bos=1, eos=-1, max_len=steps, device=torch.device("cpu"))
 
     def run(cache):
         return lambda: greedy(model.decode_step, model.start(memory, cache=cache), batch, **kwargs)

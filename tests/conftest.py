@@ -16,3 +16,14 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+# Devices every model and attention path runs on: PyTorch's `meta` device computes shapes and
+# devices without values, so a tensor made on the default device instead of its inputs' fails
+# here without a GPU; `cuda` joins where one exists.
+DEVICES = ("cpu", "meta", *(("cuda",) if torch.cuda.is_available() else ()))
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    return torch.device(request.param)

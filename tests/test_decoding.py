@@ -46,7 +46,15 @@ def make_table():
 
 def test_greedy_takes_argmax_and_pads_after_eos():
     table = make_table()
-    out = greedy(table_step(table), TableState(torch.tensor([0])), 1, bos=BOS, eos=EOS, max_len=4)
+    out = greedy(
+        table_step(table),
+        TableState(torch.tensor([0])),
+        1,
+        bos=BOS,
+        eos=EOS,
+        max_len=4,
+        device=torch.device("cpu"),
+    )
     assert out.tolist()[0][:3] == [3, 3, 2]
 
 
@@ -59,6 +67,7 @@ def test_beam_search_beats_greedy():
         bos=BOS,
         eos=EOS,
         max_len=4,
+        device=torch.device("cpu"),
         beam_size=2,
         length_penalty=0.0,
     )
@@ -69,9 +78,24 @@ def test_beam_one_equals_greedy_on_random_tables():
     g = torch.Generator().manual_seed(0)
     table = torch.log_softmax(torch.randn(3, 6, 7, 7, generator=g), -1)
     rows = torch.arange(3)
-    a = greedy(table_step(table), TableState(rows), 3, bos=BOS, eos=EOS, max_len=6)
+    a = greedy(
+        table_step(table),
+        TableState(rows),
+        3,
+        bos=BOS,
+        eos=EOS,
+        max_len=6,
+        device=torch.device("cpu"),
+    )
     b = beam_search(
-        table_step(table), TableState(rows), 3, bos=BOS, eos=EOS, max_len=6, beam_size=1
+        table_step(table),
+        TableState(rows),
+        3,
+        bos=BOS,
+        eos=EOS,
+        max_len=6,
+        beam_size=1,
+        device=torch.device("cpu"),
     )
     assert a.tolist() == b.tolist()
 
@@ -88,6 +112,7 @@ def test_beam_search_returns_highest_scoring_among_exhaustive():
         bos=BOS,
         eos=EOS,
         max_len=T,
+        device=torch.device("cpu"),
         beam_size=V**T,
         length_penalty=0.0,
     )
@@ -117,5 +142,6 @@ def test_beam_size_error():
             bos=BOS,
             eos=EOS,
             max_len=3,
+            device=torch.device("cpu"),
             beam_size=0,
         )

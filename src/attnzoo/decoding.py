@@ -1,9 +1,13 @@
 """One decoding engine for every decoder: greedy search, sampling and batched beam search.
 
-A decoder exposes `decode_step(tokens (batch,), state) -> (log_probs (batch, vocab), state)`
-and its state exposes `reorder(index) -> state` (keep rows `index`). The RNN decoders' state
-holds their hidden vectors; the Transformer's holds its key/value caches. Beam search flattens
-(batch, beam) into the batch dimension, so every decoder sees an ordinary batch.
+Every decoder reaches it the same way: `decode(model.decode_step, state, batch, beam_size=...,
+device=...)` with the state its model's `start(...)` returned. A decoder exposes
+`decode_step(tokens (batch,), state) -> (log_probs (batch, vocab), state)` and its state
+exposes `reorder(index) -> state` (keep rows `index`). The RNN decoders' state holds their
+hidden vectors; the Transformer's holds its key/value caches; the Pointer Network's, the
+positions chosen so far. Beam search flattens (batch, beam) into the batch dimension, so every
+decoder sees an ordinary batch. `device` is the decoder's (its inputs'): the engine's own
+tensors (start tokens, scores) are made there.
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ def greedy(
     bos: int,
     eos: int,
     max_len: int,
+    device: torch.device,
     pad: int = 0,
-    device: torch.device | None = None,
 ) -> torch.Tensor:
     """argmax at every step until every row has produced EOS or max_len tokens.
 
@@ -65,9 +69,9 @@ def sample(
     bos: int,
     eos: int,
     max_len: int,
+    device: torch.device,
     pad: int = 0,
     generator: torch.Generator | None = None,
-    device: torch.device | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Ancestral sampling: a token from p(. | prefix) at every step until EOS or max_len.
 
@@ -102,8 +106,8 @@ def beam_search(
     max_len: int,
     beam_size: int = 5,
     length_penalty: float = 1.0,
+    device: torch.device,
     pad: int = 0,
-    device: torch.device | None = None,
 ) -> torch.Tensor:
     """Batched beam search; finished hypotheses are ranked by log p / length^length_penalty
     (Wu et al. 2016 use ((5 + len) / 6)^alpha; plain length normalisation is alpha = 1 here).
@@ -147,3 +151,25 @@ def beam_search(
     best = final.argmax(-1)  # (batch,)
     chosen = history.view(batch, k, -1)[torch.arange(batch, device=device), best]
     return _pad_after_eos(chosen, eos, pad)
+
+
+def decode(
+    step: Step,
+    state: DecodingState,
+    batch: int,
+    *,
+    bos: int,
+    eos: int,
+    max_len: int,
+    device: torch.device,
+    beam_size: int = 1,
+    pad: int = 0,
+) -> torch.Tensor:
+    """Greedy search (beam_size 1) or beam search: the one entry every decoder's task uses.
+
+    Returns (batch, <= max_len) token ids, EOS included, padding after it.
+    """
+    common = dict(bos=bos, eos=eos, max_len=max_len, device=device, pad=pad)
+    if beam_size == 1:
+        return greedy(step, state, batch, **common)
+    return beam_search(step, state, batch, beam_size=beam_size, **common)

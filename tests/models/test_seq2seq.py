@@ -107,7 +107,7 @@ def test_greedy_decode_runs_and_stops():
     model = make(attention="bahdanau").eval()
     source, lengths, _, _ = batch()
     state = model.start(model.encode(source, lengths))
-    out = greedy(model.decode_step, state, 3, bos=1, eos=2, max_len=6)
+    out = greedy(model.decode_step, state, 3, bos=1, eos=2, max_len=6, device=torch.device("cpu"))
     assert out.shape[0] == 3 and out.shape[1] <= 6
 
 
@@ -125,7 +125,7 @@ def test_config_errors(kw, pattern):
 
 
 def test_dot_score_needs_matching_sizes():
-    with pytest.raises(ValueError, match="'score'.*encoder size \\(24\\)"):
+    with pytest.raises(ValueError, match="'score'.*d_query \\(12\\) != d_key \\(24\\)"):
         make(attention="luong", score="dot", bidirectional=True)
 
 

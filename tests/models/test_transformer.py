@@ -180,7 +180,7 @@ def test_cached_search_gives_the_uncached_tokens(kw):
     model = make(**kw).eval()
     source, lengths, _, _ = batch(b=4, j=8)
     memory = model.encode(source, lengths)
-    common = dict(bos=1, eos=2, max_len=12)
+    common = dict(bos=1, eos=2, max_len=12, device=torch.device("cpu"))
     for search, extra in ((greedy, {}), (beam_search, dict(beam_size=3))):
         cached = search(model.decode_step, model.start(memory), 4, **common, **extra)
         uncached = search(model.decode_step, model.start(memory, cache=False), 4, **common, **extra)
@@ -255,7 +255,7 @@ def test_odd_sizes():
     out = model(source, torch.tensor([1]), torch.tensor([[1]]), return_weights=True)
     assert out.logits.shape == (1, 1, 3) and out.weights.shape == (1, 1, 1)
     ids = greedy(model.decode_step, model.start(model.encode(source, torch.tensor([1]))), 1,
-                 bos=1, eos=2, max_len=3)  # fmt: skip
+                 bos=1, eos=2, max_len=3, device=torch.device('cpu'))  # fmt: skip
     assert ids.shape[0] == 1 and 1 <= ids.shape[1] <= 3
 
 
@@ -355,7 +355,12 @@ def test_language_model_shapes_causality_and_caches(kw):
     )
     moved = state.reorder(torch.tensor([1, 1, 0]))
     assert moved.caches[0].key.shape[0] == 3 and moved.step == 6
-    assert greedy(model.decode_step, model.start(), 2, bos=1, eos=2, max_len=5).shape[0] == 2
+    assert (
+        greedy(
+            model.decode_step, model.start(), 2, bos=1, eos=2, max_len=5, device=torch.device("cpu")
+        ).shape[0]
+        == 2
+    )
 
 
 def test_language_model_learns_a_repeating_sequence():

@@ -17,7 +17,7 @@ from torch import nn
 from attnzoo.core.attention import AttentionOutput, _attend
 from attnzoo.core.checks import check_dropout, check_mask, check_tensor, check_window, fail
 from attnzoo.core.masks import causal_mask, combine_masks, window_mask
-from attnzoo.core.scores import Additive, General, Score, resolve_score
+from attnzoo.core.scores import Score, make_score, resolve_score
 
 
 @dataclass
@@ -45,11 +45,7 @@ class KVCache:
 
 
 def _per_head_score(score: Score | str, d_head: int) -> Score:
-    if score == "general":
-        return General(d_head, d_head)
-    if score == "additive":
-        return Additive(d_head, d_head, d_head)
-    return resolve_score(score)
+    return make_score(score, d_head, d_head) if isinstance(score, str) else resolve_score(score)
 
 
 class MultiHeadAttention(nn.Module):
@@ -58,8 +54,8 @@ class MultiHeadAttention(nn.Module):
     Args:
         d_model: model size (query features and output features).
         num_heads: h; d_model must divide by it (d_head = d_model / h).
-        score: a per-head score module working on d_head features, or a name: "scaled_dot"
-            (Vaswani), "dot", "cosine", "general" or "additive" (built with d_head sizes).
+        score: a per-head score module working on d_head features, or a name of
+            `attnzoo.scores.SCORES` (e.g. "scaled_dot", Vaswani's), built with d_head sizes.
         d_memory: feature size of the memory in cross-attention (defaults to d_model).
         bias: biases in the four projections.
         dropout: on the attention weights, in training mode.

@@ -194,8 +194,67 @@ class Location(Score):
         return self.proj(query)[..., :key_len]  # (b, [h,] i, j)
 
 
-# The parameter-free scores by name, built once (an nn.Module costs ~7 us to construct).
+# The parameter-free scores by name, built once (an nn.Module costs ~7 us to construct); they
+# hold no state, so sharing them between calls and threads is safe.
 SCORE_NAMES = {"dot": Dot(), "scaled_dot": ScaledDot(), "cosine": Cosine()}
+
+
+def _same_size(name: str, d_query: int, d_key: int) -> None:
+    if d_query != d_key:
+        fail(
+            "make_score",
+            "score",
+            f"'general' or 'additive' when d_query ({d_query}) != d_key ({d_key})",
+            repr(name),
+        )
+
+
+def _parameter_free(name: str):
+    def build(d_query: int, d_key: int, d_hidden: int | None, max_keys: int | None) -> Score:
+        _same_size(name, d_query, d_key)
+        return SCORE_NAMES[name]
+
+    return build
+
+
+def _location(d_query: int, d_key: int, d_hidden: int | None, max_keys: int | None) -> Score:
+    if max_keys is None:
+        fail("make_score", "max_keys", "the longest key sequence for 'location'", None)
+    return Location(d_query, max_keys)
+
+
+# The one registry of scores by name: name -> builder(d_query, d_key, d_hidden, max_keys).
+SCORES = {
+    "dot": _parameter_free("dot"),
+    "scaled_dot": _parameter_free("scaled_dot"),
+    "cosine": _parameter_free("cosine"),
+    "general": lambda d_query, d_key, d_hidden, max_keys: General(d_query, d_key),
+    "additive": lambda d_query, d_key, d_hidden, max_keys: Additive(
+        d_query, d_key, d_key if d_hidden is None else d_hidden
+    ),
+    "location": _location,
+}
+
+
+def make_score(
+    name: str,
+    d_query: int,
+    d_key: int,
+    *,
+    d_hidden: int | None = None,
+    max_keys: int | None = None,
+) -> Score:
+    """Build the score called `name` (one of `SCORES`) for these sizes.
+
+    Args:
+        d_query, d_key: feature sizes of query and key; "dot", "scaled_dot" and "cosine" need
+            them equal.
+        d_hidden: the tanh layer of "additive" (defaults to d_key).
+        max_keys: the longest key sequence "location" can address (required for it).
+    """
+    if name not in SCORES:
+        fail("make_score", "score", f"one of {list(SCORES)}", repr(name))
+    return SCORES[name](d_query, d_key, d_hidden, max_keys)
 
 
 def resolve_score(score: Score | str) -> Score:

@@ -182,6 +182,7 @@ class PointerNet(nn.Module):
                 bos=BOS,
                 eos=self.eos,
                 max_len=self.max_steps(points.shape[1]),
+                device=points.device,
                 generator=generator,
             )
             return PointerSample(positions, log_prob)
@@ -219,13 +220,16 @@ class PointerNet(nn.Module):
         Returns input indices (batch, steps), -1 after the end; EOS is not included.
         """
         state = self.start(points)
-        common = dict(bos=BOS, eos=self.eos, max_len=self.max_steps(points.shape[1]), pad=0)
-        if beam_size == 1:
-            positions = decoding.greedy(self.decode_step, state, points.shape[0], **common)
-        else:
-            positions = decoding.beam_search(
-                self.decode_step, state, points.shape[0], beam_size=beam_size, **common
-            )
+        positions = decoding.decode(
+            self.decode_step,
+            state,
+            points.shape[0],
+            bos=BOS,
+            eos=self.eos,
+            max_len=self.max_steps(points.shape[1]),
+            device=points.device,
+            beam_size=beam_size,
+        )
         if self.end_token:  # EOS and the padding after it (both position 0) -> -1
             return positions - 1
         return positions

@@ -33,7 +33,6 @@ from attnzoo.core import LocalAttention, PreparedKey, attention, padding_mask, s
 from attnzoo.core.checks import fail
 
 ATTENTIONS = ("none", "bahdanau", "luong", "simple")
-SCORES = ("additive", "dot", "scaled_dot", "general", "location")
 LOCAL = ("global", "local-m", "local-p")
 CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
 
@@ -41,7 +40,7 @@ CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
 @dataclass(frozen=True)
 class Seq2SeqConfig:
     attention: str = "bahdanau"  # one of ATTENTIONS
-    score: str = "additive"  # one of SCORES ("additive" is Luong's "concat")
+    score: str = "additive"  # one of scores.SCORES ("additive" is Luong's "concat")
     local: str = "global"  # Luong only: one of LOCAL
     window: int = 4  # D of local attention
     input_feeding: bool = True  # Luong only
@@ -57,7 +56,7 @@ class Seq2SeqConfig:
     def __post_init__(self):
         for name, allowed in (
             ("attention", ATTENTIONS),
-            ("score", SCORES),
+            ("score", tuple(scores.SCORES)),
             ("local", LOCAL),
             ("cell", tuple(CELLS)),
         ):
@@ -186,21 +185,9 @@ class Seq2Seq(nn.Module):
 
     @staticmethod
     def _build_score(c: Seq2SeqConfig, d_enc: int) -> scores.Score:
-        if c.score in ("dot", "scaled_dot") and d_enc != c.hidden:
-            fail(
-                "Seq2Seq",
-                "score",
-                f"'general' or 'additive' when the encoder size ({d_enc}) "
-                f"differs from the decoder's ({c.hidden})",
-                repr(c.score),
-            )
-        return {
-            "additive": lambda: scores.Additive(c.hidden, d_enc, c.attn_hidden),
-            "dot": scores.Dot,
-            "scaled_dot": scores.ScaledDot,
-            "general": lambda: scores.General(c.hidden, d_enc),
-            "location": lambda: scores.Location(c.hidden, c.max_source_len),
-        }[c.score]()
+        return scores.make_score(
+            c.score, c.hidden, d_enc, d_hidden=c.attn_hidden, max_keys=c.max_source_len
+        )
 
     # -- encoder ---------------------------------------------------------------------------
 

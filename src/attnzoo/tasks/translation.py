@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attnzoo.decoding import beam_search, greedy
+from attnzoo.decoding import decode
 from attnzoo.tasks.text import Splits, Vocab, alignment_score, bleu, chrf, exact_match
 
 
@@ -112,13 +112,16 @@ class TranslationTask:
             chunk = examples[start : start + self.eval.batch_size]
             batch = self.collate([self._encode(e) for e in chunk])
             state = model.start(model.encode(batch.source, batch.lengths))
-            kwargs = dict(bos=Vocab.BOS, eos=Vocab.EOS, max_len=self.max_target_len + 5)
-            if self.eval.beam_size > 1:
-                ids = beam_search(
-                    model.decode_step, state, len(chunk), beam_size=self.eval.beam_size, **kwargs
-                )
-            else:
-                ids = greedy(model.decode_step, state, len(chunk), **kwargs)
+            ids = decode(
+                model.decode_step,
+                state,
+                len(chunk),
+                bos=Vocab.BOS,
+                eos=Vocab.EOS,
+                max_len=self.max_target_len + 5,
+                device=batch.source.device,
+                beam_size=self.eval.beam_size,
+            )
             outputs += [self.target_vocab.decode(row) for row in ids.tolist()]
         return outputs
 
