@@ -72,10 +72,35 @@ def attention(
         key, prepared = key.tensor, True
     else:
         prepared = False
-    _validate(query, key, value, mask, dropout, window)
+    common = _common_case(query, key, value)
+    if not common:
+        _check_inputs(query, key, value)  # raises the first problem's error
+    if mask is not None:
+        lead = (
+            query.shape[:-2]
+            if common
+            else broadcast_shape(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+        )
+        check_mask("attention", mask, (*lead, query.shape[-2], key.shape[-2]), query.device)
+    if not 0.0 <= dropout < 1.0:
+        check_dropout("attention", dropout)
+    if window is not None:
+        check_window("attention", window)
     if not prepared:
         key = score.prepare_key(key)
-    return _attend(query, key, value, score, mask, causal, window, dropout, return_weights)
+    out = score.fused(
+        query,
+        key,
+        value,
+        mask=mask,
+        causal=causal,
+        window=window,
+        dropout=dropout,
+        return_weights=return_weights,
+    )
+    if out is not None:
+        return out
+    return _plain(query, key, value, score, mask, causal, window, dropout, return_weights)
 
 
 def _attend(query, prepared, value, score, mask, causal, window, dropout, return_weights):
@@ -94,6 +119,11 @@ def _attend(query, prepared, value, score, mask, causal, window, dropout, return
     )
     if out is not None:
         return out
+    return _plain(query, prepared, value, score, mask, causal, window, dropout, return_weights)
+
+
+def _plain(query, prepared, value, score, mask, causal, window, dropout, return_weights):
+    """Logits, masked softmax, dropout, weights @ value: every score without a kernel."""
     if causal or window is not None:
         i, j = query.shape[-2], value.shape[-2]
         geometric = geometry_mask(i, j, causal=causal, window=window, device=query.device)
@@ -116,32 +146,32 @@ def _check_prepared(key: PreparedKey, score: Score) -> None:
 _RANKS = (3, 4)
 
 
-def _validate(query, key, value, mask, dropout, window) -> None:
-    """Every check of `attention()`'s arguments, before any computation. The common case
-    (three tensors of one rank, dtype and device with the same leading dims) is recognised in
-    a few attribute reads; anything else takes the full checks, which word the error."""
-    if (
+def _common_case(query, key, value) -> bool:
+    """Three tensors of rank 3 or 4 with one dtype, one device, the same leading dims and
+    key_len: decided in a few attribute reads (this runs at every decoding step), so that
+    only other inputs pay for the full checks."""
+    if not (
         isinstance(query, torch.Tensor)
         and isinstance(key, torch.Tensor)
         and isinstance(value, torch.Tensor)
-        and query.dim() in _RANKS
-        and key.dim() == query.dim() == value.dim()
-        and key.dtype == query.dtype == value.dtype
-        and key.device == query.device == value.device
-        and key.shape[:-2] == query.shape[:-2] == value.shape[:-2]
-        and key.shape[-2] == value.shape[-2]
     ):
-        lead = query.shape[:-2]
+        return False
+    qs, ks, vs = query.shape, key.shape, value.shape
+    if len(qs) == 3:
+        same_shapes = len(ks) == len(vs) == 3 and qs[0] == ks[0] == vs[0] and ks[1] == vs[1]
     else:
-        lead = _validate_inputs(query, key, value)
-    if mask is not None:
-        check_mask("attention", mask, (*lead, query.shape[-2], key.shape[-2]), query.device)
-    check_dropout("attention", dropout)
-    check_window("attention", window)
+        same_shapes = len(qs) == 4 and qs[:-2] == ks[:-2] and ks[:-1] == vs[:-1]
+    return (
+        same_shapes
+        and key.dtype is query.dtype  # dtypes are singletons
+        and value.dtype is query.dtype
+        and key.device == query.device
+        and value.device == query.device
+    )
 
 
-def _validate_inputs(query, key, value) -> tuple[int, ...]:
-    """The full checks of query, key and value; returns the leading dims of the weights."""
+def _check_inputs(query, key, value) -> None:
+    """The full checks of query, key and value, each error naming its argument."""
     check_tensor("attention", "query", query, _RANKS)
     check_tensor("attention", "key", key, _RANKS)
     check_tensor("attention", "value", value, _RANKS)
@@ -155,12 +185,10 @@ def _validate_inputs(query, key, value) -> tuple[int, ...]:
         )
     if key.shape[-2] != value.shape[-2]:
         fail("attention", "value", f"key_len = {key.shape[-2]} positions", value.shape[-2])
-    lead = broadcast_shape(query.shape[:-2], key.shape[:-2], value.shape[:-2])
-    if lead is None:
+    if broadcast_shape(query.shape[:-2], key.shape[:-2], value.shape[:-2]) is None:
         fail(
             "attention",
             "key",
             f"leading dims compatible with query {tuple(query.shape[:-2])}",
             tuple(key.shape[:-2]),
         )
-    return lead

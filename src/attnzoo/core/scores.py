@@ -109,23 +109,23 @@ _MATH_MAX_KEYS = 128
 def _sdpa(q, k, value, mask, is_causal, dropout, scale):
     """scaled_dot_product_attention on 4-D tensors: its fast CPU kernel wants
     (batch, heads, len, d); 3-D inputs fell to a path 2x slower."""
-    if q.dim() == 3:
+    squeeze = q.dim() == 3
+    if squeeze:
         q, k, value = q.unsqueeze(1), k.unsqueeze(1), value.unsqueeze(1)  # (b, 1, len, d)
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # (b, 1, i, j)
-        return _sdpa4(q, k, value, mask, is_causal, dropout, scale).squeeze(1)  # (b, i, d)
-    return _sdpa4(q, k, value, mask, is_causal, dropout, scale)  # (b, h, i, d)
-
-
-def _sdpa4(q, k, value, mask, is_causal, dropout, scale):
     if q.dtype in _HALF and k.shape[-2] <= _MATH_MAX_KEYS and q.device.type == "cpu":
         # In bf16/fp16 on CPU the flash kernel's backward is slow on short keys: the math
         # path measured 2-3x faster at key_len 64-128 (fwd+bwd), slower from 256 on.
         with sdpa_kernel(SDPBackend.MATH):
-            return F.scaled_dot_product_attention(
+            context = F.scaled_dot_product_attention(
                 q, k, value, mask, dropout, is_causal, scale=scale
             )
-    return F.scaled_dot_product_attention(q, k, value, mask, dropout, is_causal, scale=scale)
+    else:
+        context = F.scaled_dot_product_attention(
+            q, k, value, mask, dropout, is_causal, scale=scale
+        )  # (b, h|1, i, d)
+    return context.squeeze(1) if squeeze else context
 
 
 def _check_dims(name: str, d_query: int, d_key: int) -> None:
@@ -137,7 +137,8 @@ class Dot(DotFamily):
     """Luong 2015 (eq. 8, "dot"): score(h_t, h_s) = h_t^T h_s."""
 
     def as_dot(self, query, prepared_key):
-        _check_dims("Dot", query.shape[-1], prepared_key.shape[-1])
+        if prepared_key.shape[-1] != query.shape[-1]:
+            _check_dims("Dot", query.shape[-1], prepared_key.shape[-1])
         return query, prepared_key, 1.0
 
 
@@ -146,8 +147,10 @@ class ScaledDot(DotFamily):
     variance near 1 so the softmax does not saturate for large d_k."""
 
     def as_dot(self, query, prepared_key):
-        _check_dims("ScaledDot", query.shape[-1], prepared_key.shape[-1])
-        return query, prepared_key, 1.0 / math.sqrt(query.shape[-1])
+        d = query.shape[-1]
+        if prepared_key.shape[-1] != d:
+            _check_dims("ScaledDot", d, prepared_key.shape[-1])
+        return query, prepared_key, 1.0 / math.sqrt(d)
 
 
 class General(DotFamily):
@@ -351,9 +354,11 @@ def make_score(
 
 def resolve_score(score: Score | str) -> Score:
     """A score module, or one of the parameter-free names "dot", "scaled_dot", "cosine"."""
+    if type(score) is str and score in SCORE_NAMES:  # names first: cheaper than an ABC check
+        return SCORE_NAMES[score]
     if isinstance(score, Score):
         return score
-    if isinstance(score, str) and score in SCORE_NAMES:
+    if isinstance(score, str) and score in SCORE_NAMES:  # a str subclass
         return SCORE_NAMES[score]
     fail(
         "attention",
