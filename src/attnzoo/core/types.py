@@ -3,12 +3,10 @@ every other module of the core can name them without importing each other."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
-
-if TYPE_CHECKING:  # for the annotation only: scores imports this module
-    from attnzoo.core.scores import Score
+from torch import nn
 
 
 class AttentionOutput(NamedTuple):
@@ -25,4 +23,4 @@ class PreparedKey(NamedTuple):
     attention is computed once per source sentence)."""
 
     tensor: torch.Tensor
-    score: Score
+    score: nn.Module  # the `attnzoo.core.scores.Score` that prepared it
