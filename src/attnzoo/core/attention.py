@@ -161,13 +161,12 @@ def _common_case(query, key, value) -> bool:
         same_shapes = len(ks) == len(vs) == 3 and qs[0] == ks[0] == vs[0] and ks[1] == vs[1]
     else:
         same_shapes = len(qs) == 4 and qs[:-2] == ks[:-2] and ks[:-1] == vs[:-1]
-    return (
-        same_shapes
-        and key.dtype is query.dtype  # dtypes are singletons
-        and value.dtype is query.dtype
-        and key.device == query.device
-        and value.device == query.device
-    )
+    if not (same_shapes and key.dtype is query.dtype and value.dtype is query.dtype):
+        return False  # (dtypes are singletons)
+    if query.is_cpu:  # a flag: reading .device builds an object
+        return key.is_cpu and value.is_cpu
+    device = query.device
+    return key.device == device and value.device == device
 
 
 def _check_inputs(query, key, value) -> None:
