@@ -66,8 +66,9 @@ def test_quick_run_times_attention_own_cost(quick_results):
     rows = quick_results["overhead"]
     assert [row["length"] for row in rows] == [16]
     for row in rows:
-        assert row["attnzoo_us"] > 0 and row["sdpa_us"] > 0
+        assert row["attnzoo_us"] > 0 and row["attnzoo_4d_us"] > 0 and row["sdpa_us"] > 0
         assert row["overhead_us"] == pytest.approx(row["attnzoo_us"] - row["sdpa_us"])
+        assert row["overhead_4d_us"] == pytest.approx(row["attnzoo_4d_us"] - row["sdpa_us"])
         assert row["ratio"] == pytest.approx(row["attnzoo_us"] / row["sdpa_us"])
 
 
