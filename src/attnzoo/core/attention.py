@@ -156,11 +156,19 @@ def _common_case(query, key, value) -> bool:
         and isinstance(value, torch.Tensor)
     ):
         return False
-    qs, ks, vs = query.shape, key.shape, value.shape
-    if len(qs) == 3:
+    qs, ks, vs = query.shape, key.shape, value.shape  # indexed, not sliced: slices cost more
+    rank = len(qs)
+    if rank == 3:
         same_shapes = len(ks) == len(vs) == 3 and qs[0] == ks[0] == vs[0] and ks[1] == vs[1]
+    elif rank == 4:
+        same_shapes = (
+            len(ks) == len(vs) == 4
+            and qs[0] == ks[0] == vs[0]
+            and qs[1] == ks[1] == vs[1]
+            and ks[2] == vs[2]
+        )
     else:
-        same_shapes = len(qs) == 4 and qs[:-2] == ks[:-2] and ks[:-1] == vs[:-1]
+        return False
     if not (same_shapes and key.dtype is query.dtype and value.dtype is query.dtype):
         return False  # (dtypes are singletons)
     if query.is_cpu:  # a flag: reading .device builds an object
