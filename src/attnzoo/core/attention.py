@@ -73,8 +73,8 @@ def attention(
     else:
         prepared = False
     common = _common_case(query, key, value)
-    if not common:
-        _check_inputs(query, key, value)  # raises the first problem's error
+    if not common:  # the full checks: an error on a real problem, else broadcasting leads
+        _check_inputs(query, key, value)
     if mask is not None:
         lead = (
             query.shape[:-2]
@@ -88,25 +88,14 @@ def attention(
         check_window("attention", window)
     if not prepared:
         key = score.prepare_key(key)
-    out = score.fused(
-        query,
-        key,
-        value,
-        mask=mask,
-        causal=causal,
-        window=window,
-        dropout=dropout,
-        return_weights=return_weights,
-    )
-    if out is not None:
-        return out
-    return _plain(query, key, value, score, mask, causal, window, dropout, return_weights)
+    return _attend(query, key, value, score, mask, causal, window, dropout, return_weights)
 
 
 def _attend(query, prepared, value, score, mask, causal, window, dropout, return_weights):
-    """`attention()` after its checks, on a prepared key; callers that built query, key and
-    value themselves (MultiHeadAttention) and checked the rest call it directly, which saves
-    ~20% of a batch-1 decoding step."""
+    """`attention()` after its checks, on a prepared key: the score's own kernel
+    (`Score.fused`) or else the plain path. Callers that built query, key and value themselves
+    (MultiHeadAttention) and checked the rest call it directly, which saves ~20% of a batch-1
+    decoding step."""
     out = score.fused(
         query,
         prepared,
