@@ -223,10 +223,14 @@ def test_mask_helpers(device):
 
 
 def test_padding_mask_default_length_reads_values(device):
-    """Without max_len, padding_mask reads lengths.max(): a value, which meta lacks."""
+    """Without max_len, padding_mask reads lengths.max(): a value, which meta lacks, so there
+    it asks for max_len by name."""
+    lengths = torch.tensor([3, 1], device=device)
     if device.type == "meta":
-        pytest.skip("padding_mask(max_len=None) reads lengths.max(); meta has no values")
-    on(padding_mask(torch.tensor([3, 1], device=device)), device, (2, 1, 3))
+        with pytest.raises(ValueError, match="'max_len'.*meta"):
+            padding_mask(lengths)
+    else:
+        on(padding_mask(lengths), device, (2, 1, 3))
 
 
 def test_positional_encodings(device):

@@ -16,7 +16,7 @@ def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Ten
 
     Args:
         lengths: (batch,) integer tensor of valid key counts.
-        max_len: key_len; defaults to `lengths.max()`.
+        max_len: key_len; defaults to `lengths.max()` (a value: give it on the meta device).
     """
     if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1 or lengths.is_floating_point():
         got = (
@@ -26,6 +26,8 @@ def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Ten
         )
         fail("padding_mask", "lengths", "a 1-D integer tensor (batch,)", got, TypeError)
     if max_len is None:
+        if lengths.device.type == "meta":  # the one value this module reads
+            fail("padding_mask", "max_len", "an int for lengths on the meta device", None)
         max_len = int(lengths.max()) if lengths.numel() else 0
     positions = torch.arange(max_len, device=lengths.device)  # (key_len,)
     return (positions[None, :] < lengths[:, None]).unsqueeze(1)  # (batch, 1, key_len)
