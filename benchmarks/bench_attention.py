@@ -17,6 +17,7 @@ recorded with status "oom". The script then checks the project's targets and wri
 
     python benchmarks/bench_attention.py                # full run, writes results/attention.json
     python benchmarks/bench_attention.py --quick        # smoke run with tiny sizes
+    python benchmarks/bench_attention.py --overhead     # only attention()'s own cost per call
     python benchmarks/bench_attention.py --worker JSON  # internal: one peak-memory measurement
 
 On a machine shared with other CPU-heavy jobs, libgomp's default spin-waiting makes each
@@ -57,8 +58,13 @@ from attnzoo import scores
 
 THREADS = 2
 FWD, FWD_BWD = "fwd", "fwd+bwd"
-DOT_FAMILY = ("dot", "scaled_dot", "general", "cosine")
-SCORE_NAMES = (*DOT_FAMILY, "additive", "location")
+# Every score of the library's own registry, and those of them that run on SDPA.
+SCORE_NAMES = tuple(scores.SCORES)
+DOT_FAMILY = tuple(
+    name
+    for name in SCORE_NAMES
+    if isinstance(scores.make_score(name, 1, 1, max_keys=1), scores.DotFamily)
+)
 FLOAT_BYTES = 4
 WARM_LENGTH = 8  # a worker's first, unmeasured call
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "attention.json"
@@ -118,6 +124,11 @@ class Sizes:
     warmup: dict[int, int] = field(default_factory=dict)
     memory: str = "all"  # "all" or "targets": which configurations get a worker
     memory_jobs: int = 1  # workers run at once (their peaks add up in RAM)
+    # attention()'s own cost per call (batch and d as above, one thread): the lengths, the
+    # calls timed back to back in one sample, and the samples per implementation.
+    overhead_lengths: tuple[int, ...] = (16, 32, 64, 128)
+    overhead_calls: int = 200
+    overhead_repeats: int = 25
 
     def repeats_for(self, length: int) -> int:
         return self.repeats.get(length, min(self.repeats.values()))
@@ -175,6 +186,9 @@ def quick_sizes() -> Sizes:
         warmup={0: 1},
         memory="targets",
         memory_jobs=2,
+        overhead_lengths=(16,),
+        overhead_calls=20,
+        overhead_repeats=3,
     )
 
 
@@ -313,13 +327,9 @@ def _keras_leaves(layer) -> list[torch.Tensor]:
 
 
 def _score_module(case: Case) -> scores.Score:
-    if case.score == "general":
-        return scores.General(case.d, case.d)
-    if case.score == "additive":
-        return scores.Additive(case.d, case.d, case.d_hidden)
-    if case.score == "location":
-        return scores.Location(case.d, case.length)
-    return scores.resolve_score(case.score)
+    return scores.make_score(
+        case.score, case.d, case.d, d_hidden=case.d_hidden, max_keys=case.length
+    )
 
 
 def _dot_inputs(score: str, module: scores.Score, query, key):
@@ -656,7 +666,85 @@ def evaluate_targets(rows: dict[Case, dict], sizes: Sizes) -> list[dict[str, Any
     return targets
 
 
-# 6. Main --------------------------------------------------------------------------------------
+# 6. attention()'s own cost -------------------------------------------------------------------
+
+
+def _cpu_timed(samples: list[float], n: int, fn: Callable, *args, **kwargs) -> Callable:
+    """A step running fn(*args, **kwargs) n times under no_grad and appending its thread CPU
+    time to `samples`."""
+
+    def step() -> None:
+        start = time.thread_time()
+        with torch.no_grad():
+            for _ in range(n):
+                fn(*args, **kwargs)
+        samples.append(time.thread_time() - start)
+
+    return step
+
+
+def overhead_rows(sizes: Sizes) -> list[dict[str, Any]]:
+    """attention() against a direct 4-D SDPA call, forward under no_grad with one thread: what
+    its checks and dispatch cost per call, which an RNN decoder pays at every step. Inputs are
+    3-D (batch, len, d), as a decoder passes them, and 4-D (batch, 1, len, d), which spares
+    the views SDPA's fast kernel needs. Each sample times `overhead_calls` calls back to back
+    (one call is a few microseconds); samples interleaved (PERF.md). The clock is the calling
+    thread's CPU time: with one thread it counts the same work, and on a shared machine the
+    time other jobs hold the core (which swamped microsecond wall-clock differences) does not
+    count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rows = []
+    try:
+        for length in sizes.overhead_lengths:
+            torch.manual_seed(0)
+            q, k, v = (torch.randn(sizes.batch, length, sizes.d) for _ in range(3))
+            q4, k4, v4 = (t.unsqueeze(1) for t in (q, k, v))  # (b, 1, len, d)
+
+            n = sizes.overhead_calls
+            cpu: dict[str, list[float]] = {"attnzoo": [], "attnzoo_4d": [], "sdpa": []}
+            ours = attnzoo.attention
+            fns = {
+                "attnzoo": _cpu_timed(cpu["attnzoo"], n, ours, q, k, v, score="scaled_dot"),
+                "attnzoo_4d": _cpu_timed(
+                    cpu["attnzoo_4d"], n, ours, q4, k4, v4, score="scaled_dot"
+                ),
+                "sdpa": _cpu_timed(cpu["sdpa"], n, F.scaled_dot_product_attention, q4, k4, v4),
+            }
+            repeats = sizes.overhead_repeats
+            common.time_interleaved(fns, repeats=repeats, warmup=2)  # its order, our clock
+            us = {
+                name: common.median(t[-repeats:]) / sizes.overhead_calls * 1e6
+                for name, t in cpu.items()
+            }
+            rows.append(
+                {
+                    "batch": sizes.batch,
+                    "length": length,
+                    "d": sizes.d,
+                    "threads": 1,
+                    "attnzoo_us": us["attnzoo"],
+                    "attnzoo_4d_us": us["attnzoo_4d"],
+                    "sdpa_us": us["sdpa"],
+                    "overhead_us": us["attnzoo"] - us["sdpa"],
+                    "overhead_4d_us": us["attnzoo_4d"] - us["sdpa"],
+                    "ratio": us["attnzoo"] / us["sdpa"],
+                }
+            )
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
+def print_overhead(rows: list[dict[str, Any]]) -> None:
+    columns = ["B", "L", "d", "attnzoo us", "sdpa us", "overhead us", "÷ sdpa", "overhead 4-D us"]
+    keys = ["batch", "length", "d", "attnzoo_us", "sdpa_us", "overhead_us", "ratio"]
+    table = [[row[key] for key in [*keys, "overhead_4d_us"]] for row in rows]
+    title = "attention()'s own cost (fwd, no_grad, 1 thread, thread CPU time)"
+    common.print_table(title, columns, table)
+
+
+# 7. Main --------------------------------------------------------------------------------------
 
 
 def _reference(case: Case, rows: dict[Case, dict]) -> dict | None:
@@ -752,6 +840,8 @@ def run(sizes: Sizes, out: Path, argv: list[str]) -> dict[str, Any]:
         time_group(group, sizes.repeats_for(length), sizes.warmup_for(length), rows)
         log(f"timed {key}: " + ", ".join(f"{c.impl}" for c in group))
 
+    overhead = overhead_rows(sizes)
+    log("timed attention()'s own cost")
     targets = evaluate_targets(rows, sizes)
     keras_version = None
     if "keras" in sys.modules:
@@ -775,8 +865,10 @@ def run(sizes: Sizes, out: Path, argv: list[str]) -> dict[str, Any]:
         },
         "rows": list(rows.values()),
         "targets": targets,
+        "overhead": overhead,
     }
     print_rows(rows)
+    print_overhead(overhead)
     print_targets(targets)
     path = common.write_json(out, payload)
     log(f"wrote {path}")
@@ -788,12 +880,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 1-2 repeats")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results path")
+    parser.add_argument(
+        "--overhead",
+        action="store_true",
+        help="only time attention()'s own cost per call; print it, write no JSON",
+    )
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))
         return
     sizes = quick_sizes() if args.quick else full_sizes()
+    if args.overhead:
+        print_overhead(overhead_rows(sizes))
+        return
     run(sizes, args.out, ["benchmarks/bench_attention.py", *argv])
 
 

@@ -33,7 +33,7 @@ def quick_results(tmp_path_factory) -> dict:
 
 
 def test_quick_run_writes_the_documented_layout(quick_results):
-    assert set(quick_results) == {"machine", "config", "rows", "targets"}
+    assert set(quick_results) == {"machine", "config", "rows", "targets", "overhead"}
     assert {"torch", "threads", "cpu"} <= set(quick_results["machine"])
     assert quick_results["machine"]["threads"] == 2
     rows = quick_results["rows"]
@@ -54,7 +54,22 @@ def test_quick_run_writes_the_documented_layout(quick_results):
 def test_quick_run_measures_peak_memory_of_the_target_rows(quick_results):
     measured = [row for row in quick_results["rows"] if row["peak_mib"] is not None]
     assert {row["impl"] for row in measured} == {"attnzoo", "plain", "keras.AdditiveAttention"}
-    assert all(row["peak_mib"] >= 0 for row in measured)
+    # Every measured call allocates (its inputs' gradients at least) and runs under the
+    # worker's address-space cap of budget + 1 GiB: 0 would mean the baseline swallowed the
+    # call, a figure above the cap a wrong unit.
+    cap_mib = (quick_results["config"]["budget_gib"] + 1) * 1024
+    for row in measured:
+        assert 0 < row["peak_mib"] < cap_mib, row["name"]
+
+
+def test_quick_run_times_attention_own_cost(quick_results):
+    rows = quick_results["overhead"]
+    assert [row["length"] for row in rows] == [16]
+    for row in rows:
+        assert row["attnzoo_us"] > 0 and row["attnzoo_4d_us"] > 0 and row["sdpa_us"] > 0
+        assert row["overhead_us"] == pytest.approx(row["attnzoo_us"] - row["sdpa_us"])
+        assert row["overhead_4d_us"] == pytest.approx(row["attnzoo_4d_us"] - row["sdpa_us"])
+        assert row["ratio"] == pytest.approx(row["attnzoo_us"] / row["sdpa_us"])
 
 
 def test_quick_run_records_oom_rows_instead_of_crashing(quick_results):

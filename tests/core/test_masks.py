@@ -1,7 +1,10 @@
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from attnzoo import causal_mask, combine_masks, padding_mask, window_mask
+from attnzoo.core.masks import geometry_mask
 
 
 def test_padding_mask_exact():
@@ -48,3 +51,34 @@ def test_combine_masks():
     b = torch.tensor([[True], [False]])
     assert combine_masks(a, None, b).tolist() == [[True, False], [False, False]]
     assert combine_masks(None, None) is None
+
+
+@given(
+    query_len=st.integers(1, 7),
+    key_len=st.integers(1, 9),
+    offset=st.integers(0, 6),
+    causal=st.booleans(),
+    window=st.one_of(st.none(), st.integers(1, 8)),
+)
+def test_geometry_mask_matches_a_loop(query_len, key_len, offset, causal, window):
+    """Query i sits at position i + offset; None exactly when no key is excluded."""
+    expected = torch.ones(query_len, key_len, dtype=torch.bool)
+    for i in range(query_len):
+        for j in range(key_len):
+            if causal and j > i + offset:
+                expected[i, j] = False
+            if window is not None and abs(j - (i + offset)) > window:
+                expected[i, j] = False
+    got = geometry_mask(query_len, key_len, causal=causal, window=window, offset=offset)
+    if expected.all():
+        assert got is None
+    else:
+        assert got is not None and got.dtype == torch.bool
+        assert got.tolist() == expected.tolist()
+
+
+def test_geometry_mask_single_cached_step_is_unconstrained():
+    assert geometry_mask(1, 6, causal=True, offset=5) is None
+    assert geometry_mask(1, 6, causal=True, window=2, offset=5).tolist() == [
+        [False, False, False, True, True, True]
+    ]

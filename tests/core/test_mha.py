@@ -59,11 +59,15 @@ def test_matches_float64_reference_per_head_mask():
 def test_every_score_runs_self_and_cross_with_gradients(score):
     mha = MultiHeadAttention(8, 2, score=score)
     x, memory = torch.randn(2, 3, 8), torch.randn(2, 5, 8)
-    out = mha(x, memory, mask=torch.tensor([True] * 4 + [False])[None, None])
-    assert out.context.shape == (2, 3, 8)
-    out.context.sum().backward()
-    assert all(torch.isfinite(p.grad).all() for p in mha.parameters() if p.grad is not None)
-    assert mha(x, causal=True, return_weights=True).weights.shape == (2, 2, 3, 3)
+    cross = mha(x, memory, mask=torch.tensor([True] * 4 + [False])[None, None])
+    assert cross.context.shape == (2, 3, 8)
+    self_ = mha(x, causal=True, return_weights=True)
+    assert self_.weights.shape == (2, 2, 3, 3)
+    (cross.context.sum() + (self_.context * torch.randn(2, 3, 8)).sum()).backward()
+    # self- and cross-attention together use every parameter: projections, output, score
+    for name, p in mha.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
 
 
 @pytest.mark.parametrize("score", ["scaled_dot", "additive"])
@@ -139,9 +143,21 @@ def test_call_errors():
 
 
 def test_score_module_instance_is_used_per_head():
+    """The given General(d_head, d_head) computes every head's logits q_h W k_h^T: with W = I
+    the weights are those of the dot score with the same projections, with W = 0 uniform."""
     s = scores.General(4, 4)
     mha = MultiHeadAttention(8, 2, score=s)
-    assert mha.score is s
+    dot = MultiHeadAttention(8, 2, score="dot")
+    dot.load_state_dict({k: v for k, v in mha.state_dict().items() if not k.startswith("score.")})
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        s.weight.copy_(torch.eye(4))
+        torch.testing.assert_close(
+            mha(x, return_weights=True).weights, dot(x, return_weights=True).weights
+        )
+        s.weight.zero_()
+        uniform = mha(x, return_weights=True).weights
+    torch.testing.assert_close(uniform, torch.full((2, 2, 5, 5), 1 / 5))
 
 
 def test_stacked_projection_cache_follows_weight_updates():

@@ -91,3 +91,44 @@ def test_dimension_mismatch_names_argument(score, arg):
 def test_location_too_many_keys():
     with pytest.raises(ValueError, match="max_keys = 3"):
         scores.Location(4, 3)(torch.randn(1, 2, 4), torch.randn(1, 5, 4))
+
+
+# The registry, iterated from the code's own table: a score added to `scores.SCORES` is tested
+# here without an edit.
+SAME_SIZE_ONLY = {"dot", "scaled_dot", "cosine"}  # documented in make_score
+
+
+@pytest.mark.parametrize("name", list(scores.SCORES))
+@pytest.mark.parametrize("lead", [(2,), (2, 3)], ids=["3-D", "4-D"])
+def test_registry_builds_every_score_with_the_documented_signature(name, lead):
+    """score(query (batch, [heads,] query_len, d_query), key (batch, [heads,] key_len, d_key))
+    -> logits (batch, [heads,] query_len, key_len), for equal and, where the score allows it,
+    different d_query and d_key."""
+    sizes = [(6, 6)] if name in SAME_SIZE_ONLY else [(6, 6), (6, 5)]
+    for d_query, d_key in sizes:
+        score = scores.make_score(name, d_query, d_key, d_hidden=7, max_keys=9)
+        assert isinstance(score, scores.Score)
+        q, k = torch.randn(*lead, 4, d_query), torch.randn(*lead, 9, d_key)
+        logits = score(q, k)
+        assert logits.shape == (*lead, 4, 9)
+        torch.testing.assert_close(logits, score.logits(q, score.prepare_key(k)))
+
+
+@pytest.mark.parametrize("name", sorted(SAME_SIZE_ONLY))
+def test_registry_refuses_different_sizes_by_name(name):
+    assert name in scores.SCORES
+    with pytest.raises(ValueError, match=rf"'score'.*d_query \(6\) != d_key \(5\).*'{name}'"):
+        scores.make_score(name, 6, 5)
+
+
+def test_registry_unknown_name_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="'score'") as error:
+        scores.make_score("bogus", 4, 4)
+    assert "'bogus'" in str(error.value)
+    for name in scores.SCORES:
+        assert f"'{name}'" in str(error.value)
+
+
+def test_registry_location_needs_max_keys():
+    with pytest.raises(ValueError, match="'max_keys'.*location"):
+        scores.make_score("location", 4, 4)

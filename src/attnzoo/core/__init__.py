@@ -7,12 +7,12 @@ d_hidden). Shapes are batch-first; masks are boolean, True = may attend.
 
 from attnzoo.core import scores
 from attnzoo.core.additive import additive_attention, additive_logits
-from attnzoo.core.attention import AttentionOutput, PreparedKey, attention, prepare_key
+from attnzoo.core.attention import attention, prepare_key
+from attnzoo.core.local import LocalAttention
 from attnzoo.core.masks import causal_mask, combine_masks, padding_mask, window_mask
 from attnzoo.core.mha import KVCache, MultiHeadAttention
 from attnzoo.core.normalisers import (
     HardSample,
-    LocalAttention,
     gumbel_softmax_st,
     hard_argmax,
     masked_softmax,
@@ -23,6 +23,7 @@ from attnzoo.core.positional import (
     SinusoidalPositionalEncoding,
     sinusoidal_encoding,
 )
+from attnzoo.core.types import AttentionOutput, PreparedKey
 
 __all__ = [
     "AttentionOutput",

@@ -20,27 +20,34 @@ Both compute in the input dtype; both are checked against the float64 broadcast 
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from attnzoo.core.checks import broadcast_shape
+from attnzoo.core.masks import combine_masks, geometry_mask
 from attnzoo.core.normalisers import masked_softmax
 
 # Workspace budget per block: 4M elements (16 MiB in fp32). Measured here: blocks of 4-16 MiB
 # ran 4.5-6x faster than the broadcast form, which pays page faults on fresh large buffers.
 BLOCK_ELEMENTS = 1 << 22
 
-_workspaces: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+# Scratch buffers by (dtype, device), one set per thread: two threads sharing one would
+# overwrite each other's blocks (PERF.md).
+_local = threading.local()
 
 
 def _workspace(numel: int, like: torch.Tensor) -> torch.Tensor:
     """A flat scratch buffer, kept between calls so its pages stay mapped."""
+    workspaces = getattr(_local, "workspaces", None)
+    if workspaces is None:
+        workspaces = _local.workspaces = {}
     key = (like.dtype, like.device)
-    buffer = _workspaces.get(key)
+    buffer = workspaces.get(key)
     if buffer is None or buffer.numel() < numel:
         buffer = torch.empty(numel, dtype=like.dtype, device=like.device)
-        _workspaces[key] = buffer
+        workspaces[key] = buffer
     return buffer[:numel]
 
 
@@ -77,22 +84,20 @@ def _tanh_backward(t, grad_logits, v):
     return t.sum(2) * neg_v, t.sum(1) * neg_v, grad_v.squeeze(0)
 
 
-def _mask_block(mask, ns, qs, causal, window, i_total, j, device):
-    """The boolean mask of one block (True = may attend), or None when all keys are allowed."""
+def _mask_block(mask, ns, qs, causal, window, i, j, device):
+    """The boolean mask of one block (True = may attend), or None when all keys are allowed.
+    The block's queries are rows qs.start.. of the problem: the geometry at that offset."""
     block = None
     if mask is not None:
         block = mask[
             ns if mask.shape[0] > 1 else slice(None), qs if mask.shape[1] > 1 else slice(None)
         ]  # (nb|1, qb|1, J)
     if causal or window is not None:
-        i = torch.arange(i_total, device=device)[qs, None]  # (qb, 1)
-        jj = torch.arange(j, device=device)[None, :]  # (1, J)
-        geometric = torch.ones(i.shape[0], j, dtype=torch.bool, device=device)
-        if causal:
-            geometric &= jj <= i
-        if window is not None:
-            geometric &= (jj - i).abs() <= window
-        block = geometric if block is None else block & geometric
+        rows = min(qs.stop, i) - qs.start  # the last block may be short
+        geometric = geometry_mask(
+            rows, j, causal=causal, window=window, offset=qs.start, device=device
+        )  # (qb, J) or None
+        block = combine_masks(block, geometric)
     return block
 
 
@@ -234,9 +239,10 @@ def additive_attention(query, key, v, value, mask=None, causal=False, window=Non
     lead = broadcast_shape(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     i, j = query.shape[-2], key.shape[-2]
     if _fits_one_block(lead, query, key):
-        allowed = _mask_block(None, None, slice(0, i), causal, window, i, j, query.device)
-        if mask is not None:
-            allowed = mask if allowed is None else mask & allowed
+        geometric = None
+        if causal or window is not None:
+            geometric = geometry_mask(i, j, causal=causal, window=window, device=query.device)
+        allowed = combine_masks(mask, geometric)
         return masked_softmax(_broadcast_logits(query, key, v), allowed) @ value
     mask3 = None
     if mask is not None:

@@ -65,13 +65,22 @@ def check_mask(
         fail(function, "mask", "dtype torch.bool (True = may attend)", mask.dtype, TypeError)
     if mask.device != device:
         fail(function, "mask", f"device {device}", mask.device)
-    if broadcast_shape(tuple(mask.shape), tuple(weights_shape)) != tuple(weights_shape):
+    if not _broadcasts_to(mask.shape, weights_shape):
         fail(
             function,
             "mask",
             f"a shape broadcastable to the weights {tuple(weights_shape)}",
             tuple(mask.shape),
         )
+
+
+def _broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
+    """Whether `shape` broadcasts to `target` itself (no dim of `target` grows)."""
+    extra = len(target) - len(shape)
+    if extra < 0:
+        return False
+    pairs = zip(shape, target[extra:], strict=True)
+    return all(size == 1 or size == wanted for size, wanted in pairs)
 
 
 def check_dropout(function: str, dropout: float) -> None:

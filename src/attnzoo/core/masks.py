@@ -16,7 +16,7 @@ def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Ten
 
     Args:
         lengths: (batch,) integer tensor of valid key counts.
-        max_len: key_len; defaults to `lengths.max()`.
+        max_len: key_len; defaults to `lengths.max()` (a value: give it on the meta device).
     """
     if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1 or lengths.is_floating_point():
         got = (
@@ -26,9 +26,50 @@ def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Ten
         )
         fail("padding_mask", "lengths", "a 1-D integer tensor (batch,)", got, TypeError)
     if max_len is None:
+        if lengths.device.type == "meta":  # the one value this module reads
+            fail("padding_mask", "max_len", "an int for lengths on the meta device", None)
         max_len = int(lengths.max()) if lengths.numel() else 0
     positions = torch.arange(max_len, device=lengths.device)  # (key_len,)
     return (positions[None, :] < lengths[:, None]).unsqueeze(1)  # (batch, 1, key_len)
+
+
+def geometry_mask(
+    query_len: int,
+    key_len: int,
+    *,
+    causal: bool = False,
+    window: int | None = None,
+    offset: int = 0,
+    device: torch.device | None = None,
+) -> torch.Tensor | None:
+    """The positional constraints of attention in one place: query i sits at position
+    i + offset of the key sequence (offset = the number of cached keys in incremental decoding,
+    or a query block's first row), and
+
+    - causal: it may attend to keys j <= i + offset (offset 0: the diagonal at the top left,
+      like PyTorch's `is_causal`, also when query_len != key_len);
+    - window=D: to keys with |j - (i + offset)| <= D (Luong's local-m).
+
+    Returns:
+        bool (query_len, key_len), True = may attend; None when neither constraint excludes
+        any key (nothing asked for, or e.g. one new query that may see its whole cache).
+    """
+    last = offset + query_len - 1  # position of the last query
+    causal = causal and offset < key_len - 1  # the first query sees every key otherwise
+    if window is not None and max(last, key_len - 1 - offset) <= window:
+        window = None  # every key is within D of every query
+    if not causal and window is None:
+        return None
+    return _geometry(query_len, key_len, causal, window, offset, device)
+
+
+def _geometry(query_len, key_len, causal, window, offset, device) -> torch.Tensor:
+    i = torch.arange(offset, offset + query_len, device=device)[:, None]  # (query_len, 1)
+    j = torch.arange(key_len, device=device)[None, :]  # (1, key_len)
+    if not causal:
+        return (j - i).abs() <= window  # (query_len, key_len)
+    allowed = j <= i  # (query_len, key_len)
+    return allowed if window is None else allowed & ((j - i).abs() <= window)
 
 
 def causal_mask(
@@ -44,9 +85,7 @@ def causal_mask(
     query_len != key_len; incremental decoding with a cache of P keys uses offset=P.
     """
     key_len = query_len if key_len is None else key_len
-    i = torch.arange(query_len, device=device)[:, None]  # (query_len, 1)
-    j = torch.arange(key_len, device=device)[None, :]  # (1, key_len)
-    return j <= i + offset
+    return _geometry(query_len, key_len, True, None, offset, device)
 
 
 def window_mask(
@@ -62,13 +101,13 @@ def window_mask(
     Args:
         centers: optional (batch, query_len) centres p_i (integer or real); defaults to p_i = i,
             i.e. local-m (monotonic alignment).
+        device: where to build the mask without centres; with centres it is theirs.
     Returns:
         (query_len, key_len), or (batch, query_len, key_len) when centres are given.
     """
-    j = torch.arange(key_len, device=device)  # (key_len,)
     if centers is None:
-        i = torch.arange(query_len, device=device)
-        return (j[None, :] - i[:, None]).abs() <= window  # (query_len, key_len)
+        return _geometry(query_len, key_len, False, window, 0, device)
+    j = torch.arange(key_len, device=centers.device)  # (key_len,)
     return (j[None, None, :] - centers[..., None]).abs() <= window  # (batch, query_len, key_len)
 
 

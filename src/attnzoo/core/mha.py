@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.attention import AttentionOutput, _attend
+from attnzoo.core.attention import _attend
 from attnzoo.core.checks import check_dropout, check_mask, check_tensor, check_window, fail
-from attnzoo.core.masks import causal_mask, combine_masks, window_mask
+from attnzoo.core.masks import combine_masks, geometry_mask
 from attnzoo.core.scores import Score, make_score, resolve_score
+from attnzoo.core.types import AttentionOutput
 
 
 @dataclass
@@ -199,13 +200,10 @@ class MultiHeadAttention(nn.Module):
         if past and (causal or window is not None):
             # The new queries sit at positions past..past+i-1 of the cached sequence.
             i = query.shape[1]
-            if causal and i > 1:  # a single new query may see every cached key
-                mask = combine_masks(
-                    mask, causal_mask(i, past + i, offset=past, device=query.device)
-                )
-            if window is not None:
-                centers = torch.arange(past, past + i, device=query.device)
-                mask = combine_masks(mask, window_mask(i, past + i, window, centers=centers))
+            geometric = geometry_mask(
+                i, past + i, causal=causal, window=window, offset=past, device=query.device
+            )
+            mask = combine_masks(mask, geometric)  # (b, 1|h, i, past + i) or (i, past + i)
             causal, window = False, None
         # q, k and v were built here and the caller's mask and window checked above
         out = _attend(

@@ -10,9 +10,13 @@ for the key-side work once per sequence, not once per step:
     logits = score.logits(query, prepared)   # once per step
 `forward(query, key)` is the two stages in one call.
 
-Dot-family scores (Dot, ScaledDot, General, Cosine) also expose `as_dot(query, prepared)`
-returning `(query', key', scale)` with logits = scale * query' @ key'^T, so `attention()` can run
-them on `torch.nn.functional.scaled_dot_product_attention`.
+A score with a kernel of its own says so itself: `fused(query, prepared_key, value, ...)`
+returns the whole `AttentionOutput`, or None to let `attention()` take the plain path (logits,
+masked softmax, weights @ value). Dot-family scores (Dot, ScaledDot, General, Cosine) expose
+`as_dot(query, prepared)` returning `(query', key', scale)` with logits =
+scale * query' @ key'^T and run on `torch.nn.functional.scaled_dot_product_attention`;
+`Additive` runs on the blockwise kernel of `attnzoo.core.additive`. A new score needs no edit
+of `attention()`.
 """
 
 from __future__ import annotations
@@ -23,9 +27,13 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnzoo.core.additive import additive_logits
+from attnzoo.core.additive import additive_attention, additive_logits
 from attnzoo.core.checks import fail
+from attnzoo.core.masks import combine_masks, geometry_mask
+from attnzoo.core.normalisers import masked_softmax
+from attnzoo.core.types import AttentionOutput
 
 
 class Score(nn.Module, abc.ABC):
@@ -41,6 +49,25 @@ class Score(nn.Module, abc.ABC):
     def forward(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         return self.logits(query, self.prepare_key(key))
 
+    def fused(
+        self,
+        query: torch.Tensor,
+        prepared_key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        mask: torch.Tensor | None,
+        causal: bool,
+        window: int | None,
+        dropout: float,
+        return_weights: bool,
+    ) -> AttentionOutput | None:
+        """Attention with this score's own kernel, or None for `attention()`'s plain path.
+
+        Called by `attention()` after its checks, with the arguments it was given (shapes as
+        there; `prepared_key` from `prepare_key`). The default has no kernel of its own.
+        """
+        return None
+
 
 class DotFamily(Score):
     """A score that is a (scaled) dot product after a map of query and/or key."""
@@ -53,6 +80,53 @@ class DotFamily(Score):
         q, k, scale = self.as_dot(query, prepared_key)
         return (q * scale) @ k.transpose(-2, -1)  # (b, [h,] i, j)
 
+    def fused(
+        self, query, prepared_key, value, *, mask, causal, window, dropout, return_weights
+    ) -> AttentionOutput:
+        """scaled_dot_product_attention, with `is_causal` when causality is the only mask
+        (PERF.md: the same mask as a bool tensor cost 1.5-2.2x)."""
+        q, k, scale = self.as_dot(query, prepared_key)
+        only_causal = causal and mask is None and window is None
+        full = mask
+        if (causal or window is not None) and (return_weights or not only_causal):
+            i, j = q.shape[-2], k.shape[-2]
+            geometric = geometry_mask(i, j, causal=causal, window=window, device=q.device)
+            full = combine_masks(mask, geometric)
+        context = _sdpa(q, k, value, None if only_causal else full, only_causal, dropout, scale)
+        if not return_weights:
+            return AttentionOutput(context, None)
+        # Weights, when asked for, come from their own small graph: the context keeps the
+        # flash kernel's forward and backward (measured 2.5-3.8x faster than the plain form),
+        # and the weights' backward runs only if a loss uses them.
+        weights = masked_softmax((q * scale) @ k.transpose(-2, -1), full)  # (b, [h,] i, j)
+        return AttentionOutput(context, weights)
+
+
+_HALF = (torch.bfloat16, torch.float16)
+_MATH_MAX_KEYS = 128
+
+
+def _sdpa(q, k, value, mask, is_causal, dropout, scale):
+    """scaled_dot_product_attention on 4-D tensors: its fast CPU kernel wants
+    (batch, heads, len, d); 3-D inputs fell to a path 2x slower."""
+    squeeze = q.dim() == 3
+    if squeeze:
+        q, k, value = q.unsqueeze(1), k.unsqueeze(1), value.unsqueeze(1)  # (b, 1, len, d)
+        if mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(1)  # (b, 1, i, j)
+    if q.dtype in _HALF and k.shape[-2] <= _MATH_MAX_KEYS and q.device.type == "cpu":
+        # In bf16/fp16 on CPU the flash kernel's backward is slow on short keys: the math
+        # path measured 2-3x faster at key_len 64-128 (fwd+bwd), slower from 256 on.
+        with sdpa_kernel(SDPBackend.MATH):
+            context = F.scaled_dot_product_attention(
+                q, k, value, mask, dropout, is_causal, scale=scale
+            )
+    else:
+        context = F.scaled_dot_product_attention(
+            q, k, value, mask, dropout, is_causal, scale=scale
+        )  # (b, h|1, i, d)
+    return context.squeeze(1) if squeeze else context
+
 
 def _check_dims(name: str, d_query: int, d_key: int) -> None:
     if d_query != d_key:
@@ -63,7 +137,8 @@ class Dot(DotFamily):
     """Luong 2015 (eq. 8, "dot"): score(h_t, h_s) = h_t^T h_s."""
 
     def as_dot(self, query, prepared_key):
-        _check_dims("Dot", query.shape[-1], prepared_key.shape[-1])
+        if prepared_key.shape[-1] != query.shape[-1]:
+            _check_dims("Dot", query.shape[-1], prepared_key.shape[-1])
         return query, prepared_key, 1.0
 
 
@@ -72,8 +147,10 @@ class ScaledDot(DotFamily):
     variance near 1 so the softmax does not saturate for large d_k."""
 
     def as_dot(self, query, prepared_key):
-        _check_dims("ScaledDot", query.shape[-1], prepared_key.shape[-1])
-        return query, prepared_key, 1.0 / math.sqrt(query.shape[-1])
+        d = query.shape[-1]
+        if prepared_key.shape[-1] != d:
+            _check_dims("ScaledDot", d, prepared_key.shape[-1])
+        return query, prepared_key, 1.0 / math.sqrt(d)
 
 
 class General(DotFamily):
@@ -172,6 +249,24 @@ class Additive(Score):
     def logits(self, query, prepared_key):
         return additive_logits(self.prepare_query(query), prepared_key, self.v)
 
+    def fused(
+        self, query, prepared_key, value, *, mask, causal, window, dropout, return_weights
+    ) -> AttentionOutput | None:
+        """The blockwise kernel, which fuses the softmax and the weighted sum: without weights
+        and without dropout (it never holds the weights to return or drop)."""
+        if return_weights or dropout > 0:
+            return None
+        context = additive_attention(
+            self.prepare_query(query),
+            prepared_key,
+            self.v,
+            value,
+            mask=mask,
+            causal=causal,
+            window=window,
+        )
+        return AttentionOutput(context, None)
+
 
 class Location(Score):
     """Luong 2015 (eq. 8, "location"): a_t = softmax(W_a h_t): the weights depend on the
@@ -259,9 +354,11 @@ def make_score(
 
 def resolve_score(score: Score | str) -> Score:
     """A score module, or one of the parameter-free names "dot", "scaled_dot", "cosine"."""
+    if type(score) is str and score in SCORE_NAMES:  # names first: cheaper than an ABC check
+        return SCORE_NAMES[score]
     if isinstance(score, Score):
         return score
-    if isinstance(score, str) and score in SCORE_NAMES:
+    if isinstance(score, str) and score in SCORE_NAMES:  # a str subclass
         return SCORE_NAMES[score]
     fail(
         "attention",

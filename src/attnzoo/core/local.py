@@ -1,0 +1,96 @@
+"""Local attention (Luong 2015, sec. 3.2): attention restricted to a window of 2D + 1 source
+positions around a centre p_t, either the query's own position (local-m) or one the model
+predicts (local-p, with a Gaussian around it)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attnzoo.core.checks import check_window
+from attnzoo.core.masks import window_mask
+from attnzoo.core.normalisers import masked_softmax
+from attnzoo.core.types import AttentionOutput
+
+
+class LocalAttention(nn.Module):
+    """Luong 2015 sec. 3.2, local attention around a centre p_t with half-width D.
+
+    local-m (monotonic): p_t = t, the query's own position.
+    local-p (predictive, eq. 9-10):
+        p_t = S * sigmoid(v_p^T tanh(W_p h_t)),
+        a_t(s) = align(h_t, h_s) * exp(-(s - p_t)^2 / (2 sigma^2)),  sigma = D / 2,
+    where align is the score's softmax over the keys with |s - p_t| <= D.
+
+    Args:
+        score: any score module (`attnzoo.scores`).
+        window: D.
+        d_query: query size; given, the module is local-p, else local-m.
+        d_hidden: size of W_p (defaults to d_query).
+    Note:
+        As in the paper, local-p's Gaussian-reweighted weights are not renormalised, so its
+        rows sum to at most 1. p_t gets its gradient through the Gaussian only (the window edge
+        is not differentiable), as in the paper. S is each sequence's true length when
+        `lengths` is given, else key_len.
+    """
+
+    def __init__(
+        self, score: nn.Module, window: int, d_query: int | None = None, d_hidden: int | None = None
+    ):
+        super().__init__()
+        check_window("LocalAttention", window)
+        self.score, self.window = score, window
+        self.predictive = d_query is not None
+        if self.predictive:
+            self.w_p = nn.Linear(d_query, d_hidden or d_query, bias=False)
+            self.v_p = nn.Linear(d_hidden or d_query, 1, bias=False)
+
+    def centers(
+        self,
+        query: torch.Tensor,
+        key_len: int,
+        lengths: torch.Tensor | None,
+        positions: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """p_t for every query: (batch, query_len)."""
+        if self.predictive:
+            source_len = (
+                lengths.to(query.device, query.dtype)[:, None]
+                if lengths is not None
+                else torch.full_like(query[..., 0], float(key_len))
+            )
+            return source_len * torch.sigmoid(self.v_p(torch.tanh(self.w_p(query)))).squeeze(-1)
+        if positions is None:
+            positions = torch.arange(query.shape[-2], device=query.device)
+        positions = positions.to(query.device, query.dtype)
+        return positions.expand(query.shape[:-1])  # (batch, query_len)
+
+    def forward(
+        self, query, key, value, *, mask=None, lengths=None, positions=None, prepared_key=None
+    ):
+        """
+        Args:
+            query: (batch, query_len, d_query); key: (batch, key_len, d_key);
+            value: (batch, key_len, d_value).
+            mask: bool broadcastable to (batch, query_len, key_len).
+            lengths: (batch,) true source lengths, S in eq. 9 (local-p).
+            positions: (batch, query_len) or (query_len,) query positions (local-m);
+                defaults to 0..query_len-1.
+            prepared_key: `score.prepare_key(key)` if the caller cached it.
+        Returns:
+            AttentionOutput(context (batch, query_len, d_value), weights (batch, query_len,
+            key_len)).
+        """
+        key_len = key.shape[-2]
+        prepared = self.score.prepare_key(key) if prepared_key is None else prepared_key
+        logits = self.score.logits(query, prepared)  # (batch, query_len, key_len)
+        p = self.centers(query, key_len, lengths, positions)  # (batch, query_len)
+        allowed = window_mask(query.shape[-2], key_len, self.window, centers=p.detach())
+        if mask is not None:
+            allowed = allowed & mask
+        weights = masked_softmax(logits, allowed)
+        if self.predictive:
+            s = torch.arange(key_len, device=query.device, dtype=query.dtype)
+            sigma = self.window / 2
+            weights = weights * torch.exp(-((s - p.unsqueeze(-1)) ** 2) / (2 * sigma**2))
+        return AttentionOutput(weights @ value, weights)  # (batch, query_len, d_value)
