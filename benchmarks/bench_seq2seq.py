@@ -86,7 +86,6 @@ def experiments(quick: bool) -> list[dict]:
             "task.n_test=60",
             "eval.limit=60",
             "model.hidden=16",
-            "model.attn_hidden=16",
             "model.embed_dim=8",
         ]
         if quick
