@@ -58,6 +58,13 @@ SCORE_OPTIONS = {"attn_hidden": "additive"}
 
 @dataclass(frozen=True)
 class Seq2SeqConfig:
+    """Encoder fields shared by every family, and the family's options (OPTIONS).
+
+    An option left None takes its default where the family reads it (`option(name)`); given to
+    a family that does not read it (`input_feeding` to Bahdanau, `window` to global attention,
+    `attn_hidden` with a non-additive score) it is an error naming the field.
+    """
+
     attention: str = "bahdanau"  # the decoder family: one of DECODERS
     # The family's options (see OPTIONS): None = not given.
     score: str | None = None
@@ -83,7 +90,7 @@ class Seq2SeqConfig:
                 fail(
                     "Seq2SeqConfig",
                     name,
-                    f"None: attention={self.attention!r}"
+                    f"unset (None): attention={self.attention!r}"
                     + (f" with score={self.option('score')!r}" if "score" in reads else "")
                     + f" reads only {sorted(reads)}",
                     repr(value),
