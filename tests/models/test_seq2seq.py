@@ -11,6 +11,7 @@ from attnzoo.models.seq2seq import (
     OPTIONS,
     Seq2Seq,
     Seq2SeqConfig,
+    upgrade,
 )
 
 V_SRC, V_TGT, MAX_SOURCE_LEN = 13, 11, 9
@@ -364,3 +365,52 @@ def test_runs_on_any_device(kw, device, request):
                 model.decode_step, state, 3, bos=BOS, eos=EOS, max_len=4, device=device, beam_size=2
             )
         assert out.device.type == device.type
+
+
+# config.json "model" sections written by main at 4432568 (every field, read or not).
+OLD_CONFIG = dict(
+    score="additive",
+    local="global",
+    window=4,
+    input_feeding=True,
+    cell="gru",
+    embed_dim=64,
+    hidden=128,
+    attn_hidden=128,
+    layers=1,
+    bidirectional=True,
+    dropout=0.1,
+    max_source_len=31,
+)
+
+
+@pytest.mark.parametrize(
+    ("old", "want"),
+    [
+        (dict(attention="bahdanau"), dict(attention="bahdanau", score="additive", attn_hidden=128)),
+        (dict(attention="none"), dict(attention="none")),
+        (
+            dict(attention="luong", score="general", local="local-p", input_feeding=False),
+            dict(
+                attention="luong-local",
+                score="general",
+                local="local-p",
+                window=4,
+                input_feeding=False,
+            ),
+        ),
+        (
+            dict(attention="luong", score="dot"),
+            dict(attention="luong", score="dot", input_feeding=True),
+        ),
+        (dict(attention="simple", score="general"), dict(attention="simple", score="general")),
+    ],
+    ids=lambda v: v["attention"] + "-" + str(v.get("local")),
+)
+def test_old_config_dicts_upgrade_to_the_same_model(old, want):
+    fields = upgrade({**OLD_CONFIG, **old})
+    config = Seq2SeqConfig(**fields)
+    for name in OPTIONS:
+        assert getattr(config, name) == want.get(name), name
+    assert config.attention == want["attention"] and config.hidden == 128
+    assert upgrade(fields) == fields  # today's dicts pass through

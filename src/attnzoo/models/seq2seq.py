@@ -131,6 +131,27 @@ def simple(**overrides) -> Seq2SeqConfig:
     return Seq2SeqConfig(**{"attention": "simple", "score": "general", "cell": "rnn", **overrides})
 
 
+def upgrade(fields: dict) -> dict:
+    """A config dict written before the decoder families were classes (it has
+    `max_source_len`) -> today's fields; any other dict is returned as it is.
+
+    The old layout wrote every field for every family and ignored those a family did not read;
+    they become None here, which builds the same model. Luong with local-m / local-p becomes
+    the "luong-local" family; `max_source_len` is dropped (the model takes it from the data).
+    """
+    if "max_source_len" not in fields:
+        return fields
+    fields = {k: v for k, v in fields.items() if k != "max_source_len"}
+    if fields.get("attention") == "luong" and fields.get("local") in LOCAL:
+        fields["attention"] = "luong-local"
+    if fields.get("local") == "global":
+        fields["local"] = None
+    decoder = DECODERS[fields["attention"]]
+    score = fields.get("score") if "score" in decoder.options else None
+    reads = decoder.reads(Seq2SeqConfig(attention=fields["attention"], score=score))
+    return {k: (v if k not in OPTIONS or k in reads else None) for k, v in fields.items()}
+
+
 @dataclass
 class EncoderOutput:
     annotations: torch.Tensor  # (b, j, d_enc)
