@@ -53,8 +53,14 @@ DECODERS = {
     "luong-dot": ("luong", ["model.score=dot"]),
     "luong-general": ("luong", []),
     "luong-concat": ("luong", ["model.score=additive"]),
-    "luong-local-m": ("luong", ["model.local=local-m", "model.window=3"]),
-    "luong-local-p": ("luong", ["model.local=local-p", "model.window=3"]),
+    "luong-local-m": (
+        "luong",
+        ["model.attention=luong-local", "model.local=local-m", "model.window=3"],
+    ),
+    "luong-local-p": (
+        "luong",
+        ["model.attention=luong-local", "model.local=local-p", "model.window=3"],
+    ),
     "simple": ("simple", []),
 }
 LENGTH_MODELS = {"encdec": "encdec", "bahdanau": "bahdanau", "luong-general": "luong"}
@@ -80,7 +86,6 @@ def experiments(quick: bool) -> list[dict]:
             "task.n_test=60",
             "eval.limit=60",
             "model.hidden=16",
-            "model.attn_hidden=16",
             "model.embed_dim=8",
         ]
         if quick
@@ -172,7 +177,7 @@ def _matched_hidden(config: dict, spec: dict) -> int:
     from attnzoo.models.seq2seq import Seq2Seq, Seq2SeqConfig
 
     task, _ = runs.build(config)
-    sizes = len(task.source_vocab), len(task.target_vocab)
+    sizes = len(task.source_vocab), len(task.target_vocab), task.max_source_len
 
     def count(model_config: dict) -> int:
         return sum(p.numel() for p in Seq2Seq(Seq2SeqConfig(**model_config), *sizes).parameters())

@@ -37,30 +37,30 @@ class PlainBahdanau(nn.Module):
         self.m = ours  # embeddings, attention, decoder and readout are shared
         c = ours.config
         self.encoder = nn.GRU(c.embed_dim, c.hidden, batch_first=True, bidirectional=True)
-        fwd, bwd = ours.encoder[0]
+        fwd, bwd = ours.encoder.layers[0]
         with torch.no_grad():
             for name, value in fwd.named_parameters():
                 getattr(self.encoder, name).copy_(value)
                 getattr(self.encoder, f"{name}_reverse").copy_(bwd.get_parameter(name))
 
     def forward(self, source, lengths, target_in):
-        m = self.m
+        m, dec = self.m, self.m.decoder
         packed = pack_padded_sequence(
             m.drop(m.source_embed(source)), lengths, batch_first=True, enforce_sorted=False
         )
         out, final = self.encoder(packed)
         keys, _ = pad_packed_sequence(out, batch_first=True, total_length=source.shape[1])
         mask = (torch.arange(source.shape[1])[None] < lengths[:, None]).unsqueeze(1)
-        s = torch.tanh(m.bridge(torch.cat([final[0], final[1]], -1))).unsqueeze(0)
+        s = torch.tanh(dec.bridge(torch.cat([final[0], final[1]], -1))).unsqueeze(0)
         x = m.drop(m.target_embed(target_in))
         logits = []
         for t in range(target_in.shape[1]):
-            query = m.score.query_proj(s[-1]).unsqueeze(1)  # (b, 1, a)
-            e = torch.tanh(query.unsqueeze(2) + m.score.key_proj(keys).unsqueeze(1)) @ m.score.v
+            query = dec.score.query_proj(s[-1]).unsqueeze(1)  # (b, 1, a)
+            e = torch.tanh(query.unsqueeze(2) + dec.score.key_proj(keys).unsqueeze(1)) @ dec.score.v
             e = e.masked_fill(~mask, float("-inf"))  # (b, 1, j)
             context = torch.bmm(torch.softmax(e, -1), keys)  # (b, 1, d_enc)
-            out, s = m.decoder(torch.cat([x[:, t : t + 1], context], -1), s)
-            r = m.readout(m.drop(torch.cat([out, context, x[:, t : t + 1]], -1)))
+            out, s = dec.rnn(torch.cat([x[:, t : t + 1], context], -1), s)
+            r = dec.maxout(m.drop(torch.cat([out, context, x[:, t : t + 1]], -1)))
             logits.append(m.output(m.drop(r.view(*r.shape[:-1], -1, 2).amax(-1))))
         return torch.cat(logits, 1)
 

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from attnzoo.decoding import beam_search, greedy
+from attnzoo.decoding import beam_search, decode, greedy, sample
 
 BOS, EOS, PAD = 1, 2, 0
 
@@ -145,3 +145,40 @@ def test_beam_size_error():
             device=torch.device("cpu"),
             beam_size=0,
         )
+
+
+def test_decode_is_greedy_at_beam_1_and_beam_search_above():
+    g = torch.Generator().manual_seed(2)
+    table = torch.log_softmax(torch.randn(3, 5, 6, 6, generator=g), -1)
+    common = dict(bos=BOS, eos=EOS, max_len=5, device=torch.device("cpu"))
+    rows = torch.arange(3)
+    for k, search, extra in ((1, greedy, {}), (3, beam_search, {"beam_size": 3})):
+        want = search(table_step(table), TableState(rows), 3, **common, **extra)
+        got = decode(table_step(table), TableState(rows), 3, beam_size=k, **common)
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("default", [torch.float64, torch.float16])
+def test_engine_tensors_do_not_follow_the_default_dtype(default, device):
+    """Token ids are long and scores float32 whatever torch's default dtype, on `device`."""
+    if device.type == "meta":
+        pytest.skip("the engine stops on values (has every row ended?); meta has none")
+    table = torch.log_softmax(
+        torch.randn(2, 4, 6, 6, generator=torch.Generator().manual_seed(3)), -1
+    )
+    table = table.to(device)
+    rows = torch.arange(2, device=device)
+    common = dict(bos=BOS, eos=EOS, max_len=4, device=device)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        for k in (1, 3):
+            out = decode(table_step(table), TableState(rows), 2, beam_size=k, **common)
+            assert out.dtype == torch.long and out.device.type == device.type
+        tokens, log_prob = sample(table_step(table), TableState(rows), 2, **common)
+    finally:
+        torch.set_default_dtype(previous)
+    assert tokens.dtype == torch.long and tokens.device.type == device.type
+    assert log_prob.dtype == torch.float32 and log_prob.device.type == device.type
+    want = decode(table_step(table), TableState(rows), 2, beam_size=3, **common)
+    assert torch.equal(out, want)  # beam scores in float32 either way

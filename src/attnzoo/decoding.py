@@ -7,7 +7,8 @@ exposes `reorder(index) -> state` (keep rows `index`). The RNN decoders' state h
 hidden vectors; the Transformer's holds its key/value caches; the Pointer Network's, the
 positions chosen so far. Beam search flattens (batch, beam) into the batch dimension, so every
 decoder sees an ordinary batch. `device` is the decoder's (its inputs'): the engine's own
-tensors (start tokens, scores) are made there.
+tensors (start tokens, scores) are made there, in explicit dtypes (token ids long, scores
+float32), never the default device's or dtype's.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def sample(
     Returns (tokens (batch, <= max_len), padding after EOS; log_prob (batch,)).
     """
     tokens = torch.full((batch,), bos, dtype=torch.long, device=device)
-    out, total = [], torch.zeros(batch, device=device)
+    out, total = [], torch.zeros(batch, dtype=torch.float32, device=device)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     for _ in range(max_len):
         log_probs, state = step(tokens, state)
@@ -120,11 +121,11 @@ def beam_search(
     flat = torch.arange(batch, device=device).repeat_interleave(k)  # (batch * k,)
     state = state.reorder(flat)
     tokens = torch.full((batch * k,), bos, dtype=torch.long, device=device)
-    scores = torch.zeros(batch, k, device=device)
+    scores = torch.zeros(batch, k, dtype=torch.float32, device=device)
     scores[:, 1:] = float("-inf")  # all beams start identical: keep one alive
     history = torch.empty(batch * k, 0, dtype=torch.long, device=device)
     finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
-    lengths = torch.zeros(batch, k, device=device)
+    lengths = torch.zeros(batch, k, dtype=torch.float32, device=device)
     for _ in range(max_len):
         log_probs, state = step(tokens, state)  # (batch * k, V)
         vocab = log_probs.shape[-1]

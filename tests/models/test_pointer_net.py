@@ -27,6 +27,15 @@ def random_targets(b, n, end_token, g, length=None):
     return torch.tensor(rows)
 
 
+def assert_every_parameter_learns(model):
+    """Every parameter got a finite, nonzero gradient; the end memory exists only with EOS."""
+    names = {name for name, _ in model.named_parameters()}
+    assert ("end_memory" in names) == model.end_token
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
 def reference_log_probs(model, points, targets):
     """Vinyals eq. 3 by loops in float64 from the model's own LSTM states:
     u_ij = v . tanh(W1 e_j + W2 d_i), positions chosen before step i excluded."""
@@ -149,7 +158,7 @@ def test_sample_log_prob_is_the_teacher_forced_log_prob_and_differentiable():
     out = model(points, sample=True, generator=torch.Generator().manual_seed(0))
     positions, log_prob = out
     log_prob.sum().backward()
-    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+    assert_every_parameter_learns(model)
     for b in range(8):
         row = positions[b].tolist()
         end = row.index(0) + 1 if 0 in row else len(row)
@@ -179,3 +188,48 @@ def test_bad_input_is_a_clear_error():
         model(torch.rand(2, 5, 2), torch.full((2, 5), 5))
     with pytest.raises(ValueError, match="hidden"):
         PointerNetConfig(hidden=0)
+
+
+@pytest.mark.parametrize("end_token", [False, True])
+def test_teacher_forcing_trains_every_parameter(end_token):
+    g = torch.Generator().manual_seed(7)
+    model = make(end_token, layers=2)
+    targets = random_targets(3, 5, end_token, g, length=3)
+    model(torch.rand(3, 5, 2, generator=g), targets).log_probs.sum().backward()
+    assert_every_parameter_learns(model)
+
+
+@pytest.mark.parametrize("end_token", [False, True])
+def test_runs_on_any_device(end_token, device):
+    """Built on `device`, a teacher-forced forward + backward and decode steps make every tensor
+    there (meta: shapes and devices only, no values)."""
+    model = make(end_token).to(device)
+    g = torch.Generator().manual_seed(8)
+    points = torch.rand(3, 5, 2, generator=g).to(device)
+    targets = random_targets(3, 5, end_token, g, length=3).to(device)
+    out = model(points, targets)
+    steps, positions = targets.shape[1], 5 + int(end_token)
+    assert out.log_probs.shape == out.weights.shape == (3, steps, positions)
+    assert out.log_probs.device.type == device.type
+    out.log_probs.sum().backward()
+    assert all(p.grad.device.type == device.type for p in model.parameters())
+    with torch.no_grad():
+        state = model.start(points)
+        tokens = torch.full((3,), BOS, device=device)
+        for i in range(2):
+            log_probs, state = model.decode_step(tokens, state)
+            assert log_probs.shape == (3, positions) and log_probs.device.type == device.type
+            tokens = targets[:, i]
+        assert state.chosen.device.type == device.type
+
+
+@pytest.mark.parametrize("end_token", [False, True])
+def test_decodes_and_samples_on_any_device(end_token, device):
+    if device.type == "meta":
+        pytest.skip("the engine stops on values (has every row ended?); meta has none")
+    model = make(end_token).to(device)
+    points = torch.rand(3, 5, 2, generator=torch.Generator().manual_seed(8)).to(device)
+    with torch.no_grad():
+        assert model.decode(points, beam_size=2).device.type == device.type
+    positions_, log_prob = model(points, sample=True)
+    assert positions_.device.type == log_prob.device.type == device.type

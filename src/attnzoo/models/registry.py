@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from attnzoo.models import transformer
 from attnzoo.models.ntm import NTM, LSTMBaseline, lstm, ntm
 from attnzoo.models.pointer_net import PointerNet, PointerNetConfig
-from attnzoo.models.seq2seq import Seq2Seq, Seq2SeqConfig, bahdanau, luong
+from attnzoo.models.seq2seq import Seq2Seq, bahdanau, encdec, luong, simple
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,12 @@ MODELS = {
     ),
     "luong": ModelSpec(luong, Seq2Seq, "global/local attention, input feeding (Luong 2015)"),
     "encdec": ModelSpec(
-        lambda **kw: replace(Seq2SeqConfig(attention="none"), **kw),
+        encdec,
         Seq2Seq,
         "encoder-decoder without attention (Sutskever 2014 / Cho 2014)",
     ),
     "simple": ModelSpec(
-        lambda **kw: replace(Seq2SeqConfig(attention="simple", score="general", cell="rnn"), **kw),
+        simple,
         Seq2Seq,
         "SimpleRNN + attention (the lecture model)",
     ),
