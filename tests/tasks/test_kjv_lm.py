@@ -6,7 +6,7 @@ import torch
 from attnzoo.models.transformer import LMOutput
 from attnzoo.tasks import kjv_lm
 from attnzoo.tasks.kjv_lm import CharLmTask, KjvLmConfig, normalise, split_verses
-from attnzoo.tasks.translation import EvalConfig
+from attnzoo.tasks.base import EvalConfig
 
 GENESIS_1_2 = 1001002
 
