@@ -9,6 +9,7 @@ runs layer and the CLI know tasks only through this protocol and the registry.
 from __future__ import annotations
 
 import importlib
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -92,5 +93,8 @@ class Task(Protocol):
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
-    """The device of a model's parameters: where evaluation sends its batches."""
-    return next(model.parameters()).device
+    """The device of a model's parameters (or buffers): where evaluation sends its batches.
+    A model with neither (a fixed function) runs on the CPU."""
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
