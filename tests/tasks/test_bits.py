@@ -5,8 +5,8 @@ import torch
 
 from attnzoo import runs
 from attnzoo.models.ntm import NTM, LSTMBaseline, LSTMOutput, lstm, ntm
-from attnzoo.tasks.bits import BitsBatch, BitsConfig, BitsTask, generate, normalised_repeats
 from attnzoo.tasks.base import EvalConfig
+from attnzoo.tasks.bits import BitsBatch, BitsConfig, BitsTask, generate, normalised_repeats
 from attnzoo.train.loop import TrainConfig, train
 
 

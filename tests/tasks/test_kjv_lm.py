@@ -5,8 +5,8 @@ import torch
 
 from attnzoo.models.transformer import LMOutput
 from attnzoo.tasks import kjv_lm
-from attnzoo.tasks.kjv_lm import CharLmTask, KjvLmConfig, normalise, split_verses
 from attnzoo.tasks.base import EvalConfig
+from attnzoo.tasks.kjv_lm import CharLmTask, KjvLmConfig, normalise, split_verses
 
 GENESIS_1_2 = 1001002
 

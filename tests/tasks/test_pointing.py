@@ -6,8 +6,8 @@ import torch
 from attnzoo import runs
 from attnzoo.models.pointer_net import PointerNet, PointerNetConfig
 from attnzoo.tasks import geometry
-from attnzoo.tasks.pointing import PointingConfig, PointingTask
 from attnzoo.tasks.base import EvalConfig
+from attnzoo.tasks.pointing import PointingConfig, PointingTask
 from attnzoo.train.loop import TrainConfig, train
 
 SMALL = PointerNetConfig(hidden=16, attn_hidden=16)
