@@ -14,7 +14,7 @@ import torch
 
 from attnzoo import runs
 from attnzoo.models.registry import MODELS
-from attnzoo.tasks.base import MissingDataDependency
+from attnzoo.tasks.base import MissingDataDependency, Task
 from attnzoo.tasks.registry import TASKS
 
 # Small values for whichever of these fields a config has (field names, not models or tasks:
@@ -87,6 +87,7 @@ def on(tensor: torch.Tensor, device: torch.device) -> bool:
 @pytest.mark.parametrize("name", list(MODELS))
 def test_a_training_step_runs_on_the_device(name, device):
     task, cpu_model, graded = built(name)
+    assert isinstance(task, Task)
     model = copy.deepcopy(cpu_model).to(device).train()
     batch = task.batch(0, 2, device)
     loss, count = task.loss(model, batch)

@@ -41,7 +41,7 @@ def default_config(model: str, task: str) -> dict[str, Any]:
         "model": dataclasses.asdict(MODELS[model].preset()),
         "task": dataclasses.asdict(spec.default_config()),
         "train": dataclasses.asdict(TrainConfig(**spec.train)),
-        "eval": dataclasses.asdict(EvalConfig(**spec.eval)),
+        "eval": dataclasses.asdict(spec.eval_config()),
     }
 
 
@@ -129,7 +129,7 @@ def run_train(config: dict, out: Path, *, resume: bool = False, progress: bool =
 
 
 def load_run(run_dir: Path, device: str = "auto"):
-    """(config, task, model) of a run, the model's newest weights on `device`, in eval mode."""
+    """(config, task, model) of a run, the newest weights on `device` (as `train.device`)."""
     run_dir = Path(run_dir)
     path = run_dir / "config.json"
     if not path.exists():
@@ -139,8 +139,8 @@ def load_run(run_dir: Path, device: str = "auto"):
     folder = latest_checkpoint(run_dir / "checkpoints")
     if folder is None:
         fail("attnzoo", "DIR", "a run with a checkpoint", f"none under {run_dir}/checkpoints")
-    model.to(resolve_device(device))
-    model.load_state_dict(load_weights(folder, next(model.parameters()).device))
+    device = resolve_device(device)
+    model.to(device).load_state_dict(load_weights(folder, device))
     return config, task, model.eval()
 
 

@@ -197,7 +197,13 @@ def test_training_through_the_loop_is_finite_and_lowers_the_loss(kind):
     with torch.no_grad():
         before = sum(float(t.loss(model, t.batch(s, 16, "cpu"))[0]) for s in range(1000, 1004))
     config = TrainConfig(
-        steps=40, batch_size=16, lr=1e-2, warmup=0, schedule="constant", log_every=10
+        steps=40,
+        batch_size=16,
+        lr=1e-2,
+        warmup=0,
+        schedule="constant",
+        log_every=10,
+        device="cpu",  # the losses before and after are computed on the CPU
     )
     final = train(t, model, config, None, progress=False)
     with torch.no_grad():

@@ -130,6 +130,7 @@ def test_reinforce_resume_restores_the_baseline(tmp_path):
             checkpoint_every=2,
             schedule="constant",
             log_every=1,
+            device="cpu",  # both runs on one device: the same random streams
         )
         out.mkdir(exist_ok=True)
         train(task, model, config, out, resume=resume, progress=False)

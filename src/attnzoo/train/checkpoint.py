@@ -115,7 +115,8 @@ def latest_checkpoint(directory: Path) -> Path | None:
 
 
 def _device(model) -> torch.device:
-    return next(model.parameters()).device
+    param = next(model.parameters(), None)
+    return torch.device("cpu") if param is None else param.device
 
 
 def _load(folder: Path, map_location: torch.device | str) -> dict[str, torch.Tensor]:
