@@ -319,5 +319,5 @@ class BitsTask:
 
 
 def make_task(config: BitsConfig, *, seed: int, eval_config: EvalConfig) -> BitsTask:
-    """The task the runs layer builds (`TaskSpec.factory`)."""
+    """The task of this module's registry entries (`TaskSpec.build`)."""
     return BitsTask(config, seed=seed, eval_config=eval_config)

@@ -234,7 +234,7 @@ class CharLmTask:
 
 
 def make_task(config: KjvLmConfig, *, seed: int, eval_config: EvalConfig) -> CharLmTask:
-    """The task the runs layer builds (`TaskSpec.factory`)."""
+    """The task of this module's registry entries (`TaskSpec.build`)."""
     splits = split_verses(config)
     held_out = {"valid": join(splits.valid), "test": join(splits.test)}
     return CharLmTask(

@@ -305,5 +305,5 @@ def _generator(device: torch.device) -> torch.Generator:
 
 
 def make_task(config: PointingConfig, *, seed: int, eval_config: EvalConfig) -> PointingTask:
-    """The task the runs layer builds (`TaskSpec.factory`)."""
+    """The task of this module's registry entries (`TaskSpec.build`)."""
     return PointingTask(config, seed=seed, eval_config=eval_config)
