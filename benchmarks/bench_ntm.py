@@ -65,7 +65,8 @@ def worker(spec: dict) -> dict:
 
     torch.set_num_threads(1)
     config = runs.apply_overrides(
-        runs.default_config(spec["model"], spec["task"]), [*spec["sets"], "train.threads=1"]
+        runs.default_config(spec["model"], spec["task"]),
+        [*spec["sets"], "train.threads=1", "train.device=cpu"],
     )
     out = Path(spec.get("runs", RUNS)) / f"ntm-{spec['name']}"
     start = time.perf_counter()

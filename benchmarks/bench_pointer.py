@@ -76,7 +76,8 @@ def _resolved(spec: dict) -> dict:
     from attnzoo import runs
 
     return runs.apply_overrides(
-        runs.default_config("pointer-net", spec["task"]), [*spec["sets"], "train.threads=1"]
+        runs.default_config("pointer-net", spec["task"]),
+        [*spec["sets"], "train.threads=1", "train.device=cpu"],
     )
 
 

@@ -138,7 +138,7 @@ def experiments(quick: bool) -> list[dict]:
                 "kjv2web",
                 ["train.steps=1500", "train.batch_size=48", "eval.limit=1000"],
             ),
-            ("transformer-lm", "kjv_lm", []),  # TASK_TRAIN's kjv_lm budget
+            ("transformer-lm", "kjv_lm", []),  # the kjv_lm task's default budget
         ):
             runs.append(
                 dict(
@@ -174,13 +174,14 @@ def experiments(quick: bool) -> list[dict]:
 def _matched_hidden(config: dict, spec: dict) -> int:
     """The hidden width that brings this model's parameter count closest to Bahdanau's."""
     from attnzoo import runs
-    from attnzoo.models.seq2seq import Seq2Seq, Seq2SeqConfig
+    from attnzoo.models.registry import MODELS
 
     task, _ = runs.build(config)
-    sizes = len(task.source_vocab), len(task.target_vocab), task.max_source_len
+    model_spec = MODELS[config["model_name"]]
 
     def count(model_config: dict) -> int:
-        return sum(p.numel() for p in Seq2Seq(Seq2SeqConfig(**model_config), *sizes).parameters())
+        model = model_spec.build(model_spec.config_class(**model_config), task)
+        return sum(p.numel() for p in model.parameters())
 
     ref = runs.apply_overrides(runs.default_config("bahdanau", spec["task"]), spec["sets"])
     target = count(ref["model"])
@@ -230,7 +231,8 @@ def resolve(spec: dict) -> dict:
     from attnzoo import runs
 
     config = runs.apply_overrides(
-        runs.default_config(spec["model"], spec["task"]), [*spec["sets"], "train.threads=1"]
+        runs.default_config(spec["model"], spec["task"]),
+        [*spec["sets"], "train.threads=1", "train.device=cpu"],
     )
     if spec.get("match_params") and spec["model"] != "bahdanau":
         config["model"]["hidden"] = _matched_hidden(config, spec)
@@ -284,7 +286,7 @@ def _steps(task, model, train):
         nonlocal step
         model.train()
         for _ in range(CALIBRATION["steps"]):
-            loss, count = task.loss(model, task.batch(step, train.batch_size))
+            loss, count = task.loss(model, task.batch(step, train.batch_size, "cpu"))
             (loss / count).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), train.clip)
             optimizer.step()

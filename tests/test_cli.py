@@ -2,6 +2,8 @@ import json
 import subprocess
 import sys
 
+import torch
+
 from attnzoo.cli import main
 from tests.train.test_loop import sets
 
@@ -66,6 +68,9 @@ def test_train_eval_plot_writes_run_layout(tmp_path, capsys):
     assert (out / "figures" / "loss.png").exists()
     final = json.loads((out / "final.json").read_text())
     assert {"exact_match", "alignment"} <= final.keys()
+    # the device asked for is the config's; the one used is the result's
+    assert config["train"]["device"] == "auto"
+    assert final["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
     capsys.readouterr()
     assert main(["eval", str(out)]) == 0
     assert "exact_match" in capsys.readouterr().out

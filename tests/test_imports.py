@@ -74,6 +74,11 @@ def test_the_graph_sees_imports():
     assert any(GRAPH[name] for name in GRAPH if name.startswith("attnzoo.models"))
 
 
+def test_core_types_is_a_leaf():
+    """AttentionOutput and PreparedKey live where every core module may import them."""
+    assert GRAPH["attnzoo.core.types"] == set()
+
+
 def test_no_import_circle():
     assert _cycle() is None, " -> ".join(_cycle())
 

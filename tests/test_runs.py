@@ -1,4 +1,8 @@
+import dataclasses
+import json
+
 import pytest
+import torch
 
 from attnzoo import runs
 
@@ -64,3 +68,45 @@ def test_literal_fields_accept_only_their_choices():
     assert config["task"]["target"] == "english"
     with pytest.raises(ValueError, match="'task.target'.*digits"):
         runs.apply_overrides(runs.default_config("luong", "numbers"), ["task.target=french"])
+
+
+def test_every_model_is_sized_by_its_tasks_model_dims(monkeypatch):
+    """The registry builds `model_class(config, **task.model_dims())`: what the model is
+    given is exactly what the task names."""
+    from attnzoo.models.registry import MODELS
+
+    config = runs.apply_overrides(
+        runs.default_config("pointer-net", "convex_hull"), ["task.n_test=4", "model.hidden=8"]
+    )
+    seen = {}
+    spec = MODELS["pointer-net"]
+
+    def spy(model_config, **dims):
+        seen.update(dims)
+        return spec.model_class(model_config, **dims)
+
+    monkeypatch.setitem(MODELS, "pointer-net", dataclasses.replace(spec, model_class=spy))
+    task, _ = runs.build(config)
+    assert seen == task.model_dims() == {"input_dim": 2, "end_token": True}
+
+
+def test_config_json_records_the_requested_device(tmp_path):
+    config = runs.apply_overrides(
+        runs.default_config("luong", "reverse"),
+        [
+            "task.n_train=50",
+            "task.n_valid=5",
+            "task.n_test=5",
+            "model.hidden=8",
+            "train.steps=2",
+            "train.threads=1",
+            "train.device=cpu",
+            "eval.limit=2",
+        ],
+    )
+    _, model, final = runs.run_train(config, tmp_path, progress=False)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["train"]["device"] == "cpu" and final["device"] == "cpu"
+    _, _, loaded = runs.load_run(tmp_path, device="cpu")
+    for a, b in zip(model.parameters(), loaded.parameters(), strict=True):
+        assert torch.equal(a.detach(), b.detach())

@@ -68,7 +68,7 @@ def cmd_demo(args) -> None:
 def cmd_eval(args) -> None:
     from attnzoo import runs
 
-    config, task, model = runs.load_run(Path(args.dir))
+    config, task, model = runs.load_run(Path(args.dir), device=args.device)
     metrics = task.evaluate(model)
     console.print(_table(f"{config['model_name']} on {config['task_name']}", metrics))
 
@@ -76,7 +76,7 @@ def cmd_eval(args) -> None:
 def cmd_plot(args) -> None:
     from attnzoo import runs
 
-    _, task, model = runs.load_run(Path(args.dir))
+    _, task, model = runs.load_run(Path(args.dir), device=args.device)
     for path in runs.write_figures(Path(args.dir), task, model):
         console.print(str(path))
 
@@ -110,6 +110,7 @@ def parser() -> argparse.ArgumentParser:
     ):
         sp = sub.add_parser(name, help=text)
         sp.add_argument("dir")
+        sp.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
         sp.set_defaults(func=func)
     sub.add_parser("list", help="models and tasks").set_defaults(func=cmd_list)
     return p

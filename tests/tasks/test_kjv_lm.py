@@ -5,8 +5,8 @@ import torch
 
 from attnzoo.models.transformer import LMOutput
 from attnzoo.tasks import kjv_lm
+from attnzoo.tasks.base import EvalConfig
 from attnzoo.tasks.kjv_lm import CharLmTask, KjvLmConfig, normalise, split_verses
-from attnzoo.tasks.translation import EvalConfig
 
 GENESIS_1_2 = 1001002
 
@@ -96,16 +96,16 @@ def test_loss_sums_over_every_next_character_with_and_without_smoothing():
 
 def test_batches_are_a_pure_function_of_seed_and_step_and_shard_by_rank():
     task = toy(context=2)
-    a, b = task.batch(5, 6), task.batch(5, 6)
+    a, b = task.batch(5, 6, "cpu"), task.batch(5, 6, "cpu")
     assert a.dtype == torch.long and a.shape == (6, 3) and torch.equal(a, b)
-    assert not torch.equal(task.batch(6, 6), a)
+    assert not torch.equal(task.batch(6, 6, "cpu"), a)
     text = "abacaba"
     for row in a.tolist():
         assert "".join(task.vocab.tokens[i] for i in row) in text
-    ranks = [task.batch(5, 6, rank, 2) for rank in (0, 1)]
+    ranks = [task.batch(5, 6, "cpu", rank, 2) for rank in (0, 1)]
     assert torch.equal(torch.stack(ranks, 1).reshape(6, 3), a)  # rows interleave by rank
     other = CharLmTask("abacaba", {}, context=2, seed=1, eval_config=EvalConfig())
-    assert any(not torch.equal(other.batch(s, 6), task.batch(s, 6)) for s in range(3))
+    assert any(not torch.equal(other.batch(s, 6, "cpu"), task.batch(s, 6, "cpu")) for s in range(3))
 
 
 def test_every_window_start_is_drawn():
@@ -113,7 +113,7 @@ def test_every_window_start_is_drawn():
     starts = {
         "".join(task.vocab.tokens[i] for i in row)
         for s in range(20)
-        for row in task.batch(s, 8).tolist()
+        for row in task.batch(s, 8, "cpu").tolist()
     }
     assert starts == {"abac", "baca", "acab", "caba"}
 
@@ -184,7 +184,8 @@ def test_make_task_uses_the_held_out_verses(bible):
     test_text = kjv_lm.join(splits.test)
     first = task.windows()[0]  # the test split's text starts the first window
     assert "".join(task.vocab.tokens[i] for i in first.tolist()) == test_text[:17]
-    assert task.source_vocab is task.target_vocab and task.max_target_len == 16
+    assert task.source_vocab is task.target_vocab
+    assert task.model_dims() == {"vocab": len(task.vocab), "max_len": 16 + kjv_lm.POSITION_MARGIN}
     metrics = task.evaluate(uniform(task))
     assert metrics["n_chars"] == 4 * 16
     assert metrics["bits_per_char"] == pytest.approx(math.log2(len(task.vocab)), rel=1e-6)

@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from attnzoo.tasks import numbers
-from attnzoo.tasks.text import MissingDataDependency
+from attnzoo.tasks.base import MissingDataDependency
 
 num2words = pytest.importorskip("num2words").num2words
 

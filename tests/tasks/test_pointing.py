@@ -6,8 +6,8 @@ import torch
 from attnzoo import runs
 from attnzoo.models.pointer_net import PointerNet, PointerNetConfig
 from attnzoo.tasks import geometry
+from attnzoo.tasks.base import EvalConfig
 from attnzoo.tasks.pointing import PointingConfig, PointingTask
-from attnzoo.tasks.translation import EvalConfig
 from attnzoo.train.loop import TrainConfig, train
 
 SMALL = PointerNetConfig(hidden=16, attn_hidden=16)
@@ -26,9 +26,9 @@ def task_and_model(kind, **config):
 @pytest.mark.parametrize("kind", ["sort_numbers", "convex_hull", "tsp"])
 def test_batches_are_deterministic_and_targets_are_the_true_outputs(kind):
     task, _ = task_and_model(kind)
-    a, b = task.batch(3, 8), task.batch(3, 8)
+    a, b = task.batch(3, 8, "cpu"), task.batch(3, 8, "cpu")
     assert torch.equal(a.points, b.points) and torch.equal(a.targets, b.targets)
-    assert not torch.equal(task.batch(4, 8).points, a.points)
+    assert not torch.equal(task.batch(4, 8, "cpu").points, a.points)
     off = int(kind == "convex_hull")
     for k in range(8):
         row = a.targets[k, : int(a.steps[k])].tolist()
@@ -49,8 +49,8 @@ def test_batches_are_deterministic_and_targets_are_the_true_outputs(kind):
 
 def test_batch_shards_are_the_global_batch_split_across_processes():
     task, _ = task_and_model("tsp")
-    whole = task.batch(5, 8)
-    parts = [task.batch(5, 8, rank, 2) for rank in range(2)]
+    whole = task.batch(5, 8, "cpu")
+    parts = [task.batch(5, 8, "cpu", rank, 2) for rank in range(2)]
     assert torch.equal(
         torch.cat([parts[0].points, parts[1].points]).sort(0)[0], whole.points.sort(0)[0]
     )
@@ -59,7 +59,7 @@ def test_batch_shards_are_the_global_batch_split_across_processes():
 @pytest.mark.parametrize("kind", ["sort_numbers", "convex_hull", "tsp"])
 def test_loss_is_the_summed_nll_of_the_counted_steps(kind):
     task, model = task_and_model(kind)
-    batch = task.batch(0, 6)
+    batch = task.batch(0, 6, "cpu")
     loss, count = task.loss(model, batch)
     assert count == int(batch.steps.sum())
     out = model(batch.points, batch.targets)
@@ -95,7 +95,7 @@ def test_scoring_the_true_outputs_is_perfect():
 
 def test_reinforce_loss_is_finite_and_improves_the_baseline_when_significantly_better():
     task, model = task_and_model("tsp", objective="reinforce", baseline_instances=64)
-    batch = task.batch(0, 16)
+    batch = task.batch(0, 16, "cpu")
     assert batch.targets is None
     loss, count = task.loss(model, batch)
     loss.backward()
@@ -130,6 +130,7 @@ def test_reinforce_resume_restores_the_baseline(tmp_path):
             checkpoint_every=2,
             schedule="constant",
             log_every=1,
+            device="cpu",  # both runs on one device: the same random streams
         )
         out.mkdir(exist_ok=True)
         train(task, model, config, out, resume=resume, progress=False)

@@ -5,17 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnzoo.tasks.text import (
-    INSTALL_HINT,
-    Example,
-    MissingDataDependency,
-    Vocab,
-    alignment_score,
-    bleu,
-    chrf,
-    exact_match,
-    require,
-)
+from attnzoo.tasks.base import INSTALL_HINT, MissingDataDependency, require
+from attnzoo.tasks.text import Example, Vocab, alignment_score, bleu, chrf, exact_match
 
 # --- Example -----------------------------------------------------------------------------
 

@@ -1,14 +1,15 @@
 """The model registry: name -> config preset, model class, description, interface.
 
-A "seq2seq" model class takes `(config, source_vocab_size, target_vocab_size)` and offers the
-sequence-to-sequence interface the tasks and the decoding engine use:
-`forward(source, lengths, target_in, return_weights=False) -> output with .logits, .weights`,
-`encode(source, lengths)`, `start(memory) -> state`, `decode_step(tokens, state)`.
-An "lm" model class takes `(config, vocab_size)` (the task's `target_vocab`) and offers
-`forward(tokens, return_weights=False) -> output with .logits`, `start()`,
-`decode_step(tokens, state)`. Any other interface ("pointer", "bits") takes
-`(config, **task.model_dims())`: the task names the sizes the model needs. A task pairs with
-the models of its `TaskSpec.interface`.
+Every model is built as `model_class(config, **task.model_dims())`: the task names the sizes
+the model needs. A task pairs with the models of its `TaskSpec.interface`, which must equal the
+model's `ModelSpec.interface`; the interface says which sizes the task gives and which methods
+the model offers (documented with the task of that interface, e.g.
+`attnzoo.tasks.translation` for "seq2seq"):
+
+- "seq2seq": `(config, source_vocab, target_vocab, max_source_len, max_target_len)`;
+- "lm": `(config, vocab, max_len)`;
+- "pointer": `(config, input_dim, end_token)`;
+- "bits": `(config, input_size, output_size)`.
 """
 
 from __future__ import annotations
@@ -34,11 +35,27 @@ class ModelSpec:
         return type(self.preset())
 
     def build(self, config, task):
-        if hasattr(task, "model_dims"):
-            return self.model_class(config, **task.model_dims())
-        if self.interface == "lm":
-            return self.model_class(config, len(task.target_vocab))
-        return self.model_class(config, len(task.source_vocab), len(task.target_vocab))
+        build = _BRIDGE.get(self.model_class, self.model_class)  # BRIDGE: build = model_class
+        return build(config, **task.model_dims())
+
+
+# ---- BRIDGE (delete at merge) -----------------------------------------------------------------
+# Until Seq2Seq, Transformer and TransformerLM take their sizes as constructor arguments, the
+# sizes a task names are written into the config fields these classes read them from today.
+def _transformer(config, source_vocab, target_vocab, max_source_len, max_target_len):
+    config = replace(config, max_source_len=max_source_len, max_target_len=max_target_len)
+    return transformer.Transformer(config, source_vocab, target_vocab)
+
+
+def _transformer_lm(config, vocab, max_len):
+    return transformer.TransformerLM(replace(config, max_target_len=max_len), vocab)
+
+
+_BRIDGE = {
+    transformer.Transformer: _transformer,
+    transformer.TransformerLM: _transformer_lm,
+}
+# ---- end of BRIDGE ----------------------------------------------------------------------------
 
 
 MODELS = {

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.core.checks import fail
+from attnzoo.tasks.base import EvalConfig, model_device
 
 KINDS = ("copy", "repeat_copy", "associative_recall")
 _TEST_STREAM = 2**40  # held-out data comes from seeds no training step uses
@@ -95,6 +96,9 @@ class BitsBatch(NamedTuple):
     inputs: torch.Tensor  # (batch, T, input_size)
     targets: torch.Tensor  # (batch, T, output_size)
     mask: torch.Tensor  # (batch, T) bool, True = output phase (scored)
+
+    def to(self, device: torch.device | str) -> BitsBatch:
+        return BitsBatch(*(t.to(device, non_blocking=True) for t in self))
 
 
 def dims(config: BitsConfig) -> dict[str, int]:
@@ -167,7 +171,10 @@ def _associative_recall(config, batch, n_items, generator) -> BitsBatch:
 
 
 class BitsTask:
-    """The loop's task protocol over a bit task.
+    """The Task protocol (`attnzoo.tasks.base.Task`) over a bit task. A model of this task
+    ("bits" interface) offers `forward(inputs, return_weights=False) -> output with .logits`
+    (and, for the figures, optionally the NTM's `.write_weights`, `.read_weights`, `.adds`,
+    `.reads`, `.memory`).
 
     Args:
         config: `BitsConfig`.
@@ -179,22 +186,24 @@ class BitsTask:
 
     metric = "bit_errors"
 
-    def __init__(self, config: BitsConfig, *, seed: int, eval_config):
+    def __init__(self, config: BitsConfig, *, seed: int, eval_config: EvalConfig):
         self.config, self.seed, self.eval = config, seed, eval_config
         self._held_out: dict[int, BitsBatch] | None = None
 
     def model_dims(self) -> dict[str, int]:
         return dims(self.config)
 
-    def batch(self, step: int, batch_size: int, rank: int = 0, world: int = 1) -> BitsBatch:
+    def batch(
+        self, step: int, batch_size: int, device: torch.device | str, rank: int = 0, world: int = 1
+    ) -> BitsBatch:
         """The global batch of `step`, one length (and repeat count) for all its sequences;
-        this process's rows."""
+        this process's rows, generated on the CPU and moved to `device`."""
         c = self.config
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         length = int(torch.randint(c.min_len, c.max_len + 1, (), generator=g))
         repeats = int(torch.randint(c.min_repeats, c.max_repeats + 1, (), generator=g))
         full = generate(c, batch_size, length, g, repeats)
-        return BitsBatch(*(t[rank::world] for t in full))
+        return BitsBatch(*(t[rank::world] for t in full)).to(device)
 
     def loss(self, model, batch: BitsBatch) -> tuple[torch.Tensor, int]:
         """Sigmoid cross-entropy (nats) summed over the output-phase bits of every sequence,
@@ -245,12 +254,14 @@ class BitsTask:
         "bit_errors_len{L}": the mean at each length L of the held-out set}."""
         c = self.config
         per_length: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        device = model_device(model)
         with torch.no_grad():
             for length, groups in self.held_out().items():
                 errs, nats = [], []
                 for group in groups:
                     for start in range(0, group.inputs.shape[0], self.eval.batch_size):
                         part = BitsBatch(*(t[start : start + self.eval.batch_size] for t in group))
+                        part = part.to(device)
                         e, n = self.errors(model, part)
                         errs.append(e)
                         nats.append(n)
@@ -268,7 +279,7 @@ class BitsTask:
             result[f"bit_errors_len{length}"] = float(per_length[length][0].mean())
         return result
 
-    def figures(self, model, folder: Path, count: int) -> list[Path]:
+    def figures(self, model, folder: Path, count: int = 3) -> list[Path]:
         """Graves 2014 Fig. 6 for held-out examples: `count` figures, the first of length
         max_len, then the test lengths, longest first; memory_{kind}_len{L}.png."""
         from attnzoo.viz import memory_figure
@@ -279,6 +290,7 @@ class BitsTask:
         written = []
         for length in lengths:
             example = BitsBatch(*(t[:1] for t in self.held_out()[length][0]))
+            example = example.to(model_device(model))
             out = model(example.inputs, return_weights=True)
             outputs = torch.sigmoid(out.logits[0].float())  # (T, output_size)
             errors = int(self.errors(model, example)[0][0])
@@ -306,6 +318,6 @@ class BitsTask:
         return written
 
 
-def make_task(config: BitsConfig, *, seed: int, eval_config) -> BitsTask:
-    """The task the runs layer builds (`TaskSpec.factory`)."""
+def make_task(config: BitsConfig, *, seed: int, eval_config: EvalConfig) -> BitsTask:
+    """The task of this module's registry entries (`TaskSpec.build`)."""
     return BitsTask(config, seed=seed, eval_config=eval_config)

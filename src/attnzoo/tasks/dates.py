@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
 
-from attnzoo.tasks.text import Example, Span, Splits, require
+from attnzoo.tasks.base import EvalConfig, require
+from attnzoo.tasks.text import Example, Span, Splits
+from attnzoo.tasks.translation import TranslationTask
 
 DEFAULT_LOCALES = ("en_US", "en_GB", "de_DE", "fr_FR", "es_ES", "it_IT", "nl_NL", "pt_BR")
 # CLDR's four named date formats of each locale, plus explicit patterns written in every locale.
@@ -293,3 +295,10 @@ def make_splits(config: DatesConfig | None = None) -> Splits:
 def detokenize(tokens: Sequence[str]) -> str:
     """Characters back to a string (both sides are character level)."""
     return "".join(tokens)
+
+
+def make_task(config: DatesConfig, *, seed: int, eval_config: EvalConfig) -> TranslationTask:
+    """The task the runs layer builds: this module's splits, scored by exact_match."""
+    return TranslationTask(
+        make_splits(config), detokenize, metric="exact_match", seed=seed, eval_config=eval_config
+    )

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from attnzoo.core.checks import check_tensor, fail
-from attnzoo.tasks.text import require
+from attnzoo.tasks.base import require
 
 MAX_HELD_KARP_NODES = 12
 # Elements of the (chunk, 2^(n-1) * (n-1)) dynamic-programming table per chunk of instances:

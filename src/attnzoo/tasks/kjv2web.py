@@ -24,7 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from attnzoo.tasks.text import Example, Splits, require
+from attnzoo.tasks.base import EvalConfig, require
+from attnzoo.tasks.text import Example, Splits
+from attnzoo.tasks.translation import TranslationTask
 
 _TOKEN = re.compile(r"\w+(?:'\w+)*|[^\w\s]")
 _QUOTES = str.maketrans({"`": "'", "\u2019": "'", "\u2018": "'", "[": None, "]": None})
@@ -34,6 +36,9 @@ _OPENING = set("(")
 _JOINING = {"-", "\u2014"}
 # A quote right after these closes ('... die." He'); after ',' it may open ('said, "Go').
 _SENTENCE_END = set(".!?;")
+
+
+MAX_VOCAB = 8000  # tokens per side, the specials included
 
 
 @dataclass(frozen=True)
@@ -167,3 +172,15 @@ def detokenize(tokens: Sequence[str]) -> str:
                 glue_before = True
         out.append(token if glue_before else " " + token)
     return "".join(out)
+
+
+def make_task(config: Kjv2WebConfig, *, seed: int, eval_config: EvalConfig) -> TranslationTask:
+    """The task the runs layer builds: this module's splits, scored by bleu."""
+    return TranslationTask(
+        make_splits(config),
+        detokenize,
+        metric="bleu",
+        seed=seed,
+        eval_config=eval_config,
+        max_vocab=MAX_VOCAB,
+    )

@@ -24,17 +24,20 @@ import random
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from attnzoo.core.checks import fail
+from attnzoo.tasks.base import EvalConfig, model_device
 from attnzoo.tasks.kjv2web import verse_pairs
 from attnzoo.tasks.text import Vocab
 
 _DROP = str.maketrans({"[": None, "]": None, "\u2019": "'"})
 _SPACES = re.compile(r"\s+")
 SEPARATOR = "\n"  # between verses
+POSITION_MARGIN = 5  # positions a model is sized for beyond the context (see `model_dims`)
 
 
 @dataclass(frozen=True)
@@ -133,10 +136,11 @@ def join(ids) -> str:
 class CharLmTask:
     """Next-character prediction over a training text, scored on held-out texts.
 
-    The loop's task protocol: `batch` draws random windows of the training text, `loss` is
-    the summed cross-entropy of every next character, `evaluate` gives bits per character.
-    `source_vocab` and `target_vocab` are the same character `Vocab` (a language model has one
-    vocabulary; the model registry sizes an "lm" model by `target_vocab`).
+    The Task protocol (`attnzoo.tasks.base.Task`): `batch` draws random windows of the
+    training text, `loss` is the summed cross-entropy of every next character, `evaluate`
+    gives bits per character; there are no figures. `source_vocab` and `target_vocab` are the
+    same character `Vocab` (a language model has one vocabulary). A model of this task ("lm"
+    interface) offers `forward(tokens, return_weights=False) -> output with .logits`.
 
     Args:
         train: the training text.
@@ -158,22 +162,29 @@ class CharLmTask:
         self.vocab = Vocab.build([train])
         self.source_vocab = self.target_vocab = self.vocab
         self.context, self.seed, self.eval = context, seed, eval_config
-        # the longest input the model reads (the runs layer sizes learned positions with it)
-        self.max_source_len = self.max_target_len = context
         self._train = self._ids(train)
         self._held_out = {split: self._ids(text) for split, text in held_out.items()}
 
     def _ids(self, text: str) -> torch.Tensor:
         return torch.tensor(self.vocab.encode(text), dtype=torch.int32)  # (len,)
 
-    def batch(self, step: int, batch_size: int, rank: int = 0, world: int = 1) -> torch.Tensor:
+    def model_dims(self) -> dict[str, int]:
+        """The vocabulary size and the positions a model is sized for: the context, and
+        `POSITION_MARGIN` more (the sizing every run of this task has used, so learned
+        positions keep their shape and initialisation)."""
+        return {"vocab": len(self.vocab), "max_len": self.context + POSITION_MARGIN}
+
+    def batch(
+        self, step: int, batch_size: int, device: torch.device | str, rank: int = 0, world: int = 1
+    ) -> torch.Tensor:
         """Windows of context + 1 characters at uniformly random offsets: (b, context + 1)
-        ids, this process's rows of the global batch."""
+        ids, this process's rows of the global batch, on `device`."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         starts = torch.randint(len(self._train) - self.context, (batch_size,), generator=g)
         starts = starts[rank::world]  # (b,)
         offsets = torch.arange(self.context + 1)  # (context + 1,)
-        return self._train[starts[:, None] + offsets].long()  # (b, context + 1)
+        windows = self._train[starts[:, None] + offsets].long()  # (b, context + 1)
+        return windows.to(device, non_blocking=True)
 
     def loss(self, model, batch: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Summed cross-entropy (nats) of characters 1..context of each window given those
@@ -199,12 +210,13 @@ class CharLmTask:
         """{"bits_per_char": -1/N sum log2 p(c_t | window before t), "n_chars": N} over the
         windows of `eval.split`."""
         windows = self.windows()
-        nats, count = 0.0, 0
+        nats, count, device = 0.0, 0, model_device(model)
         with torch.no_grad():
             for start in range(0, len(windows), self.eval.batch_size):
                 chunk = windows[start : start + self.eval.batch_size]
                 for length in sorted({len(w) for w in chunk}):  # the split's last may be short
                     x = torch.stack([w for w in chunk if len(w) == length]).long()  # (b, length)
+                    x = x.to(device, non_blocking=True)
                     logits = model(x[:, :-1]).logits  # (b, length - 1, V)
                     nats += float(
                         F.cross_entropy(
@@ -216,9 +228,13 @@ class CharLmTask:
                     count += x[:, 1:].numel()
         return {"bits_per_char": nats / math.log(2) / max(1, count), "n_chars": count}
 
+    def figures(self, model, folder: Path, count: int = 3) -> list[Path]:
+        """None: a language model has no alignment to draw (the run's loss curve remains)."""
+        return []
 
-def make_task(config: KjvLmConfig, *, seed: int, eval_config) -> CharLmTask:
-    """The task the runs layer builds (`TaskSpec.factory`)."""
+
+def make_task(config: KjvLmConfig, *, seed: int, eval_config: EvalConfig) -> CharLmTask:
+    """The task of this module's registry entries (`TaskSpec.build`)."""
     splits = split_verses(config)
     held_out = {"valid": join(splits.valid), "test": join(splits.test)}
     return CharLmTask(

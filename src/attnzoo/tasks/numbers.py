@@ -29,7 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from attnzoo.tasks.text import Example, Span, Splits, require
+from attnzoo.tasks.base import EvalConfig, require
+from attnzoo.tasks.text import Example, Span, Splits
+from attnzoo.tasks.translation import TranslationTask
 
 MAX_SUPPORTED = 999_999  # "eine Million" starts a new word pattern
 
@@ -229,3 +231,10 @@ def detokenize(tokens: Sequence[str], target: Target | None = None) -> str:
         glue = token in ",-" or text.endswith("-") or not text
         text += token if glue else " " + token
     return text
+
+
+def make_task(config: NumbersConfig, *, seed: int, eval_config: EvalConfig) -> TranslationTask:
+    """The task the runs layer builds: this module's splits, scored by exact_match."""
+    return TranslationTask(
+        make_splits(config), detokenize, metric="exact_match", seed=seed, eval_config=eval_config
+    )

@@ -32,7 +32,7 @@ import torch
 
 from attnzoo.core.checks import fail
 from attnzoo.tasks import geometry
-from attnzoo.tasks.text import require
+from attnzoo.tasks.base import EvalConfig, model_device, require
 
 KINDS = ("sort_numbers", "convex_hull", "tsp")
 OBJECTIVES = ("supervised", "reinforce")
@@ -90,6 +90,7 @@ class PointerBatch(NamedTuple):
     targets: torch.Tensor | None  # (batch, steps) positions; None for REINFORCE
     steps: torch.Tensor | None  # (batch,) target steps that count (through EOS)
     step: int  # the training step that drew the batch
+    items: int  # what the loss sums over (target steps; instances for REINFORCE), from the CPU
 
 
 def draw(kind: str, generator: torch.Generator, batch: int, n: int) -> torch.Tensor:
@@ -106,6 +107,11 @@ def solve(kind: str, points: torch.Tensor) -> list[list[int]]:
 
 
 class PointingTask:
+    """The Task protocol (`attnzoo.tasks.base.Task`) over one pointer task. A model of this
+    task ("pointer" interface) offers `forward(points, targets) -> output with .log_probs,
+    .weights`, `forward(points, sample=True, generator=...) -> sample with .positions,
+    .log_prob` (REINFORCE) and `decode(points, beam_size) -> positions`."""
+
     def __init__(self, config: PointingConfig, *, seed: int = 0, eval_config=None):
         if config.kind == "convex_hull":
             require("scipy.spatial")
@@ -123,15 +129,20 @@ class PointingTask:
         }
 
     # ----- training -----
-    def batch(self, step: int, batch_size: int, rank: int = 0, world: int = 1) -> PointerBatch:
+    def batch(
+        self, step: int, batch_size: int, device: torch.device | str, rank: int = 0, world: int = 1
+    ) -> PointerBatch:
+        """Drawn and solved on the CPU, then moved to `device`."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         c = self.config
         n = int(torch.randint(c.n_min, c.n_max + 1, (), generator=g))
         points = draw(c.kind, g, batch_size, n)[rank::world]
+        move = {"device": device, "non_blocking": True}
         if c.objective == "reinforce":
-            return PointerBatch(points, None, None, step)
+            return PointerBatch(points.to(**move), None, None, step, points.shape[0])
         targets, steps = self.encode_targets(solve(c.kind, points))
-        return PointerBatch(points, targets, steps, step)
+        items = int(steps.sum())
+        return PointerBatch(points.to(**move), targets.to(**move), steps.to(**move), step, items)
 
     def encode_targets(self, outputs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Input indices -> model positions (batch, steps) with EOS, and the steps that count."""
@@ -146,8 +157,9 @@ class PointingTask:
             return self._reinforce(model, batch)
         out = model(batch.points, batch.targets)
         nll = -out.log_probs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
-        counts = torch.arange(batch.targets.shape[1]) < batch.steps.unsqueeze(-1)
-        return nll.masked_fill(~counts, 0.0).sum(), int(counts.sum())
+        position = torch.arange(batch.targets.shape[1], device=batch.targets.device)
+        counts = position < batch.steps.unsqueeze(-1)  # (batch, steps)
+        return nll.masked_fill(~counts, 0.0).sum(), batch.items
 
     def _reinforce(self, model, batch: PointerBatch) -> tuple[torch.Tensor, int]:
         """sum over the batch of (L(pi) - L(baseline greedy)) * log p(pi)."""
@@ -156,14 +168,14 @@ class PointingTask:
             self._baseline = copy.deepcopy(policy).requires_grad_(False)
             if self._pending:
                 self._baseline.load_state_dict(self._pending)
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + batch.step + 7)
+        g = _generator(batch.points.device).manual_seed(self.seed * 1_000_003 + batch.step + 7)
         sample = model(batch.points, sample=True, generator=g)
         length = geometry.tour_length(batch.points, sample.positions)
         baseline = geometry.tour_length(batch.points, self._baseline.decode(batch.points))
         loss = ((length - baseline).detach() * sample.log_prob).sum()
         if (batch.step + 1) % self.config.baseline_every == 0:
             self._update_baseline(policy, batch.step)
-        return loss, batch.points.shape[0]
+        return loss, batch.items
 
     @torch.no_grad()
     def _update_baseline(self, policy: torch.nn.Module, step: int) -> bool:
@@ -172,13 +184,13 @@ class PointingTask:
         stats = require("scipy.stats")
         c = self.config
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step + 11)
-        points = draw(c.kind, g, c.baseline_instances, c.n_max)
+        points = draw(c.kind, g, c.baseline_instances, c.n_max).to(model_device(policy))
         was_training = policy.training
         policy.eval()
         ours = geometry.tour_length(points, policy.decode(points))
         theirs = geometry.tour_length(points, self._baseline.decode(points))
         policy.train(was_training)
-        test = stats.ttest_rel(ours.numpy(), theirs.numpy(), alternative="less")
+        test = stats.ttest_rel(ours.cpu().numpy(), theirs.cpu().numpy(), alternative="less")
         better = bool(ours.mean() < theirs.mean() and test.pvalue < 0.05)
         if better:
             self._baseline.load_state_dict(policy.state_dict())
@@ -211,7 +223,9 @@ class PointingTask:
         beam = self.eval_config.beam_size if self.eval_config else 1
         size = self.eval_config.batch_size if self.eval_config else 256
         out: list[list[int]] = []
+        device = model_device(model)
         for chunk in points.split(size):
+            chunk = chunk.to(device, non_blocking=True)
             for row in model.decode(chunk, beam_size=beam).tolist():
                 out.append([i for i in row if i >= 0])
         return out
@@ -260,10 +274,12 @@ class PointingTask:
         points, truth = self.test_set(self.config.sizes[0])
         points = points[:count]
         predicted = self.predict(model, points)
+        device = model_device(model)
         written = []
         for k in range(len(predicted)):
             targets, _ = self.encode_targets([predicted[k]])
-            weights = model(points[k : k + 1], targets).weights[0]  # (steps, positions)
+            one = points[k : k + 1].to(device)  # (1, n, dim)
+            weights = model(one, targets.to(device)).weights[0]  # (steps, positions)
             labels = [str(i) for i in range(points.shape[1])]
             if self.end_token:
                 labels = ["end", *labels]
@@ -282,6 +298,12 @@ class PointingTask:
         return written
 
 
-def make_task(config: PointingConfig, *, seed: int, eval_config) -> PointingTask:
-    """The task the runs layer builds (`TaskSpec.factory`)."""
+def _generator(device: torch.device) -> torch.Generator:
+    """A generator where sampling on `device` can use it: the device's own on an
+    accelerator, the CPU's on the CPU and on `meta` (which has none)."""
+    return torch.Generator() if device.type in ("cpu", "meta") else torch.Generator(device)
+
+
+def make_task(config: PointingConfig, *, seed: int, eval_config: EvalConfig) -> PointingTask:
+    """The task of this module's registry entries (`TaskSpec.build`)."""
     return PointingTask(config, seed=seed, eval_config=eval_config)

@@ -1,9 +1,12 @@
-"""The task registry: name -> data config class, data builder, detokenizer, headline metric.
+"""The task registry: name -> task module, data config, interface and budgets.
 
-A sequence-to-sequence task module gives `make_splits(config)` and `detokenize(tokens)`, and the
-runs layer wraps its splits in a `TranslationTask`; a task module that builds its own task
-object (a language model's) names that function in `factory`. `interface` says which models
-fit: it must equal the model's `ModelSpec.interface`.
+Every task module gives `make_task(config, *, seed, eval_config)`, which returns an object of
+the `attnzoo.tasks.base.Task` protocol. A registry entry names the module and its config class
+(imported only when the task is used, so the registry needs no optional data package), the
+config values for this name, the model interface it fits (it must equal the model's
+`ModelSpec.interface`), and its default training and evaluation budgets: `train` holds
+`attnzoo.train.TrainConfig` fields, `eval` `EvalConfig` fields. Adding a task is its module
+and one entry here.
 """
 
 from __future__ import annotations
@@ -11,116 +14,156 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 
+from attnzoo.tasks.base import EvalConfig, Task
+
 
 @dataclass(frozen=True)
 class TaskSpec:
     module: str  # attnzoo.tasks.<module>
     config_class: str
-    metric: str
-    max_vocab: int | None = None
-    description: str = ""
+    description: str
+    interface: str  # seq2seq | lm | pointer | bits
+    train: dict  # the default budget: TrainConfig fields (sized for a 2-core CPU)
+    eval: dict = field(default_factory=dict)  # EvalConfig fields
     defaults: dict = field(default_factory=dict)  # the config's values for this task name
-    interface: str = "seq2seq"  # seq2seq | lm
-    factory: str = ""  # module function (config, *, seed, eval_config) -> task; "": TranslationTask
 
     def load(self):
         return importlib.import_module(f"attnzoo.tasks.{self.module}")
 
-    def config_type(self):
+    def config_type(self) -> type:
         return getattr(self.load(), self.config_class)
 
     def default_config(self):
         return self.config_type()(**self.defaults)
+
+    def eval_config(self) -> EvalConfig:
+        return EvalConfig(**self.eval)
+
+    def build(self, config, *, seed: int, eval_config: EvalConfig) -> Task:
+        return self.load().make_task(config, seed=seed, eval_config=eval_config)
+
+
+def _sequence_budget(steps: int) -> dict:
+    return dict(steps=steps, batch_size=64, lr=3e-3, warmup=100)
 
 
 TASKS = {
     "dates": TaskSpec(
         "dates",
         "DatesConfig",
-        "exact_match",
-        description="human-written dates in many locales -> ISO (babel)",
+        "human-written dates in many locales -> ISO (babel)",
+        "seq2seq",
+        train={**_sequence_budget(1000), "checkpoint_every": 250},
+        eval=dict(limit=0),  # the whole held-out test split
     ),
     "numbers": TaskSpec(
         "numbers",
         "NumbersConfig",
-        "exact_match",
-        description="German number words -> digits (num2words)",
+        "German number words -> digits (num2words)",
+        "seq2seq",
+        train={**_sequence_budget(1500), "checkpoint_every": 250},
+        eval=dict(limit=0),
     ),
     "kjv2web": TaskSpec(
         "kjv2web",
         "Kjv2WebConfig",
-        "bleu",
-        max_vocab=8000,
-        description="King James verse -> World English Bible verse",
+        "King James verse -> World English Bible verse",
+        "seq2seq",
+        train=dict(steps=6000, batch_size=64, lr=2e-3, warmup=200, checkpoint_every=500),
+        eval=dict(limit=500),
     ),
     **{
         kind: TaskSpec(
             "sequences",
             "SequenceConfig",
-            "exact_match",
+            f"{kind} a random symbol sequence (generated)",
+            "seq2seq",
+            train={**_sequence_budget(3000), "checkpoint_every": 500},
+            eval=dict(limit=1000),
             defaults={"kind": kind},
-            description=f"{kind} a random symbol sequence (generated)",
         )
         for kind in ("copy", "reverse", "sort")
     },
     "kjv_lm": TaskSpec(
         "kjv_lm",
         "KjvLmConfig",
-        "bits_per_char",
-        description="character-level language model of the King James text",
-        interface="lm",
-        factory="make_task",
+        "character-level language model of the King James text",
+        "lm",
+        train=dict(steps=3000, batch_size=32, lr=1e-3, warmup=200, checkpoint_every=500),
+        eval=dict(limit=0),  # every held-out window (KjvLmConfig.n_test_chars bounds them)
     ),
+    # Pointer tasks at the budgets of docs/pointer_net.md: TSP n=10 within 1% of the optimum,
+    # hull n=10 at 85% accuracy (benchmarks/bench_pointer.py); evaluated on n_test instances
     **{
         kind: TaskSpec(
             "pointing",
             "PointingConfig",
-            metric,
-            description=text,
+            text,
+            "pointer",
+            train=dict(
+                steps=steps, batch_size=128, lr=1e-3, warmup=100, checkpoint_every=500, clip=2.0
+            ),
+            eval=dict(limit=0),
             defaults={"kind": kind, **sizes},
-            interface="pointer",
-            factory="make_task",
         )
-        for kind, metric, sizes, text in (
+        for kind, steps, sizes, text in (
             (
                 "sort_numbers",
-                "exact_match",
+                2000,
                 {"n_min": 5, "n_max": 10},
                 "sort real numbers by pointing at them (Vinyals 2015)",
             ),
             (
                 "convex_hull",
-                "accuracy",
+                12000,
                 {"n_min": 10, "n_max": 10},
                 "planar convex hull, counter-clockwise (Vinyals 2015, Table 1)",
             ),
             (
                 "tsp",
-                "gap_pct",
+                8000,
                 {"n_min": 10, "n_max": 10},
                 "planar travelling salesman, optimum by Held-Karp (Vinyals 2015, Table 2)",
             ),
         )
     },
+    # NTM bit tasks: bit_copy (24k sequences) ends at 0 bit errors per sequence on lengths
+    # 1-20 and 40 (train.seed 0 and 1; ~3 min on a quiet thread); repeat_copy and
+    # associative_recall are untuned guesses that do not converge (docs/ntm.md).
+    # BitsConfig.n_test_per_length sizes the held-out set; eval.limit is unused.
     **{
         name: TaskSpec(
             "bits",
             "BitsConfig",
-            "bit_errors",
-            description=text,
+            text,
+            "bits",
+            train=dict(
+                steps=steps,
+                batch_size=16,
+                lr=3e-3,
+                schedule="cosine",
+                warmup=100,
+                checkpoint_every=250,
+            ),
+            eval=dict(limit=0),
             defaults=defaults,
-            interface="bits",
-            factory="make_task",
         )
-        for name, defaults, text in (
-            ("bit_copy", {"kind": "copy"}, "copy random 8-bit vectors (Graves 2014, sec. 4.1)"),
+        for name, steps, defaults, text in (
+            (
+                "bit_copy",
+                1500,
+                {"kind": "copy"},
+                "copy random 8-bit vectors (Graves 2014, sec. 4.1)",
+            ),
             (
                 "repeat_copy",
+                3000,
                 {"kind": "repeat_copy", "max_len": 10, "test_lengths": (20,)},
                 "copy a bit sequence K times, then an end marker (Graves 2014, sec. 4.2)",
             ),
             (
                 "associative_recall",
+                3000,
                 {"kind": "associative_recall", "min_len": 2, "max_len": 6, "test_lengths": (12,)},
                 "recall the item after a query item (Graves 2014, sec. 4.3)",
             ),

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from attnzoo.core.checks import fail
+from attnzoo.tasks.base import EvalConfig
 from attnzoo.tasks.text import Example, Splits
+from attnzoo.tasks.translation import TranslationTask
 
 KINDS = ("copy", "reverse", "sort")
 
@@ -87,3 +89,10 @@ def make_splits(config: SequenceConfig | None = None) -> Splits:
 
 def detokenize(tokens: Sequence[str]) -> str:
     return " ".join(tokens)
+
+
+def make_task(config: SequenceConfig, *, seed: int, eval_config: EvalConfig) -> TranslationTask:
+    """The task the runs layer builds: this module's splits, scored by exact_match."""
+    return TranslationTask(
+        make_splits(config), detokenize, metric="exact_match", seed=seed, eval_config=eval_config
+    )

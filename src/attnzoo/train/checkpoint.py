@@ -1,10 +1,13 @@
 """Checkpoints: safetensors for every tensor, JSON for everything else, written atomically.
 
 A checkpoint is a folder `step_{N:08d}/` holding `tensors.safetensors` (model weights under
-`model.`, optimizer tensors under `optimizer.`, the torch RNG state under `rng.`) and
+`model.`, optimizer tensors under `optimizer.`, the torch RNG states under `rng.`: the CPU's,
+and the GPU's of a model on CUDA) and
 `state.json` (optimizer hyper-parameters, schedule, step, Python RNG). `latest.json` names
 the newest complete one; it is written last, so a run killed mid-save resumes from the
-previous checkpoint. Nothing is ever unpickled.
+previous checkpoint. Nothing is ever unpickled. Tensors are saved from the CPU and loaded
+onto `map_location` (by default the model's device), so a run saved on one device resumes or
+evaluates on another.
 """
 
 from __future__ import annotations
@@ -74,6 +77,9 @@ def save_checkpoint(
             else:
                 opt_scalars[f"{pid}.{name}"] = value
     tensors["rng.torch"] = torch.get_rng_state()
+    device = _device(model)
+    if device.type == "cuda":
+        tensors["rng.cuda"] = torch.cuda.get_rng_state(device)
     state = {
         "step": step,
         "optimizer": {"param_groups": opt["param_groups"], "scalars": opt_scalars},
@@ -108,15 +114,31 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return Path(directory) / json.loads(pointer.read_text())["path"]
 
 
-def load_weights(folder: Path) -> dict[str, torch.Tensor]:
+def _device(model) -> torch.device:
+    param = next(model.parameters(), None)
+    return torch.device("cpu") if param is None else param.device
+
+
+def _load(folder: Path, map_location: torch.device | str) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors: the model's and the task's on `map_location`; the RNG
+    states and the optimizer's on the CPU (`optimizer.load_state_dict` moves each state to
+    its parameter's device, except AdamW's step counts, which belong on the CPU)."""
     tensors = load_tensors((Path(folder) / "tensors.safetensors").read_bytes())
+    mapped = ("model.", "task.")
+    return {k: v.to(map_location) if k.startswith(mapped) else v for k, v in tensors.items()}
+
+
+def load_weights(folder: Path, map_location: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """The model weights of a checkpoint, on `map_location`."""
+    tensors = _load(folder, map_location)
     return {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
 
 
-def load_checkpoint(folder: Path, model, optimizer, scheduler, task=None) -> int:
-    """Restore model, optimizer, schedule, RNG and task states; returns the step saved."""
+def load_checkpoint(folder: Path, model, optimizer, scheduler, task=None, map_location=None) -> int:
+    """Restore model, optimizer, schedule, RNG and task states; returns the step saved.
+    Tensors go to `map_location`, by default the model's device."""
     folder = Path(folder)
-    tensors = load_tensors((folder / "tensors.safetensors").read_bytes())
+    tensors = _load(folder, map_location or _device(model))
     state = json.loads((folder / "state.json").read_text())
     model.load_state_dict(
         {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
@@ -136,5 +158,7 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler, task=None) -> int
     if hasattr(task, "load_state_dict"):
         task.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("task.")})
     torch.set_rng_state(tensors["rng.torch"])
+    if "rng.cuda" in tensors and _device(model).type == "cuda":
+        torch.cuda.set_rng_state(tensors["rng.cuda"], _device(model))
     random.setstate(_tupled(state["python_rng"]))
     return int(state["step"])

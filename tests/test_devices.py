@@ -1,0 +1,123 @@
+"""Every registered model trains a step of a fitting task on every device of the `device`
+fixture (cpu, meta, cuda where present): the batch, the loss and every gradient live there.
+
+`meta` computes shapes and devices without values, so a tensor made on the default device
+instead of its inputs', or a value read in a loss, fails here without a GPU.
+"""
+
+import copy
+import dataclasses
+import functools
+
+import pytest
+import torch
+
+from attnzoo import runs
+from attnzoo.models.registry import MODELS
+from attnzoo.tasks.base import MissingDataDependency, Task
+from attnzoo.tasks.registry import TASKS
+
+# Small values for whichever of these fields a config has (field names, not models or tasks:
+# a new model or task is covered without touching this file).
+TINY = {
+    "task": {
+        "n_train": 40,
+        "n_valid": 4,
+        "n_test": 4,
+        "max_len": 5,
+        "n_test_per_length": 1,
+        "test_lengths": "6",
+        "context": 8,
+        "n_valid_chars": 200,
+        "n_test_chars": 300,
+    },
+    "model": {
+        "hidden": 8,
+        "embed_dim": 8,
+        "attn_hidden": 8,
+        "d_model": 16,
+        "heads": 2,
+        "d_ff": 32,
+        "layers_enc": 1,
+        "layers_dec": 1,
+        "controller_size": 8,
+        "memory_rows": 8,
+        "memory_cols": 4,
+        "layers": 1,
+    },
+    "eval": {"limit": 2, "batch_size": 4},
+    "train": {"threads": 1},
+}
+
+
+def tiny_config(model: str, task: str) -> dict:
+    config = runs.default_config(model, task)
+    sets = [
+        f"{section}.{name}={value}"
+        for section, values in TINY.items()
+        for name, value in values.items()
+        if name in config[section]
+    ]
+    return runs.apply_overrides(config, sets)
+
+
+@functools.cache
+def built(model: str):
+    """(task, model on the CPU, names of the parameters a CPU step gives a gradient) for the
+    first task in TASKS that fits `model` and whose data packages are installed."""
+    for name, spec in TASKS.items():
+        if spec.interface != MODELS[model].interface:
+            continue
+        try:
+            task, net = runs.build(tiny_config(model, name))
+        except MissingDataDependency:
+            continue
+        reference = copy.deepcopy(net).train()
+        loss, _ = task.loss(reference, task.batch(0, 2, "cpu"))
+        loss.backward()
+        graded = {n for n, p in reference.named_parameters() if p.grad is not None}
+        return task, net, graded
+    pytest.skip(f"no task for {model} has its data packages installed")
+
+
+def on(tensor: torch.Tensor, device: torch.device) -> bool:
+    return tensor.device.type == device.type and device.index in (None, tensor.device.index)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_training_step_runs_on_the_device(name, device):
+    task, cpu_model, graded = built(name)
+    assert isinstance(task, Task)
+    model = copy.deepcopy(cpu_model).to(device).train()
+    batch = task.batch(0, 2, device)
+    loss, count = task.loss(model, batch)
+    assert on(loss, device) and loss.dim() == 0
+    assert isinstance(count, int) and count > 0
+    loss.backward()
+    assert graded, "the CPU step gave no parameter a gradient"
+    for param_name, param in model.named_parameters():
+        assert on(param, device), param_name
+        if param_name in graded:
+            assert param.grad is not None, param_name
+            assert on(param.grad, device), param_name
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_evaluation_runs_on_the_models_device(name, device):
+    if device.type == "meta":
+        pytest.skip("evaluation decodes: it reads values")
+    task, cpu_model, _ = built(name)
+    model = copy.deepcopy(cpu_model).to(device).eval()
+    with torch.no_grad():
+        metrics = task.evaluate(model)
+    assert metrics
+
+
+def test_tiny_configs_shrink_every_registered_pair():
+    """The overrides above reach every model and task config (a config with none of these
+    fields would make the device tests slow, not wrong)."""
+    for model, mspec in MODELS.items():
+        fitting = [t for t, s in TASKS.items() if s.interface == mspec.interface]
+        config = tiny_config(model, fitting[0])
+        default = dataclasses.asdict(mspec.preset())
+        assert config["model"] != default, model
