@@ -56,7 +56,7 @@ def tiny_config(model: str, task: str) -> dict:
         f"{section}.{name}={value}"
         for section, values in TINY.items()
         for name, value in values.items()
-        if name in config[section]
+        if config[section].get(name, None) is not None  # None: a field this model does not read
     ]
     return runs.apply_overrides(config, sets)
 

@@ -20,7 +20,6 @@ TINY = [
     "task.n_test=40",
     "model.hidden=16",
     "model.embed_dim=8",
-    "model.attn_hidden=16",
     "train.steps=40",
     "train.batch_size=16",
     "train.log_every=10",
