@@ -150,6 +150,7 @@ def training(c: dict, dropout: float, repeats: int) -> tuple[dict, str | None]:
         models["torch"].eval()
         a, b = loss_of("attnzoo", models["attnzoo"]), loss_of("torch", models["torch"])
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        loss_difference = float((a - b).abs())
 
     def step(name, model, optimizer, bf16=False):
         model.train()
@@ -175,7 +176,7 @@ def training(c: dict, dropout: float, repeats: int) -> tuple[dict, str | None]:
         )
     times = time_interleaved(fns, repeats=repeats, warmup=2)
     tokens = c["batch"] * c["length"]
-    row = {"dropout": dropout, **{k: c[k] for k in FULL}}
+    row = {"dropout": dropout, **{k: c[k] for k in FULL}, "loss_difference": loss_difference}
     for name, ts in times.items():
         row[f"{name}_ms"] = median(ts) * 1e3
         row[f"{name}_tokens_per_s"] = tokens / median(ts)
