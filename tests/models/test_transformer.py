@@ -487,3 +487,36 @@ def test_language_model_on_any_device(device, kw):
         log_probs, state = model.decode_step(tokens[:, t], state)
         assert log_probs.device.type == device.type and log_probs.shape == (2, V_TGT)
     assert state.caches[0].length == 3 and state.caches[0].key.device.type == device.type
+
+
+# -- 7. checkpoints saved before the fused in-projection ----------------------------------------
+
+
+def _old_layout(state: dict) -> dict:
+    """A state dict as saved before the fusion: every `in_proj` split into the separate
+    q_proj, k_proj and v_proj layers it replaced."""
+    old = {}
+    for key, value in state.items():
+        prefix, _, field = key.rpartition("in_proj.")
+        if not _:
+            old[key] = value
+            continue
+        for name, part in zip("qkv", value.chunk(3), strict=True):
+            old[f"{prefix}{name}_proj.{field}"] = part.clone()
+    return old
+
+
+def test_checkpoint_of_the_old_layout_loads_and_gives_the_same_outputs():
+    torch.manual_seed(1)
+    saved = make(pre_norm=True).eval()
+    state = _old_layout(saved.state_dict())
+    assert any(k.endswith("cross_attention.k_proj.weight") for k in state)
+    assert not any("in_proj" in k for k in state)
+    torch.manual_seed(2)
+    model = make(pre_norm=True).eval()
+    model.load_state_dict(state)  # strict
+    source, lengths, target_in, _ = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(source, lengths, target_in).logits, saved(source, lengths, target_in).logits
+        )
