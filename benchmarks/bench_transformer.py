@@ -68,12 +68,13 @@ class TorchSeq2Seq(nn.Module):
         return self.drop(emb(ids) * math.sqrt(self.d) + pe)
 
     def forward(self, source, lengths, target_in):
-        pad = torch.arange(source.shape[1])[None, :] >= lengths[:, None]  # True = ignore
+        positions = torch.arange(source.shape[1], device=source.device)  # (j,)
+        pad = positions[None, :] >= lengths[:, None]  # (b, j), True = ignore
         t = target_in.shape[1]
         hidden = self.transformer(
             self.embed(self.source_embed, source),
             self.embed(self.target_embed, target_in),
-            tgt_mask=nn.Transformer.generate_square_subsequent_mask(t),
+            tgt_mask=nn.Transformer.generate_square_subsequent_mask(t, device=source.device),
             tgt_is_causal=True,
             src_key_padding_mask=pad,
             memory_key_padding_mask=pad,
@@ -139,7 +140,9 @@ def training(c: dict, dropout: float, repeats: int) -> tuple[dict, str | None]:
 
     def loss_of(name, model):
         if name == "x_transformers":
-            mask = torch.arange(source.shape[1])[None] < lengths[:, None]  # True = real
+            mask = (
+                torch.arange(source.shape[1], device=source.device)[None] < lengths[:, None]
+            )  # True = real
             return model(source, target, mask=mask)
         logits = model(source, lengths, target_in)
         logits = logits.logits if name == "attnzoo" else logits
