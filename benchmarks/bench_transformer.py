@@ -68,12 +68,13 @@ class TorchSeq2Seq(nn.Module):
         return self.drop(emb(ids) * math.sqrt(self.d) + pe)
 
     def forward(self, source, lengths, target_in):
-        pad = torch.arange(source.shape[1])[None, :] >= lengths[:, None]  # True = ignore
+        positions = torch.arange(source.shape[1], device=source.device)  # (j,)
+        pad = positions[None, :] >= lengths[:, None]  # (b, j), True = ignore
         t = target_in.shape[1]
         hidden = self.transformer(
             self.embed(self.source_embed, source),
             self.embed(self.target_embed, target_in),
-            tgt_mask=nn.Transformer.generate_square_subsequent_mask(t),
+            tgt_mask=nn.Transformer.generate_square_subsequent_mask(t, device=source.device),
             tgt_is_causal=True,
             src_key_padding_mask=pad,
             memory_key_padding_mask=pad,
@@ -139,7 +140,9 @@ def training(c: dict, dropout: float, repeats: int) -> tuple[dict, str | None]:
 
     def loss_of(name, model):
         if name == "x_transformers":
-            mask = torch.arange(source.shape[1])[None] < lengths[:, None]  # True = real
+            mask = (
+                torch.arange(source.shape[1], device=source.device)[None] < lengths[:, None]
+            )  # True = real
             return model(source, target, mask=mask)
         logits = model(source, lengths, target_in)
         logits = logits.logits if name == "attnzoo" else logits
@@ -150,6 +153,7 @@ def training(c: dict, dropout: float, repeats: int) -> tuple[dict, str | None]:
         models["torch"].eval()
         a, b = loss_of("attnzoo", models["attnzoo"]), loss_of("torch", models["torch"])
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        loss_difference = float((a - b).abs())
 
     def step(name, model, optimizer, bf16=False):
         model.train()
@@ -175,7 +179,7 @@ def training(c: dict, dropout: float, repeats: int) -> tuple[dict, str | None]:
         )
     times = time_interleaved(fns, repeats=repeats, warmup=2)
     tokens = c["batch"] * c["length"]
-    row = {"dropout": dropout, **{k: c[k] for k in FULL}}
+    row = {"dropout": dropout, **{k: c[k] for k in FULL}, "loss_difference": loss_difference}
     for name, ts in times.items():
         row[f"{name}_ms"] = median(ts) * 1e3
         row[f"{name}_tokens_per_s"] = tokens / median(ts)

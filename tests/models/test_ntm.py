@@ -400,3 +400,34 @@ def test_lstm_baseline_shapes():
     model = LSTMBaseline(lstm(hidden=7, layers=2), 6, 4)
     out = model(torch.rand(3, 5, 6), return_weights=True)
     assert out.logits.shape == (3, 5, 4)
+
+
+# --- any device: built on it, run on it (meta: shapes and devices without values) ---------
+
+
+@pytest.mark.parametrize(
+    "kw", VARIANTS, ids=lambda kw: "-".join(map(str, kw.values())) or "default"
+)
+def test_ntm_on_any_device(device, kw):
+    config = tiny(**kw)
+    with device:
+        model = NTM(config, 6, 4)
+    assert {t.device.type for t in [*model.parameters(), *model.buffers()]} == {device.type}
+    x = torch.rand(3, 7, 6).to(device)
+    out = model(x, return_weights=True)
+    assert out.logits.shape == (3, 7, 4)
+    assert out.memory.shape == (3, 7, 9, 5)
+    assert all(t.device.type == device.type for t in out)
+    out.logits.sum().backward()
+    for p in model.parameters():
+        assert p.grad is not None and p.grad.device.type == device.type
+
+
+def test_lstm_baseline_on_any_device(device):
+    with device:
+        model = LSTMBaseline(lstm(hidden=7, layers=2), 6, 4)
+    x = torch.rand(3, 5, 6).to(device)
+    out = model(x)
+    assert out.logits.device.type == device.type and out.logits.shape == (3, 5, 4)
+    out.logits.sum().backward()
+    assert all(p.grad.device.type == device.type for p in model.parameters())

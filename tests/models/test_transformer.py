@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -5,9 +6,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnzoo import MultiHeadAttention
 from attnzoo.core import sinusoidal_encoding
 from attnzoo.decoding import beam_search, greedy
-from attnzoo.models.transformer import Transformer, TransformerConfig, TransformerLM, base, tiny
+from attnzoo.models.transformer import (
+    POSITIONS,
+    Transformer,
+    TransformerConfig,
+    TransformerLM,
+    _init_linear,
+    base,
+    tiny,
+)
 
 V_SRC, V_TGT = 13, 11
 
@@ -35,11 +45,9 @@ def _one_thread():
 SMALL = dict(d_model=16, heads=2, layers_enc=2, layers_dec=2, d_ff=24, dropout=0.0)
 
 
-def make(**kw):
-    defaults = {**SMALL, **kw}
-    defaults.setdefault("max_source_len", 9)
-    defaults.setdefault("max_target_len", 24)
-    return Transformer(TransformerConfig(**defaults), V_SRC, V_TGT)
+def make(max_source_len=9, max_target_len=24, **kw):
+    config = TransformerConfig(**{**SMALL, **kw})
+    return Transformer(config, V_SRC, V_TGT, max_source_len, max_target_len)
 
 
 VARIANTS = [
@@ -167,10 +175,16 @@ def test_every_variant(kw):
 
 
 def test_variants_cover_every_option():
-    seen = {k: {kw.get(k) for kw in VARIANTS} for k in ("pre_norm", "positions", "tie_embeddings")}
-    assert {True, None} <= seen["pre_norm"] and {"learned", None} <= seen["positions"]
-    assert {False, None} <= seen["tie_embeddings"]
-    assert True in {kw.get("final_norm") for kw in VARIANTS}
+    """Every value of every choice field of the config, read from the code: a new option
+    fails here until a variant runs it."""
+    default = TransformerConfig()
+    configs = [TransformerConfig(**{**SMALL, **kw}) for kw in VARIANTS]
+    fields = dataclasses.fields(TransformerConfig)
+    choices = {f.name: {False, True} for f in fields if isinstance(getattr(default, f.name), bool)}
+    choices["positions"] = set(POSITIONS)
+    assert choices.keys() >= {"pre_norm", "final_norm", "tie_embeddings", "positions"}
+    for name, values in choices.items():
+        assert {getattr(c, name) for c in configs} == values, name
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(pre_norm=True, positions="learned")])
@@ -250,6 +264,8 @@ def test_odd_sizes():
         TransformerConfig(d_model=6, heads=3, layers_enc=1, layers_dec=1, d_ff=5, dropout=0.0),
         5,
         3,
+        4,
+        4,
     ).eval()
     source = torch.tensor([[4]])
     out = model(source, torch.tensor([1]), torch.tensor([[1]]), return_weights=True)
@@ -290,12 +306,25 @@ def test_presets_cite_the_paper_sizes():
         (dict(positions="rotary"), "'positions' expected one of"),
         (dict(dropout=1.0), "'dropout'"),
         (dict(layers_enc=0), "'layers_enc' expected a positive int"),
-        (dict(max_target_len=0), "'max_target_len'"),
     ],
 )
 def test_config_errors(kw, pattern):
     with pytest.raises(ValueError, match=pattern):
         TransformerConfig(**kw)
+
+
+def test_sizes_are_constructor_arguments():
+    names = {f.name for f in dataclasses.fields(TransformerConfig)}
+    assert not names & {"max_source_len", "max_target_len"}
+    with pytest.raises(ValueError, match="'max_target_len' expected a positive int"):
+        make(max_target_len=0)
+    with pytest.raises(ValueError, match="'source_vocab' expected a positive int"):
+        Transformer(TransformerConfig(**SMALL), 0, V_TGT, 9, 9)
+    with pytest.raises(ValueError, match="'max_len' expected a positive int"):
+        TransformerLM(TransformerConfig(**SMALL), V_TGT, 0)
+    assert make(positions="learned", max_source_len=9).source_embed.positions.max_len == 9
+    lm = TransformerLM(TransformerConfig(**{**SMALL, "positions": "learned"}), V_TGT, 7)
+    assert lm.embed.positions.max_len == 7
 
 
 def test_input_errors_name_the_argument():
@@ -312,23 +341,38 @@ def test_input_errors_name_the_argument():
         learned(source, lengths, target_in)
 
 
-def test_registry_and_runs_build_a_transformer():
-    from attnzoo import runs
+def test_registry_presets_build_a_transformer():
+    """The registry's presets build the model with the sizes the runs layer passes
+    (`task.model_dims()`), here given directly."""
     from attnzoo.models.registry import MODELS
 
     assert MODELS["transformer"].config_class is TransformerConfig
     assert MODELS["transformer-base"].preset().d_model == 512
-    config = runs.default_config("transformer", "reverse")
-    config = runs.apply_overrides(
-        config,
-        ["task.n_train=50", "task.n_valid=5", "task.n_test=5", "model.positions=learned",
-         "model.final_norm=false", "model.pre_norm=true"],
-    )  # fmt: skip
-    task, model = runs.build(config)
+    config = MODELS["transformer"].preset(
+        d_model=16, heads=2, d_ff=24, positions="learned", pre_norm=True
+    )
+    dims = dict(source_vocab=V_SRC, target_vocab=V_TGT, max_source_len=7, max_target_len=6)
+    model = MODELS["transformer"].model_class(config, **dims)
     assert isinstance(model, Transformer) and model.config.pre_norm
-    assert model.config.max_source_len == task.max_source_len
-    loss, count = task.loss(model, task.batch(0, 4))
-    assert torch.isfinite(loss) and count > 0
+    assert model.source_embed.positions.max_len == 7
+    source, lengths, target_in, _ = batch(t=6)
+    assert torch.isfinite(model(source, lengths, target_in).logits).all()
+
+
+def test_init_is_xavier_per_projection_block():
+    """The fused [W_q; W_k; W_v] gets the initial weights of three separate (d, d) layers
+    under Xavier-uniform, drawn in the same order (the init before the fusion)."""
+    mha = MultiHeadAttention(16, 2)
+    torch.manual_seed(5)
+    _init_linear(mha)
+    separate = [nn.Linear(16, 16) for _ in range(4)]  # q, k, v, out
+    torch.manual_seed(5)
+    for layer in separate:
+        nn.init.xavier_uniform_(layer.weight)
+    expected = torch.cat([layer.weight for layer in separate[:3]])
+    assert torch.equal(mha.in_proj.weight, expected)
+    assert torch.equal(mha.out_proj.weight, separate[3].weight)
+    assert (mha.in_proj.bias == 0).all()
 
 
 # -- 5. the decoder-only language model --------------------------------------------------------
@@ -336,7 +380,7 @@ def test_registry_and_runs_build_a_transformer():
 
 @pytest.mark.parametrize("kw", [dict(), dict(pre_norm=True, positions="learned")])
 def test_language_model_shapes_causality_and_caches(kw):
-    model = TransformerLM(TransformerConfig(**{**SMALL, **kw}), V_TGT).eval()
+    model = TransformerLM(TransformerConfig(**{**SMALL, **kw}), V_TGT, 12).eval()
     tokens = torch.randint(1, V_TGT, (3, 6))
     out = model(tokens, return_weights=True)
     assert out.logits.shape == (3, 6, V_TGT)
@@ -364,7 +408,7 @@ def test_language_model_shapes_causality_and_caches(kw):
 
 
 def test_language_model_learns_a_repeating_sequence():
-    model = TransformerLM(TransformerConfig(**{**SMALL, "d_model": 32, "d_ff": 64}), V_TGT)
+    model = TransformerLM(TransformerConfig(**{**SMALL, "d_model": 32, "d_ff": 64}), V_TGT, 12)
     tokens = torch.tensor([[1, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6]])
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(80):
@@ -384,3 +428,95 @@ def test_sinusoidal_table_and_its_fallback_agree():
     beyond = model.target_embed(tokens)  # 6 > max_target_len: computed, not looked up
     torch.testing.assert_close(inside, beyond[:, :3])
     assert "target_embed.table" not in model.state_dict()
+
+
+# -- 6. any device: built on it, run on it (meta: shapes and devices without values) ----------
+
+
+DEVICE_VARIANTS = [
+    dict(),
+    dict(pre_norm=True),
+    dict(positions="learned"),
+    dict(pre_norm=True, positions="learned"),
+]
+
+
+def _ids(kw):
+    return "-".join(f"{k}={v}" for k, v in kw.items()) or "post-LN-sinusoidal"
+
+
+@pytest.mark.parametrize("kw", DEVICE_VARIANTS, ids=_ids)
+def test_transformer_on_any_device(device, kw):
+    with device:
+        model = make(**kw)
+    assert {p.device.type for p in model.parameters()} == {device.type}
+    source, lengths, target_in, _ = (t.to(device) for t in batch())
+    out = model(source, lengths, target_in, return_weights=True)
+    assert out.logits.device.type == device.type and out.logits.shape == (3, 5, V_TGT)
+    assert out.weights.device.type == device.type and out.weights.shape == (3, 5, 7)
+    model(source, lengths, target_in).logits.sum().backward()
+    for p in model.parameters():
+        assert p.grad is not None and p.grad.device.type == device.type
+    model.eval()
+    memory = model.encode(source, lengths)
+    assert memory.attend_mask is not None  # padded rows; on meta the mask is always kept
+    for cache in (True, False):
+        state = model.start(memory, cache=cache)
+        for t in range(3):
+            log_probs, state = model.decode_step(target_in[:, t], state)
+            assert log_probs.device.type == device.type and log_probs.shape == (3, V_TGT)
+        if cache:
+            assert state.self_caches[0].length == 3
+            assert state.self_caches[0].key.device.type == device.type
+        moved = state.reorder(torch.tensor([2, 0, 1], device=device))
+        assert moved.memory.device.type == device.type
+
+
+@pytest.mark.parametrize("kw", DEVICE_VARIANTS, ids=_ids)
+def test_language_model_on_any_device(device, kw):
+    with device:
+        model = TransformerLM(TransformerConfig(**{**SMALL, **kw}), V_TGT, 8)
+    tokens = torch.randint(1, V_TGT, (2, 6)).to(device)
+    out = model(tokens, return_weights=True)
+    assert out.logits.device.type == device.type and out.logits.shape == (2, 6, V_TGT)
+    assert all(w.device.type == device.type for w in out.weights)
+    out.logits.sum().backward()
+    assert all(p.grad.device.type == device.type for p in model.parameters())
+    state = model.start()
+    for t in range(3):
+        log_probs, state = model.decode_step(tokens[:, t], state)
+        assert log_probs.device.type == device.type and log_probs.shape == (2, V_TGT)
+    assert state.caches[0].length == 3 and state.caches[0].key.device.type == device.type
+
+
+# -- 7. checkpoints saved before the fused in-projection ----------------------------------------
+
+
+def _old_layout(state: dict) -> dict:
+    """A state dict as saved before the fusion: every `in_proj` split into the separate
+    q_proj, k_proj and v_proj layers it replaced."""
+    old = {}
+    for key, value in state.items():
+        prefix, _, field = key.rpartition("in_proj.")
+        if not _:
+            old[key] = value
+            continue
+        for name, part in zip("qkv", value.chunk(3), strict=True):
+            old[f"{prefix}{name}_proj.{field}"] = part.clone()
+    return old
+
+
+def test_checkpoint_of_the_old_layout_loads_and_gives_the_same_outputs():
+    torch.manual_seed(1)
+    saved = make(pre_norm=True).eval()
+    state = _old_layout(saved.state_dict())
+    assert any(k.endswith("cross_attention.k_proj.weight") for k in state)
+    assert not any("in_proj" in k for k in state)
+    torch.manual_seed(2)
+    model = make(pre_norm=True).eval()
+    model.load_state_dict(state)  # strict
+    source, lengths, target_in, _ = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(source, lengths, target_in).logits, saved(source, lengths, target_in).logits
+        )

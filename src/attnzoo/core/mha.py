@@ -49,6 +49,36 @@ def _per_head_score(score: Score | str, d_head: int) -> Score:
     return make_score(score, d_head, d_head) if isinstance(score, str) else resolve_score(score)
 
 
+class StackedLinear(nn.Linear):
+    """`blocks` linear maps of one input stacked into one layer: weight (blocks * out_features,
+    in_features), so a single matmul computes all of them (e.g. [W_q; W_k; W_v], the
+    `in_proj_weight` of `torch.nn.MultiheadAttention`).
+
+    Each block is initialised as its own `nn.Linear(in_features, out_features)` would be, in
+    block order (weight, then bias, per block): from one seed, the same numbers as `blocks`
+    separate layers created one after the other. `block_views()` gives each block's
+    (weight, bias) views for initialisers that must see a block's own fan-in and fan-out.
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, blocks: int, bias: bool = True, **factory
+    ):
+        self.blocks = blocks  # read by reset_parameters, which nn.Linear.__init__ calls
+        super().__init__(in_features, blocks * out_features, bias, **factory)
+
+    def block_views(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        rows = self.out_features // self.blocks
+        biases = [None] * self.blocks if self.bias is None else self.bias.split(rows)
+        return list(zip(self.weight.split(rows), biases, strict=True))
+
+    def reset_parameters(self) -> None:
+        bound = self.in_features**-0.5 if self.in_features > 0 else 0.0
+        for weight, bias in self.block_views():  # nn.Linear.reset_parameters, per block
+            nn.init.kaiming_uniform_(weight, a=5**0.5)
+            if bias is not None:
+                nn.init.uniform_(bias, -bound, bound)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with any score.
 
@@ -60,6 +90,14 @@ class MultiHeadAttention(nn.Module):
         d_memory: feature size of the memory in cross-attention (defaults to d_model).
         bias: biases in the four projections.
         dropout: on the attention weights, in training mode.
+
+    Parameters: with d_memory == d_model, one fused in-projection `in_proj` (a `StackedLinear`,
+    weight [W_q; W_k; W_v] of shape (3 d_model, d_model), as `torch.nn.MultiheadAttention`'s
+    `in_proj_weight`): self-attention projects with one matmul, cross-attention uses its query
+    rows on the query and its key/value rows on the memory. With d_memory != d_model, separate
+    `q_proj`, `k_proj`, `v_proj`. Then `out_proj`. A state dict of the earlier layout
+    (`q_proj.*`, `k_proj.*`, `v_proj.*` for every d_memory) still loads: see
+    `_load_from_state_dict`.
     """
 
     def __init__(
@@ -84,43 +122,64 @@ class MultiHeadAttention(nn.Module):
         self.d_model, self.num_heads = d_model, num_heads
         self.d_head = d_model // num_heads
         self.dropout = dropout
-        d_memory = d_model if d_memory is None else d_memory
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_memory, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_memory, d_model, bias=bias)
+        self.d_memory = d = d_model if d_memory is None else d_memory
+        # Created in the order of the earlier q_proj, k_proj, v_proj layers, each initialised
+        # as they were: one seed gives the same initial weights as before the fusion.
+        if d == d_model:
+            self.in_proj = StackedLinear(d_model, d_model, 3, bias=bias)
+            self.q_proj = self.k_proj = self.v_proj = None
+        else:
+            self.in_proj = None
+            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.k_proj = nn.Linear(d, d_model, bias=bias)
+            self.v_proj = nn.Linear(d, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.score = _per_head_score(score, self.d_head)
 
-    def _split(self, x: torch.Tensor) -> torch.Tensor:
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Load hook: a state dict of the earlier layout (separate `q_proj`, `k_proj`, `v_proj`
+        also when d_memory == d_model) has its three projections stacked into `in_proj`."""
+        old = [f"{prefix}{name}_proj." for name in "qkv"]
+        if self.in_proj is not None and f"{old[0]}weight" in state_dict:
+            for field in ("weight", "bias"):
+                parts = [state_dict.pop(f"{o}{field}") for o in old if f"{o}{field}" in state_dict]
+                if parts:
+                    state_dict[f"{prefix}in_proj.{field}"] = torch.cat(parts)  # (3 d_model, ...)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _heads(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+        """n projections side by side (batch, len, n * d_model) -> n x (batch, heads, len,
+        d_head), each contiguous: SDPA ran ~20% slower on the strided views."""
         b, t, _ = x.shape
-        x = x.view(b, t, self.num_heads, self.d_head)  # (b, t, h, d_head)
-        return x.transpose(1, 2).contiguous()  # (b, h, t, d_head)
-
-    def _stacked_projection(self):
-        """[W_q; W_k; W_v] and their biases. Concatenated per call while autograd records;
-        otherwise cached, keyed on the parameters' storage and version counters, so cached
-        decoding does not copy 3 * d_model^2 floats at every step (measured: 18% of a step)."""
-        params = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
-        if self.q_proj.bias is not None:
-            params += [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]
-
-        def stack():
-            return torch.cat(params[:3]), torch.cat(params[3:]) if len(params) > 3 else None
-
-        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-            return stack()
-        key = tuple((p.data_ptr(), p._version) for p in params)
-        if getattr(self, "_stacked_key", None) != key:
-            self._stacked, self._stacked_key = stack(), key
-        return self._stacked
+        x = x.view(b, t, n, self.num_heads, self.d_head)  # (b, t, n, h, d_head)
+        return x.permute(2, 0, 3, 1, 4).contiguous().unbind(0)  # n x (b, h, t, d_head)
 
     def _project_self(self, x: torch.Tensor):
-        """q, k, v of x with one matmul (the three projections stacked)."""
-        weight, bias = self._stacked_projection()
-        b, t, _ = x.shape
-        qkv = F.linear(x, weight, bias).view(b, t, 3, self.num_heads, self.d_head)
-        # contiguous (b, h, t, d_head) blocks: SDPA ran ~20% slower on the strided views
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).contiguous()  # 3 x (b, h, t, d_head)
+        """q, k, v of x, each (batch, heads, len, d_head), with one matmul."""
+        if self.in_proj is None:
+            fail(
+                "MultiHeadAttention",
+                "memory",
+                f"a memory tensor: self-attention needs d_memory == d_model = {self.d_model}",
+                f"None with d_memory = {self.d_memory}",
+            )
+        return self._heads(self.in_proj(x), 3)
+
+    def _project_cross(self, query: torch.Tensor, memory: torch.Tensor | None):
+        """q of the query, and k, v of the memory (None: q only); each (batch, heads, len,
+        d_head). The fused layer's rows [:d_model] are W_q, its rows [d_model:] W_k and W_v."""
+        if self.in_proj is None:
+            q = self._heads(self.q_proj(query), 1)[0]
+            if memory is None:
+                return q, None, None
+            k, v = self._heads(self.k_proj(memory), 1)[0], self._heads(self.v_proj(memory), 1)[0]
+            return q, k, v
+        d, weight, bias = self.d_model, self.in_proj.weight, self.in_proj.bias
+        q = self._heads(F.linear(query, weight[:d], None if bias is None else bias[:d]), 1)[0]
+        if memory is None:
+            return q, None, None
+        kv = F.linear(memory, weight[d:], None if bias is None else bias[d:])  # (b, j, 2 d)
+        k, v = self._heads(kv, 2)
         return q, k, v
 
     def forward(
@@ -158,11 +217,11 @@ class MultiHeadAttention(nn.Module):
             )
         if memory is not None:
             check_tensor("MultiHeadAttention", "memory", memory, (3,))
-            if memory.shape[-1] != self.k_proj.in_features:
+            if memory.shape[-1] != self.d_memory:
                 fail(
                     "MultiHeadAttention",
                     "memory",
-                    f"last dimension d_memory = {self.k_proj.in_features}",
+                    f"last dimension d_memory = {self.d_memory}",
                     memory.shape[-1],
                 )
             if memory.shape[0] != query.shape[0]:
@@ -187,13 +246,12 @@ class MultiHeadAttention(nn.Module):
                     v = torch.cat([cache.value, v], dim=-2)
                 cache.key, cache.value = k, v
         else:
-            q = self._split(self.q_proj(query))  # (b, h, i, d_head)
-            if cache is not None and cache.static:
+            static = cache is not None and cache.static
+            q, k, v = self._project_cross(query, None if static else memory)  # (b, h, *, d_head)
+            if static:
                 k, v = cache.key, cache.value
-            else:
-                k, v = self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
-                if cache is not None:
-                    cache.key, cache.value, cache.static = k, v, True
+            elif cache is not None:
+                cache.key, cache.value, cache.static = k, v, True
 
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # shared by all heads: (b, 1, i, j)
@@ -261,20 +319,21 @@ class MultiHeadAttention(nn.Module):
             dropout=module.dropout,
         )
         new = new.to(device=module.out_proj.weight.device, dtype=module.out_proj.weight.dtype)
-        d = module.embed_dim
         with torch.no_grad():
-            if module._qkv_same_embed_dim:
-                wq, wk, wv = module.in_proj_weight.split(d)
+            if module._qkv_same_embed_dim:  # the same fused layout as ours
+                new.in_proj.weight.copy_(module.in_proj_weight)
             else:
-                wq, wk, wv = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
-            new.q_proj.weight.copy_(wq)
-            new.k_proj.weight.copy_(wk)
-            new.v_proj.weight.copy_(wv)
+                new.q_proj.weight.copy_(module.q_proj_weight)
+                new.k_proj.weight.copy_(module.k_proj_weight)
+                new.v_proj.weight.copy_(module.v_proj_weight)
             new.out_proj.weight.copy_(module.out_proj.weight)
             if has_bias:
-                bq, bk, bv = module.in_proj_bias.split(d)
-                new.q_proj.bias.copy_(bq)
-                new.k_proj.bias.copy_(bk)
-                new.v_proj.bias.copy_(bv)
+                if new.in_proj is not None:
+                    new.in_proj.bias.copy_(module.in_proj_bias)
+                else:
+                    bq, bk, bv = module.in_proj_bias.split(module.embed_dim)
+                    new.q_proj.bias.copy_(bq)
+                    new.k_proj.bias.copy_(bk)
+                    new.v_proj.bias.copy_(bv)
                 new.out_proj.bias.copy_(module.out_proj.bias)
         return new

@@ -16,7 +16,11 @@ cross-attention), a language model.
 Note:
     - Embeddings are initialised N(0, d_model^-0.5) so that the sqrt(d_model)-scaled embedding
       has unit variance, the scale of the positional encoding; the paper does not give its
-      initialisation. Linear weights are Xavier-uniform, as in `torch.nn.Transformer`.
+      initialisation. Linear weights are Xavier-uniform, as in `torch.nn.Transformer`, with
+      the fused [W_q; W_k; W_v] of each attention initialised per (d_model, d_model) block, as
+      three separate layers would be (bound sqrt(6 / (2 d_model))). `torch.nn.Transformer`
+      draws its fused `in_proj_weight` with the bound of the whole (3 d_model, d_model) matrix,
+      sqrt(6 / (4 d_model)); per block keeps the distribution this model always had.
     - The source and target vocabularies are separate here, so `tie_embeddings` shares the
       target embedding with the pre-softmax projection only (the paper also shares the source
       embedding, over one joint BPE vocabulary).
@@ -47,6 +51,7 @@ from attnzoo.core import (
     sinusoidal_encoding,
 )
 from attnzoo.core.checks import check_dropout, check_tensor, fail
+from attnzoo.core.mha import StackedLinear
 
 POSITIONS = ("sinusoidal", "learned")
 
@@ -63,8 +68,6 @@ class TransformerConfig:
     final_norm: bool = False  # LayerNorm after each stack also when post-LN (pre-LN: always)
     positions: str = "sinusoidal"  # sinusoidal | learned
     tie_embeddings: bool = True  # target embedding = pre-softmax weight (sec. 3.4)
-    max_source_len: int = 256  # learned positions only; the runs layer sets it from the data
-    max_target_len: int = 256  # learned positions only: longest decoded output
 
     def __post_init__(self):
         for name in ("d_model", "heads", "layers_enc", "layers_dec", "d_ff"):
@@ -83,9 +86,6 @@ class TransformerConfig:
                 "TransformerConfig", "positions", f"one of {list(POSITIONS)}", repr(self.positions)
             )
         check_dropout("TransformerConfig", self.dropout)
-        for name in ("max_source_len", "max_target_len"):
-            if getattr(self, name) <= 0:
-                fail("TransformerConfig", name, "a positive int", getattr(self, name))
 
     @property
     def use_final_norm(self) -> bool:
@@ -247,11 +247,21 @@ class Embedder(nn.Module):
 
 
 def _init_linear(module: nn.Module) -> None:
+    """Xavier-uniform weights and zero biases; a `StackedLinear` (the fused in-projection) per
+    block, each with its own fan-in and fan-out (see the module Note)."""
     for m in module.modules():
         if isinstance(m, nn.Linear):
-            nn.init.xavier_uniform_(m.weight)
+            blocks = m.block_views() if isinstance(m, StackedLinear) else [(m.weight, m.bias)]
+            for weight, _ in blocks:
+                nn.init.xavier_uniform_(weight)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
+
+
+def _check_sizes(function: str, **sizes: int) -> None:
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            fail(function, name, "a positive int", value)
 
 
 def _check_tokens(function: str, argument: str, tokens: object, rank: int, what: str) -> None:
@@ -341,13 +351,30 @@ class Transformer(nn.Module):
     Args:
         config: `TransformerConfig`.
         source_vocab, target_vocab: vocabulary sizes (id 0 is padding).
+        max_source_len, max_target_len: the longest source and target (decoded output
+            included): the sizes of the learned position tables, and of the precomputed
+            sinusoidal ones (longer inputs compute their sinusoidal encoding).
     """
 
-    def __init__(self, config: TransformerConfig, source_vocab: int, target_vocab: int):
+    def __init__(
+        self,
+        config: TransformerConfig,
+        source_vocab: int,
+        target_vocab: int,
+        max_source_len: int,
+        max_target_len: int,
+    ):
         super().__init__()
+        _check_sizes(
+            "Transformer",
+            source_vocab=source_vocab,
+            target_vocab=target_vocab,
+            max_source_len=max_source_len,
+            max_target_len=max_target_len,
+        )
         c = self.config = config
-        self.source_embed = Embedder(source_vocab, c, c.max_source_len)
-        self.target_embed = Embedder(target_vocab, c, c.max_target_len)
+        self.source_embed = Embedder(source_vocab, c, max_source_len)
+        self.target_embed = Embedder(target_vocab, c, max_target_len)
         self.encoder = nn.ModuleList(EncoderLayer(c) for _ in range(c.layers_enc))
         self.decoder = nn.ModuleList(DecoderLayer(c) for _ in range(c.layers_dec))
         self.encoder_norm = nn.LayerNorm(c.d_model) if c.use_final_norm else None
@@ -371,7 +398,9 @@ class Transformer(nn.Module):
             fail("Transformer.encode", "lengths", f"a tensor of shape ({b},)", got)
         lengths = lengths.to(source.device)
         mask = padding_mask(lengths, j)  # (b, 1, j)
-        attend_mask = None if bool((lengths >= j).all()) else mask
+        # No padding: no mask (the faster path). The meta device has no values to look at.
+        unpadded = source.device.type != "meta" and bool((lengths >= j).all())
+        attend_mask = None if unpadded else mask
         x = self.source_embed(source)  # (b, j, d_model)
         weights = []
         for layer in self.encoder:
@@ -479,7 +508,7 @@ class Transformer(nn.Module):
     ) -> Transformer:
         """Build one with the weights of a `torch.nn.Transformer` (ReLU, biases on) and its
         input embeddings; `output` is the pre-softmax linear map (None: tied to
-        `target_embedding`).
+        `target_embedding`); `max_source_len` and `max_target_len` as in the constructor.
 
         Given sources embedded as `source_embedding(x) * sqrt(d_model) + PE`, and the same for
         targets, the module gives the same encoder and decoder outputs as ours, in eval mode
@@ -523,11 +552,15 @@ class Transformer(nn.Module):
             final_norm=module.encoder.norm is not None,
             positions=positions,
             tie_embeddings=output is None,
-            max_source_len=max_source_len,
-            max_target_len=max_target_len,
         )
         weight = module.encoder.layers[0].linear1.weight
-        new = cls(config, source_embedding.num_embeddings, target_embedding.num_embeddings)
+        new = cls(
+            config,
+            source_embedding.num_embeddings,
+            target_embedding.num_embeddings,
+            max_source_len,
+            max_target_len,
+        )
         new = new.to(device=weight.device, dtype=weight.dtype)
 
         def load_attention(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
@@ -590,18 +623,20 @@ class TransformerLM(nn.Module):
 
         p(x_t | x_<t) = softmax(W_o Decoder(Embed(x_<t)))
 
-    Uses `config.layers_dec` layers and `config.max_target_len` learned positions;
-    `layers_enc` and `max_source_len` are unused.
+    Uses `config.layers_dec` layers; `layers_enc` is unused.
 
     Args:
         config: `TransformerConfig`.
         vocab: vocabulary size (id 0 is padding).
+        max_len: the longest sequence (decoded tokens included): the size of the learned
+            position table, and of the precomputed sinusoidal one.
     """
 
-    def __init__(self, config: TransformerConfig, vocab: int):
+    def __init__(self, config: TransformerConfig, vocab: int, max_len: int):
         super().__init__()
+        _check_sizes("TransformerLM", vocab=vocab, max_len=max_len)
         c = self.config = config
-        self.embed = Embedder(vocab, c, c.max_target_len)
+        self.embed = Embedder(vocab, c, max_len)
         self.layers = nn.ModuleList(DecoderLayer(c, cross=False) for _ in range(c.layers_dec))
         self.norm = nn.LayerNorm(c.d_model) if c.use_final_norm else None
         self.output = nn.Linear(c.d_model, vocab)
