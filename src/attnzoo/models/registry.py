@@ -35,27 +35,7 @@ class ModelSpec:
         return type(self.preset())
 
     def build(self, config, task):
-        build = _BRIDGE.get(self.model_class, self.model_class)  # BRIDGE: build = model_class
-        return build(config, **task.model_dims())
-
-
-# ---- BRIDGE (delete at merge) -----------------------------------------------------------------
-# Until Seq2Seq, Transformer and TransformerLM take their sizes as constructor arguments, the
-# sizes a task names are written into the config fields these classes read them from today.
-def _transformer(config, source_vocab, target_vocab, max_source_len, max_target_len):
-    config = replace(config, max_source_len=max_source_len, max_target_len=max_target_len)
-    return transformer.Transformer(config, source_vocab, target_vocab)
-
-
-def _transformer_lm(config, vocab, max_len):
-    return transformer.TransformerLM(replace(config, max_target_len=max_len), vocab)
-
-
-_BRIDGE = {
-    transformer.Transformer: _transformer,
-    transformer.TransformerLM: _transformer_lm,
-}
-# ---- end of BRIDGE ----------------------------------------------------------------------------
+        return self.model_class(config, **task.model_dims())
 
 
 MODELS = {
