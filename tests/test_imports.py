@@ -94,9 +94,10 @@ ALLOWED = {
     "decoding": {"core"},
     "viz": {"core"},
     "train": {"core"},
+    "config": {"core"},
     "models": {"core", "decoding"},
     "tasks": {"core", "decoding", "viz"},
-    "runs": {"core", "train", "viz", "models", "tasks"},
+    "runs": {"core", "config", "train", "viz", "models", "tasks"},
     "cli": {"core", "runs", "models", "tasks"},
     "attnzoo": {"core"},
 }

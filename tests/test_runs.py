@@ -60,7 +60,7 @@ def test_build_sizes_the_location_score_to_the_data():
         ],
     )
     task, model = runs.build(config)
-    assert model.score.max_keys == task.max_source_len == 10
+    assert model.decoder.score.max_keys == task.model_dims()["max_source_len"] == 10
 
 
 def test_literal_fields_accept_only_their_choices():

@@ -7,7 +7,6 @@ exits with status 2; `--debug` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ def cmd_train(args) -> None:
     from attnzoo import runs
 
     if args.resume:
-        config = json.loads((Path(args.out) / "config.json").read_text())
+        config = runs.read_config(Path(args.out))
     else:
         config = runs.apply_overrides(runs.default_config(args.model, args.task), args.set)
     out = Path(args.out or f"runs/{config['model_name']}-{config['task_name']}")

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import typing
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from attnzoo import config as overrides
 from attnzoo.core.checks import fail
 from attnzoo.models.registry import MODELS
 from attnzoo.tasks.registry import TASKS, EvalConfig
@@ -54,56 +54,28 @@ def _classes(config: dict) -> dict[str, type]:
     }
 
 
-_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-
-
-def _parse(value: str, annotation, key: str):
-    """Parse `value` as the dataclass field's type (each member of a union in turn)."""
-    text = value.strip()
-    union = typing.get_origin(annotation) in (typing.Union, type(int | None))
-    kinds = typing.get_args(annotation) if union else (annotation,)
-    if type(None) in kinds and text.lower() == "none":
-        return None
-    for kind in kinds:
-        base, args = typing.get_origin(kind) or kind, typing.get_args(kind)
-        try:
-            if base is bool:
-                return _BOOLS[text.lower()]
-            if base in (int, float, str):
-                return base(text)
-            if base is tuple:
-                items = json.loads(text) if text.startswith("[") else text.split(",")
-                return tuple((args or (str,))[0](x) for x in items)
-            if base is typing.Literal and text in args:
-                return text
-        except (KeyError, ValueError, TypeError, json.JSONDecodeError):
-            continue
-    fail("attnzoo --set", key, f"a value of type {annotation}", repr(value))
-
-
 def apply_overrides(config: dict, sets: list[str]) -> dict:
-    """`section.field=value` strings -> config; an unknown key lists the valid ones."""
-    classes = _classes(config)
-    for item in sets:
-        if "=" not in item:
-            fail("attnzoo --set", "--set", "key=value (e.g. model.hidden=256)", repr(item))
-        key, value = item.split("=", 1)
-        section, _, name = key.strip().partition(".")
-        valid = sorted(f"{s}.{f.name}" for s in SECTIONS for f in dataclasses.fields(classes[s]))
-        if section not in SECTIONS or name not in config[section]:
-            fail("attnzoo --set", key, f"one of {', '.join(valid)}", repr(key))
-        hints = typing.get_type_hints(classes[section])
-        config[section][name] = _parse(value, hints[name], key)
-    _configs(config)  # every config dataclass's own checks run before any work
+    """`section.field=value` strings -> config; every section's own checks then run, before
+    any work."""
+    overrides.apply(config, _classes(config), sets)
+    _configs(config)
     return config
 
 
-def _tuples(d: dict) -> dict:
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-
-
 def _configs(config: dict) -> dict[str, Any]:
-    return {s: cls(**_tuples(config[s])) for s, cls in _classes(config).items()}
+    return {s: overrides.build(cls, config[s]) for s, cls in _classes(config).items()}
+
+
+def read_config(run_dir: Path) -> dict:
+    """A run directory's config.json, its model section in today's fields (a config written by
+    an earlier version is upgraded by its model's registry entry)."""
+    path = Path(run_dir) / "config.json"
+    if not path.exists():
+        fail("attnzoo", "DIR", "a run directory with config.json", str(run_dir))
+    config = json.loads(path.read_text())
+    if config.get("model_name") in MODELS:
+        config["model"] = MODELS[config["model_name"]].upgrade(config["model"])
+    return config
 
 
 def build(config: dict):
@@ -131,10 +103,7 @@ def run_train(config: dict, out: Path, *, resume: bool = False, progress: bool =
 def load_run(run_dir: Path, device: str = "auto"):
     """(config, task, model) of a run, the newest weights on `device` (as `train.device`)."""
     run_dir = Path(run_dir)
-    path = run_dir / "config.json"
-    if not path.exists():
-        fail("attnzoo", "DIR", "a run directory with config.json", str(run_dir))
-    config = json.loads(path.read_text())
+    config = read_config(run_dir)
     task, model = build(config)
     folder = latest_checkpoint(run_dir / "checkpoints")
     if folder is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from attnzoo.models import transformer
+from attnzoo.models import seq2seq, transformer
 from attnzoo.models.ntm import NTM, LSTMBaseline, lstm, ntm
 from attnzoo.models.pointer_net import PointerNet, PointerNetConfig
 from attnzoo.models.seq2seq import Seq2Seq, bahdanau, encdec, luong, simple
@@ -29,6 +29,8 @@ class ModelSpec:
     model_class: type
     description: str
     interface: str = "seq2seq"  # seq2seq | lm | pointer | bits (see the module docstring)
+    # a config.json "model" section written by an earlier version -> today's fields
+    upgrade: Callable[[dict], dict] = lambda fields: fields
 
     @property
     def config_class(self) -> type:
@@ -40,33 +42,43 @@ class ModelSpec:
 
 MODELS = {
     "bahdanau": ModelSpec(
-        bahdanau, Seq2Seq, "RNNsearch: BiGRU encoder, additive attention (Bahdanau 2015)"
+        bahdanau,
+        Seq2Seq,
+        "RNNsearch: BiGRU encoder, additive attention (Bahdanau 2015)",
+        upgrade=seq2seq.upgrade,
     ),
-    "luong": ModelSpec(luong, Seq2Seq, "global/local attention, input feeding (Luong 2015)"),
+    "luong": ModelSpec(
+        luong,
+        Seq2Seq,
+        "global/local attention, input feeding (Luong 2015)",
+        upgrade=seq2seq.upgrade,
+    ),
     "encdec": ModelSpec(
         encdec,
         Seq2Seq,
         "encoder-decoder without attention (Sutskever 2014 / Cho 2014)",
+        upgrade=seq2seq.upgrade,
     ),
     "simple": ModelSpec(
-        simple,
-        Seq2Seq,
-        "SimpleRNN + attention (the lecture model)",
+        simple, Seq2Seq, "SimpleRNN + attention (the lecture model)", upgrade=seq2seq.upgrade
     ),
     "transformer": ModelSpec(
         transformer.tiny,
         transformer.Transformer,
         "Transformer, CPU-sized: d_model 128, 2 + 2 layers (Vaswani 2017)",
+        upgrade=transformer.upgrade,
     ),
     "transformer-base": ModelSpec(
         transformer.base,
         transformer.Transformer,
         "Transformer base: d_model 512, 6 + 6 layers, 8 heads (Vaswani 2017, Table 3)",
+        upgrade=transformer.upgrade,
     ),
     "transformer-lm": ModelSpec(
         transformer.tiny,
         transformer.TransformerLM,
         "decoder-only Transformer language model, CPU-sized: d_model 128, 2 layers",
+        upgrade=transformer.upgrade,
         interface="lm",
     ),
     "pointer-net": ModelSpec(

@@ -92,6 +92,13 @@ class TransformerConfig:
         return self.pre_norm or self.final_norm
 
 
+def upgrade(fields: dict) -> dict:
+    """A config dict written when the position sizes were config fields -> today's fields (the
+    model takes them from the task: `Transformer(config, ..., max_source_len, max_target_len)`).
+    """
+    return {k: v for k, v in fields.items() if k not in ("max_source_len", "max_target_len")}
+
+
 def tiny(**overrides) -> TransformerConfig:
     """A CPU-sized Transformer for the built-in tasks: d_model 128, 4 heads, 2 + 2 layers,
     d_ff 512 (the paper's ratios d_ff = 4 d_model and d_head = 32 ... 64 kept)."""

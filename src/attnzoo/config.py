@@ -1,0 +1,60 @@
+"""Dotted overrides of a run's config (STYLE.md 8): `section.field=value`, each value parsed as
+its dataclass field's type; an unknown key lists the valid ones."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+
+from attnzoo.core.checks import fail
+
+_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def parse_value(value: str, annotation, key: str):
+    """`value` as the field's type `annotation` (each member of a union in turn)."""
+    text = value.strip()
+    union = typing.get_origin(annotation) in (typing.Union, type(int | None))
+    kinds = typing.get_args(annotation) if union else (annotation,)
+    if type(None) in kinds and text.lower() == "none":
+        return None
+    for kind in kinds:
+        base, args = typing.get_origin(kind) or kind, typing.get_args(kind)
+        try:
+            if base is bool:
+                return _BOOLS[text.lower()]
+            if base in (int, float, str):
+                return base(text)
+            if base is tuple:
+                items = json.loads(text) if text.startswith("[") else text.split(",")
+                return tuple((args or (str,))[0](x) for x in items)
+            if base is typing.Literal and text in args:
+                return text
+        except (KeyError, ValueError, TypeError, json.JSONDecodeError):
+            continue
+    fail("attnzoo --set", key, f"a value of type {annotation}", repr(value))
+
+
+def apply(config: dict, classes: dict[str, type], sets: list[str]) -> dict:
+    """Set `section.field=value` items in `config` (section -> field dict), whose sections are
+    the dataclasses `classes` (section -> class)."""
+    for item in sets:
+        if "=" not in item:
+            fail("attnzoo --set", "--set", "key=value (e.g. model.hidden=256)", repr(item))
+        key, value = item.split("=", 1)
+        section, _, name = key.strip().partition(".")
+        if section not in classes or name not in config[section]:
+            valid = sorted(
+                f"{s}.{f.name}" for s, c in classes.items() for f in dataclasses.fields(c)
+            )
+            fail("attnzoo --set", key, f"one of {', '.join(valid)}", repr(key))
+        hints = typing.get_type_hints(classes[section])
+        config[section][name] = parse_value(value, hints[name], key)
+    return config
+
+
+def build(cls: type, values: dict):
+    """The dataclass `cls` from a section of a config (JSON lists back to tuples): its own
+    checks run here."""
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
