@@ -110,3 +110,50 @@ def test_config_json_records_the_requested_device(tmp_path):
     _, _, loaded = runs.load_run(tmp_path, device="cpu")
     for a, b in zip(model.parameters(), loaded.parameters(), strict=True):
         assert torch.equal(a.detach(), b.detach())
+
+
+# "model" sections of config.json as attnzoo wrote them before the decoder families were
+# classes and the position sizes came from the task (copied from runs made by commit a42dda1)
+OLD_MODEL_SECTIONS = {
+    "luong": {
+        "attention": "luong",
+        "attn_hidden": 128,
+        "bidirectional": False,
+        "cell": "lstm",
+        "dropout": 0.1,
+        "embed_dim": 64,
+        "hidden": 128,
+        "input_feeding": True,
+        "layers": 1,
+        "local": "local-p",
+        "max_source_len": 128,
+        "score": "general",
+        "window": 3,
+    },
+    "transformer": {
+        "d_ff": 512,
+        "d_model": 128,
+        "dropout": 0.1,
+        "final_norm": False,
+        "heads": 4,
+        "layers_dec": 2,
+        "layers_enc": 2,
+        "max_source_len": 256,
+        "max_target_len": 256,
+        "positions": "sinusoidal",
+        "pre_norm": False,
+        "tie_embeddings": True,
+    },
+}
+
+
+@pytest.mark.parametrize("model", sorted(OLD_MODEL_SECTIONS))
+def test_a_config_written_by_an_earlier_version_still_builds(model, tmp_path):
+    config = runs.default_config(model, "reverse")
+    config["model"] = OLD_MODEL_SECTIONS[model]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(TypeError):  # as written, today's config class refuses it
+        runs.build(config)
+    upgraded = runs.read_config(tmp_path)
+    assert "max_source_len" not in upgraded["model"]
+    runs.build(upgraded)

@@ -32,6 +32,7 @@ Note:
 
 from __future__ import annotations
 
+import abc
 import re
 from dataclasses import dataclass, replace
 
@@ -249,7 +250,7 @@ class Encoder(nn.Module):
         return EncoderOutput(annotations, mask, lengths, final)
 
 
-class Decoder(nn.Module):
+class Decoder(nn.Module, abc.ABC):
     """Base of the decoder families: the initial state from the encoder (W_s), the RNN, and
     `step` (subclasses) from the embedded previous target to readout features.
 
@@ -294,10 +295,10 @@ class Decoder(nn.Module):
         feed = memory.final.new_zeros(b, self.d_feed)
         return DecoderState(hidden, feed, 0, memory, self.prepare_keys(memory))
 
+    @abc.abstractmethod
     def step(self, x: torch.Tensor, state: DecoderState, need_weights: bool):
         """x: (b, 1, e) embedded y_{t-1} (any t positions when not `feeds_back`) -> readout
         features (b, t, d_out), weights (b, t, j) or None, new state."""
-        raise NotImplementedError
 
     def run(self, x: torch.Tensor, state: DecoderState, need_weights: bool):
         """All target positions x: (b, t, e) -> features (b, t, d_out), weights, state."""
