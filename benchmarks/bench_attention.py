@@ -17,7 +17,7 @@ recorded with status "oom". The script then checks the project's targets and wri
 
     python benchmarks/bench_attention.py                # full run, writes results/attention.json
     python benchmarks/bench_attention.py --quick        # smoke run with tiny sizes
-    python benchmarks/bench_attention.py --overhead     # only attention()'s own cost per call
+    python benchmarks/bench_attention.py --overhead     # attention()'s own cost per call (own JSON)
     python benchmarks/bench_attention.py --worker JSON  # internal: one peak-memory measurement
 
 On a machine shared with other CPU-heavy jobs, libgomp's default spin-waiting makes each
@@ -68,6 +68,7 @@ DOT_FAMILY = tuple(
 FLOAT_BYTES = 4
 WARM_LENGTH = 8  # a worker's first, unmeasured call
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "attention.json"
+OVERHEAD_OUT = DEFAULT_OUT.with_name("attention_overhead.json")
 
 # Implementations (the "impl" of a row).
 OURS = "attnzoo"
@@ -128,7 +129,7 @@ class Sizes:
     # calls timed back to back in one sample, and the samples per implementation.
     overhead_lengths: tuple[int, ...] = (16, 32, 64, 128)
     overhead_calls: int = 200
-    overhead_repeats: int = 25
+    overhead_repeats: int = 41
 
     def repeats_for(self, length: int) -> int:
         return self.repeats.get(length, min(self.repeats.values()))
@@ -449,7 +450,12 @@ def build_step(case: Case) -> Callable[[], None]:
 
 
 def worker(payload: dict[str, Any]) -> None:
-    """Measure one configuration's peak memory in this (fresh) process; print one JSON line."""
+    """Measure one configuration's peak memory in this (fresh) process, or with "overhead"
+    attention()'s own cost; print one JSON line."""
+    if "overhead" in payload:
+        sizes = quick_sizes() if payload["overhead"] == "quick" else full_sizes()
+        common.emit_result({"rows": overhead_rows(sizes)})
+        return
     torch.set_num_threads(THREADS)
     case = Case(**payload["case"])
     # One call at a tiny length first: it starts the thread pool (before any limit) and pays
@@ -683,6 +689,17 @@ def _cpu_timed(samples: list[float], n: int, fn: Callable, *args, **kwargs) -> C
     return step
 
 
+def measure_overhead(quick: bool) -> list[dict[str, Any]]:
+    """`overhead_rows` in a fresh process that never imports Keras: importing it (torch
+    backend) slowed every small torch call of the process here, SDPA at length 16 by ~45%."""
+    payload = {"overhead": "quick" if quick else "full"}
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(payload)]
+    result = common.run_worker(command, timeout=900)
+    if result["status"] != common.STATUS_OK:
+        raise RuntimeError(f"overhead worker: {result.get('error')}")
+    return result["rows"]
+
+
 def overhead_rows(sizes: Sizes) -> list[dict[str, Any]]:
     """attention() against a direct 4-D SDPA call, forward under no_grad with one thread: what
     its checks and dispatch cost per call, which an RNN decoder pays at every step. Inputs are
@@ -713,9 +730,21 @@ def overhead_rows(sizes: Sizes) -> list[dict[str, Any]]:
             }
             repeats = sizes.overhead_repeats
             common.time_interleaved(fns, repeats=repeats, warmup=2)  # its order, our clock
-            us = {
-                name: common.median(t[-repeats:]) / sizes.overhead_calls * 1e6
-                for name, t in cpu.items()
+            calls = sizes.overhead_calls
+            us = {name: common.median(t[-repeats:]) / calls * 1e6 for name, t in cpu.items()}
+            # The own cost is the median of paired differences (one round's attention() sample
+            # minus the same round's SDPA sample): drift of this shared machine between rounds
+            # cancels, where a difference of two medians kept it (10x the cost at length 128).
+            paired = {
+                name: common.median(
+                    [
+                        a - s
+                        for a, s in zip(cpu[name][-repeats:], cpu["sdpa"][-repeats:], strict=True)
+                    ]
+                )
+                / calls
+                * 1e6
+                for name in ("attnzoo", "attnzoo_4d")
             }
             rows.append(
                 {
@@ -726,14 +755,68 @@ def overhead_rows(sizes: Sizes) -> list[dict[str, Any]]:
                     "attnzoo_us": us["attnzoo"],
                     "attnzoo_4d_us": us["attnzoo_4d"],
                     "sdpa_us": us["sdpa"],
-                    "overhead_us": us["attnzoo"] - us["sdpa"],
-                    "overhead_4d_us": us["attnzoo_4d"] - us["sdpa"],
+                    "overhead_us": paired["attnzoo"],
+                    "overhead_4d_us": paired["attnzoo_4d"],
                     "ratio": us["attnzoo"] / us["sdpa"],
                 }
             )
     finally:
         torch.set_num_threads(threads)
     return rows
+
+
+def overhead_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """attention()'s own cost over a direct 4-D SDPA call at its worst length: at most 5 us
+    (the cost an RNN decoder pays at every step), with 3-D inputs and with 4-D ones."""
+    targets = []
+    for key, inputs in (("overhead_us", "3-D"), ("overhead_4d_us", "4-D")):
+        detail = {str(row["length"]): row[key] for row in rows}
+        worst = max(detail.values()) if detail else None
+        targets.append(
+            _target(
+                f"attention() own cost over 4-D sdpa, {inputs} inputs: us (worst length)",
+                worst,
+                "<= 5",
+                worst is not None and worst <= 5.0,
+                by_length=detail,
+                by_length_key=key,
+            )
+        )
+    return targets
+
+
+def matmul_gflops() -> float:
+    """fp32 1024^3 matmul throughput on one thread: how fast this shared machine ran while the
+    microsecond rows were measured (PERF.md: 120-148 GFLOP/s when quiet)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+        times = common.time_interleaved({"mm": lambda: a @ b}, repeats=15, warmup=3)["mm"]
+        return 2 * 1024**3 / common.median(times) / 1e9
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run_overhead(quick: bool, out: Path, argv: list[str]) -> dict[str, Any]:
+    """attention()'s own cost, with its targets, into its own JSON (`--overhead`)."""
+    load_at_start = list(os.getloadavg())
+    gflops_before = matmul_gflops()
+    rows = measure_overhead(quick)
+    payload = {
+        "machine": common.machine_info(
+            attnzoo=attnzoo.__version__,
+            load_average_start=load_at_start,
+            matmul_gflops_1_thread=[gflops_before, matmul_gflops()],  # before and after
+        ),
+        "config": {"command": " ".join([Path(sys.executable).name, *argv])},
+        "overhead": rows,
+        "targets": overhead_targets(rows),
+    }
+    print_overhead(rows)
+    print_targets(payload["targets"])
+    print(f"wrote {common.write_json(out, payload)}", file=sys.stderr)
+    return payload
 
 
 def print_overhead(rows: list[dict[str, Any]]) -> None:
@@ -840,8 +923,6 @@ def run(sizes: Sizes, out: Path, argv: list[str]) -> dict[str, Any]:
         time_group(group, sizes.repeats_for(length), sizes.warmup_for(length), rows)
         log(f"timed {key}: " + ", ".join(f"{c.impl}" for c in group))
 
-    overhead = overhead_rows(sizes)
-    log("timed attention()'s own cost")
     targets = evaluate_targets(rows, sizes)
     keras_version = None
     if "keras" in sys.modules:
@@ -865,10 +946,8 @@ def run(sizes: Sizes, out: Path, argv: list[str]) -> dict[str, Any]:
         },
         "rows": list(rows.values()),
         "targets": targets,
-        "overhead": overhead,
     }
     print_rows(rows)
-    print_overhead(overhead)
     print_targets(targets)
     path = common.write_json(out, payload)
     log(f"wrote {path}")
@@ -879,11 +958,11 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 1-2 repeats")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results path")
+    parser.add_argument("--out", type=Path, default=None, help="JSON results path")
     parser.add_argument(
         "--overhead",
         action="store_true",
-        help="only time attention()'s own cost per call; print it, write no JSON",
+        help="only attention()'s own cost per call, into results/attention_overhead.json",
     )
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -892,9 +971,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     sizes = quick_sizes() if args.quick else full_sizes()
     if args.overhead:
-        print_overhead(overhead_rows(sizes))
+        run_overhead(args.quick, args.out or OVERHEAD_OUT, ["benchmarks/bench_attention.py", *argv])
         return
-    run(sizes, args.out, ["benchmarks/bench_attention.py", *argv])
+    run(sizes, args.out or DEFAULT_OUT, ["benchmarks/bench_attention.py", *argv])
 
 
 if __name__ == "__main__":

@@ -101,6 +101,19 @@ def targets_table(data: dict) -> str:
     )
 
 
+# the columns of bench_attention's "overhead" rows, in the table's order
+OVERHEAD_KEYS = (
+    "batch",
+    "length",
+    "d",
+    "attnzoo_us",
+    "sdpa_us",
+    "overhead_us",
+    "ratio",
+    "overhead_4d_us",
+)
+
+
 def attention_tables() -> None:
     data = load("attention")
     if data is None:
@@ -132,6 +145,32 @@ def attention_tables() -> None:
     body.append(
         table(["score", "mode", "length", "implementation", "median ms", "peak MiB"], lines)
     )
+    overhead = load("attention_overhead")
+    if overhead is not None:
+        gflops = ", ".join(f"{g:.0f}" for g in overhead["machine"]["matmul_gflops_1_thread"])
+        body += [
+            "",
+            "attention()'s own cost per call over a direct 4-D SDPA call (scaled_dot, forward "
+            "under no_grad, 1 thread, the thread's CPU time; medians of interleaved samples; "
+            "`python benchmarks/bench_attention.py --overhead`, results/attention_overhead.json, "
+            f"fp32 matmul at {gflops} GFLOP/s on one thread before and after):",
+            "",
+            targets_table(overhead),
+            "",
+            table(
+                [
+                    "batch",
+                    "length",
+                    "d",
+                    "attnzoo us",
+                    "SDPA us",
+                    "own cost us",
+                    "/ SDPA",
+                    "own cost, 4-D inputs, us",
+                ],
+                [[r[key] for key in OVERHEAD_KEYS] for r in overhead["overhead"]],
+            ),
+        ]
     splice(DOCS / "core.md", "attention", "\n".join(body))
 
 

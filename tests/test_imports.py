@@ -95,6 +95,7 @@ ALLOWED = {
     "viz": {"core"},
     "train": {"core"},
     "config": {"core"},
+    "keras": {"core"},  # Keras 3 layers over the core (imported only with Keras installed)
     "models": {"core", "decoding"},
     "tasks": {"core", "decoding", "viz"},
     "runs": {"core", "config", "train", "viz", "models", "tasks"},

@@ -33,7 +33,7 @@ def quick_results(tmp_path_factory) -> dict:
 
 
 def test_quick_run_writes_the_documented_layout(quick_results):
-    assert set(quick_results) == {"machine", "config", "rows", "targets", "overhead"}
+    assert set(quick_results) == {"machine", "config", "rows", "targets"}
     assert {"torch", "threads", "cpu"} <= set(quick_results["machine"])
     assert quick_results["machine"]["threads"] == 2
     rows = quick_results["rows"]
@@ -62,9 +62,31 @@ def test_quick_run_measures_peak_memory_of_the_target_rows(quick_results):
         assert 0 < row["peak_mib"] < cap_mib, row["name"]
 
 
-def test_quick_run_times_attention_own_cost(quick_results):
-    rows = quick_results["overhead"]
+@pytest.fixture(scope="module")
+def overhead_results(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("bench") / "attention_overhead.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--overhead", "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+def test_overhead_run_times_attention_own_cost(overhead_results):
+    assert set(overhead_results) == {"machine", "config", "overhead", "targets"}
+    assert len(overhead_results["machine"]["matmul_gflops_1_thread"]) == 2
+    rows = overhead_results["overhead"]
     assert [row["length"] for row in rows] == [16]
+    for row in rows:
+        assert row["attnzoo_us"] > 0 and row["attnzoo_4d_us"] > 0 and row["sdpa_us"] > 0
+        assert row["ratio"] == pytest.approx(row["attnzoo_us"] / row["sdpa_us"])
+    for target in overhead_results["targets"]:
+        worst = max(row[target["by_length_key"]] for row in rows)
+        assert target["value"] == pytest.approx(worst)
+        assert target["met"] == (worst <= 5.0)
     for row in rows:
         assert row["attnzoo_us"] > 0 and row["attnzoo_4d_us"] > 0 and row["sdpa_us"] > 0
         assert row["overhead_us"] == pytest.approx(row["attnzoo_us"] - row["sdpa_us"])
