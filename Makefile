@@ -30,6 +30,7 @@ test: $(STAMP) lint
 # every benchmark, then the docs tables from their JSON (long: see docs/ for each one's budget)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_attention.py
+	$(BIN)/python benchmarks/bench_attention.py --overhead
 	$(BIN)/python benchmarks/bench_seq2seq_throughput.py
 	$(BIN)/python benchmarks/bench_seq2seq.py
 	$(BIN)/python benchmarks/report.py
