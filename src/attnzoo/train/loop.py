@@ -184,7 +184,7 @@ def train(
         window_items += count
         last = step == config.steps - 1
         if (step + 1) % config.log_every == 0 or last:
-            window_loss = sum(float(x) for x in window_losses)
+            window_loss = float(torch.stack(window_losses).double().sum())  # one sync
             stats = torch.tensor([window_loss, float(window_items)], device=device)
             if env.world > 1:
                 dist.all_reduce(stats)
