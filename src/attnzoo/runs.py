@@ -23,6 +23,7 @@ from attnzoo.train.checkpoint import atomic_write_json, latest_checkpoint, load_
 from attnzoo.train.device import resolve_device
 from attnzoo.train.loop import TrainConfig, train
 
+
 def default_config(model: str, task: str) -> dict[str, Any]:
     if model not in MODELS:
         fail("attnzoo", "MODEL", f"one of {sorted(MODELS)}", repr(model))
