@@ -233,15 +233,14 @@ class Embedder(nn.Module):
         with torch.no_grad():
             self.embedding.weight[0].zero_()
         self.scale = math.sqrt(c.d_model)
-        self.positions = (
-            SinusoidalPositionalEncoding(c.d_model)
-            if c.positions == "sinusoidal"
-            else LearnedPositionalEmbedding(max_len, c.d_model)
-        )
+        if c.positions == "sinusoidal":
+            self.positions = SinusoidalPositionalEncoding(c.d_model)
+            # positions < max_len encoded once: decoding adds one row per step
+            table = sinusoidal_encoding(max_len, c.d_model)  # (max_len, d_model)
+        else:
+            self.positions, table = LearnedPositionalEmbedding(max_len, c.d_model), None
+        self.register_buffer("table", table, persistent=False)
         self.drop = nn.Dropout(c.dropout)
-        # The encoding of positions < max_len, computed once: decoding adds one row per step.
-        table = sinusoidal_encoding(max_len, c.d_model) if c.positions == "sinusoidal" else None
-        self.register_buffer("table", table, persistent=False)  # (max_len, d_model)
 
     def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = self.embedding(tokens) * self.scale  # (b, len, d_model)

@@ -29,7 +29,24 @@ from torch import nn
 from attnzoo.core.checks import fail
 from attnzoo.models.ntm import addressing
 
-CONTROLLERS = ("lstm", "feedforward")
+
+class LSTMController(nn.LSTMCell):
+    """(h_t, c_t) = LSTM([x_t; r_{t-1}], (h_{t-1}, c_{t-1})); returns h_t and the state."""
+
+    def forward(self, x: torch.Tensor, state):
+        h, c = super().forward(x, state)  # (b, controller_size) each
+        return h, (h, c)
+
+
+class FeedforwardController(nn.Linear):
+    """h_t = tanh(W [x_t; r_{t-1}] + b); no state of its own (the state passes through)."""
+
+    def forward(self, x: torch.Tensor, state):
+        return torch.tanh(super().forward(x)), state  # (b, controller_size)
+
+
+# The controllers by name: the one place `NTMConfig.controller` is resolved.
+CONTROLLERS = {"lstm": LSTMController, "feedforward": FeedforwardController}
 MEMORY_INITS = ("constant", "learned")
 CONSTANT_MEMORY = 1e-6
 
@@ -110,10 +127,7 @@ class NTM(nn.Module):
         n, m, s = c.memory_rows, c.memory_cols, c.shifts
         self.heads = c.read_heads + c.write_heads
         in_size = input_size + c.read_heads * m
-        if c.controller == "lstm":
-            self.controller = nn.LSTMCell(in_size, c.controller_size)
-        else:
-            self.controller = nn.Linear(in_size, c.controller_size)
+        self.controller = CONTROLLERS[c.controller](in_size, c.controller_size)
         # per head: key (M), beta, g, shift (S), gamma; per write head also erase and add (M)
         self.split = [self.heads * m, self.heads, self.heads, self.heads * s, self.heads]
         self.split += [c.write_heads * m, c.write_heads * m]
@@ -141,11 +155,7 @@ class NTM(nn.Module):
         hiddens, all_reads, record = [], [], []
         for t in range(steps):
             x = torch.cat([inputs[:, t], reads], dim=-1)  # (b, input_size + r m)
-            if c.controller == "lstm":
-                state = self.controller(x, state)
-                h = state[0]  # (b, controller_size)
-            else:
-                h = torch.tanh(self.controller(x))  # (b, controller_size)
+            h, state = self.controller(x, state)  # h: (b, controller_size)
             key, beta, gate, shift, gamma, erase, add = self.head_params(h).split(self.split, -1)
             head = addressing.squash_head(
                 key.view(b, self.heads, m),
