@@ -17,7 +17,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from attnzoo.core.checks import fail
+
 INSTALL_HINT = "pip install 'attnzoo[data]'"
+SPLITS = ("valid", "test")  # the held-out splits `EvalConfig.split` may name
 
 
 class MissingDataDependency(ModuleNotFoundError):
@@ -58,6 +61,22 @@ class EvalConfig:
     beam_size: int = 1
     batch_size: int = 256
     label_smoothing: float = 0.0
+
+    def __post_init__(self):
+        if self.split not in SPLITS:
+            fail("EvalConfig", "split", f"one of {list(SPLITS)}", repr(self.split))
+        for name, least in (("limit", 0), ("beam_size", 1), ("batch_size", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                wanted = "a non-negative int (0: all)" if least == 0 else "a positive int"
+                fail("EvalConfig", name, wanted, repr(value))
+        smoothing = self.label_smoothing
+        if (
+            isinstance(smoothing, bool)
+            or not isinstance(smoothing, int | float)
+            or not 0 <= smoothing < 1
+        ):
+            fail("EvalConfig", "label_smoothing", "a number in [0, 1)", repr(smoothing))
 
 
 @runtime_checkable
