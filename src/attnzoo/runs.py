@@ -301,8 +301,6 @@ def run_train(
             atomic_write_json(out / "config.json", config)
         if changes:
             note(f"--resume: {_listing(changes)} (recorded in {out / 'config.json'})")
-    if main and folder is not None:
-        note(f"--resume: continuing from {folder.relative_to(out)}, step {trained}")
     final = train(task, model, train_config, out, resume=folder or False, progress=progress)
     return task, model, final
 

@@ -33,7 +33,7 @@ from attnzoo.train.checkpoint import (
     save_checkpoint,
 )
 from attnzoo.train.device import check_device, launched_world, resolve_device
-from attnzoo.train.files import read_metrics
+from attnzoo.train.files import note, read_metrics
 
 SCHEDULES = ("constant", "cosine", "inverse_sqrt")
 AUTOCAST = ("none", "bf16")
@@ -184,6 +184,8 @@ def train(
         if env.main and metrics_path.exists():
             kept = [row for row in read_metrics(metrics_path) if row["step"] < start]
             atomic_write(metrics_path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        if env.main:
+            note(f"--resume: continuing from {folder.parent.name}/{folder.name}, step {start}")
     elif env.main and metrics_path is not None and metrics_path.exists():
         metrics_path.unlink()
 
