@@ -378,3 +378,26 @@ def test_resume_validates_a_set_value(trained, tmp_path, capsys):
     run = copy_run(trained, tmp_path / "run")
     error = _error(["train", "--resume", "--out", str(run), "--set", "train.steps=0"], capsys)
     assert "'steps' expected a positive int" in error
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["bahdanau", "--task", "dates", "--set", "task.n_train=0"],
+            "'n_train' expected a positive",
+        ),
+        (["bahdanau", "--task", "dates", "--set", "task.seed=-1"], "'seed' expected an int >= 0"),
+        (["luong", "--task", "numbers", "--set", "task.max_value=-1"], "'max_value' expected"),
+        (
+            ["luong", "--task", "numbers", "--set", "task.n_test=-1"],
+            "'n_test' expected an int >= 0",
+        ),
+    ],
+)
+def test_task_sizes_are_checked_before_any_data(argv, expected, tmp_path, capsys, monkeypatch):
+    def no_work(config):
+        raise AssertionError("data was built before the config was checked")
+
+    monkeypatch.setattr(runs, "build", no_work)
+    assert expected in _error(["train", *argv, "--out", str(tmp_path / "run")], capsys)

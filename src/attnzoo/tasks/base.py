@@ -117,3 +117,13 @@ def model_device(model: torch.nn.Module) -> torch.device:
     for tensor in itertools.chain(model.parameters(), model.buffers()):
         return tensor.device
     return torch.device("cpu")
+
+
+def check_counts(owner: str, config, positive=(), non_negative=()) -> None:
+    """Fail naming the first field of `config` that is not an int of its kind: the sizes and
+    seeds of a task's config, checked when the config is made (before any data is built)."""
+    for names, least, wanted in ((positive, 1, "a positive int"), (non_negative, 0, "an int >= 0")):
+        for name in names:
+            value = getattr(config, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                fail(owner, name, wanted, repr(value))

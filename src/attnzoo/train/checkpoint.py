@@ -317,7 +317,12 @@ def resume_point(directory: Path, *, set_aside: bool = True) -> Path:
         if skipped:
             reasons = "; ".join(why for _, why in skipped)
             fail("attnzoo", "--resume", f"an intact checkpoint under {directory}", reasons)
-        fail("attnzoo", "--resume", f"a checkpoint under {directory}", "none")
+        fail(
+            "attnzoo",
+            "--resume",
+            f"a checkpoint under {directory} (the run saved none: start it again with --overwrite)",
+            "none",
+        )
     for damaged, why in skipped:
         moved = ""
         if set_aside:
