@@ -173,6 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         args.func(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(
+            "attnzoo: interrupted (a run continues with `attnzoo train --resume --out DIR`)",
+            file=sys.stderr,
+        )
+        return 130
     except Exception as err:
         if args.debug or not _user_error(err):
             raise

@@ -388,6 +388,7 @@ def test_resume_validates_a_set_value(trained, tmp_path, capsys):
             "'n_train' expected a positive",
         ),
         (["bahdanau", "--task", "dates", "--set", "task.seed=-1"], "'seed' expected an int >= 0"),
+        (["bahdanau", "--task", "dates", "--set", "task.locales="], "'locales' expected one or"),
         (["luong", "--task", "numbers", "--set", "task.max_value=-1"], "'max_value' expected"),
         (
             ["luong", "--task", "numbers", "--set", "task.n_test=-1"],
@@ -401,3 +402,13 @@ def test_task_sizes_are_checked_before_any_data(argv, expected, tmp_path, capsys
 
     monkeypatch.setattr(runs, "build", no_work)
     assert expected in _error(["train", *argv, "--out", str(tmp_path / "run")], capsys)
+
+
+def test_an_interrupt_is_one_line_and_status_130(monkeypatch, tmp_path, capsys):
+    def interrupted(config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runs, "build", interrupted)
+    assert main([*TRAIN, "--out", str(tmp_path / "run"), *sets(TINY)]) == 130
+    err = capsys.readouterr().err
+    assert err == "attnzoo: interrupted (a run continues with `attnzoo train --resume --out DIR`)\n"

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
 
+from attnzoo.core.checks import fail
 from attnzoo.tasks.base import EvalConfig, check_counts, require
 from attnzoo.tasks.text import Example, Span, Splits
 from attnzoo.tasks.translation import TranslationTask
@@ -67,6 +68,10 @@ class DatesConfig:
 
     def __post_init__(self):
         check_counts("DatesConfig", self, ("n_train",), ("n_valid", "n_test", "seed"))
+        for name in ("locales", "patterns"):
+            values = getattr(self, name)
+            if not values or not all(isinstance(v, str) and v.strip() for v in values):
+                fail("DatesConfig", name, "one or more non-empty names", repr(values))
 
 
 def _babel_dates() -> Any:
