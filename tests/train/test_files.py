@@ -111,3 +111,24 @@ def test_retention_ignores_folders_set_aside(tmp_path):
 def test_train_config_checks_every_field(field, value, expected):
     with pytest.raises(ValueError, match=rf"TrainConfig: argument '{field}' expected {expected}"):
         TrainConfig(**{field: value})
+
+
+def test_latest_json_naming_a_missing_folder_falls_back_to_the_newest(tmp_path):
+    _saved(tmp_path)
+    (tmp_path / "latest.json").write_text('{"step": 7, "path": "step_00000007"}')
+    assert latest_checkpoint(tmp_path).name == "step_00000001"
+
+
+def test_resume_point_sets_damaged_checkpoints_aside_and_repoints_latest(tmp_path, capsys):
+    from attnzoo.train.checkpoint import resume_point
+
+    _saved(tmp_path, steps=(0, 1, 2))  # keeps 1 and 2
+    (tmp_path / "step_00000002.damaged").mkdir()  # an earlier one of the same name
+    (tmp_path / "step_00000002" / "tensors.safetensors").write_bytes(b"")
+    assert resume_point(tmp_path).name == "step_00000001"
+    assert (tmp_path / "step_00000002.damaged-2" / "state.json").exists()
+    assert latest_checkpoint(tmp_path).name == "step_00000001"
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("attnzoo: warning: skipped checkpoint step_00000002: attnzoo:")
+    assert err[0].endswith("; kept as step_00000002.damaged-2")
+    assert err[1] == "attnzoo: warning: resuming from the newest intact checkpoint, step_00000001"

@@ -151,11 +151,13 @@ def checkpoint_folders(directory: Path) -> list[Path]:
 
 def latest_checkpoint(directory: Path) -> Path | None:
     """The folder `latest.json` names (the newest complete checkpoint); without a usable
-    latest.json, the newest folder holding both files; None when there is none."""
+    latest.json (or the folder it names), the newest folder holding both files; None when there
+    is none."""
     pointer = Path(directory) / "latest.json"
     try:
         named = json.loads(pointer.read_text())["path"]
-        if isinstance(named, str) and _FOLDER.fullmatch(named):
+        named_ok = isinstance(named, str) and _FOLDER.fullmatch(named)
+        if named_ok and (Path(directory) / named).is_dir():
             return Path(directory) / named
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -309,8 +311,10 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler, task=None, map_lo
 def resume_point(directory: Path, *, set_aside: bool = True) -> Path:
     """The checkpoint a resumed run continues from: the newest intact one (`find_resumable`).
     Each newer one skipped is named on stderr with the reason, and, with `set_aside`, renamed
-    to `step_N.damaged` (kept, never deleted, and no longer taken for a checkpoint); the one
-    used is named too. No intact checkpoint is an error naming each one and why."""
+    to `step_N.damaged` (kept, never deleted, and no longer taken for a checkpoint), and
+    latest.json names the one used, which is named too. Without `set_aside` (a torchrun worker
+    other than rank 0) nothing is reported or moved. No intact checkpoint is an error naming
+    each one and why."""
     directory = Path(directory)
     folder, skipped = find_resumable(directory)
     if folder is None:
@@ -323,14 +327,16 @@ def resume_point(directory: Path, *, set_aside: bool = True) -> Path:
             f"a checkpoint under {directory} (the run saved none: start it again with --overwrite)",
             "none",
         )
+    if not set_aside or not skipped:  # a torchrun worker other than rank 0 stays quiet
+        return folder
     for damaged, why in skipped:
-        moved = ""
-        if set_aside:
-            target = damaged.with_name(damaged.name + ".damaged")
-            if not target.exists():
-                damaged.rename(target)
-                moved = f"; kept as {target.name}"
-        warn(f"skipped checkpoint {damaged.name}: {why}{moved}")
-    if skipped:
-        warn(f"resuming from the newest intact checkpoint, {folder.name}")
+        target, n = damaged.with_name(damaged.name + ".damaged"), 1
+        while target.exists():
+            n += 1
+            target = damaged.with_name(f"{damaged.name}.damaged-{n}")
+        damaged.rename(target)
+        warn(f"skipped checkpoint {damaged.name}: {why}; kept as {target.name}")
+    step = checkpoint_step(folder)
+    atomic_write_json(directory / "latest.json", {"step": step, "path": folder.name})
+    warn(f"resuming from the newest intact checkpoint, {folder.name}")
     return folder
