@@ -1,7 +1,11 @@
 """`attnzoo ...`: demo, train, eval, plot, list.
 
-Wrong input prints one line naming the argument, what was expected and what was given, and
-exits with status 2; `--debug` shows the traceback instead.
+Wrong input (a command line, a `--set`, a run directory's damaged file, a path that cannot be
+written) prints one line `attnzoo: error: ...` naming the argument or the file, what was expected
+and what was given, and exits with status 2; `--debug` shows the traceback instead. An exception
+of any other type is a bug and keeps its traceback (`_user_error`). `train --resume` continues
+with the run's saved config (`runs.resume_config`); `train` refuses a run directory that holds
+anything unless `--overwrite` (`attnzoo demo` replaces its own run).
 """
 
 from __future__ import annotations
