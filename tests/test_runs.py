@@ -216,3 +216,13 @@ def test_check_out(tmp_path):
     assert [p.name for p in runs.check_out(run, overwrite=True)] == ["config.json"]
     with pytest.raises(ValueError, match="'--overwrite' expected either --resume or"):
         runs.check_out(run, resume=True, overwrite=True)
+
+
+def test_read_config_fills_a_field_an_older_config_lacks(tmp_path):
+    saved = _tiny()
+    del saved["train"]["autocast"], saved["eval"]["batch_size"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    config = runs.read_config(tmp_path)
+    assert config["train"]["autocast"] == "none" and config["eval"]["batch_size"] == 256
+    config = runs.resume_config(tmp_path, None, None, ["eval.batch_size=16"])
+    assert config["eval"]["batch_size"] == 16

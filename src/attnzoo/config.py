@@ -44,7 +44,9 @@ def apply(config: dict, classes: dict[str, type], sets: list[str]) -> dict:
             fail("attnzoo --set", "--set", "key=value (e.g. model.hidden=256)", repr(item))
         key, value = item.split("=", 1)
         section, _, name = key.strip().partition(".")
-        if section not in classes or name not in config[section]:
+        if section not in classes or name not in {
+            f.name for f in dataclasses.fields(classes[section])
+        }:
             valid = sorted(
                 f"{s}.{f.name}" for s, c in classes.items() for f in dataclasses.fields(c)
             )

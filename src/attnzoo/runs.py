@@ -133,10 +133,11 @@ def read_config(run_dir: Path) -> dict:
     try:
         _check_names(config["model_name"], config["task_name"])
         config["model"] = MODELS[config["model_name"]].upgrade(config["model"])
-        _configs(config)
+        built = _configs(config)
     except (ValueError, TypeError, KeyError, AttributeError) as err:
         raise ValueError(f"{path}: {err}") from err
-    return config
+    # every field, those a config written before a field existed lacks at their defaults
+    return {**config, **{s: _normal(dataclasses.asdict(built[s])) for s in SECTIONS}}
 
 
 def _normal(config: dict) -> dict:
