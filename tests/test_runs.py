@@ -157,3 +157,72 @@ def test_a_config_written_by_an_earlier_version_still_builds(model, tmp_path):
     upgraded = runs.read_config(tmp_path)
     assert "max_source_len" not in upgraded["model"]
     runs.build(upgraded)
+
+
+def _tiny(model="luong", task="reverse", extra=()):
+    return runs.apply_overrides(
+        runs.default_config(model, task), ["model.hidden=8", "train.steps=10", *extra]
+    )
+
+
+def test_check_resumable_allows_only_the_resumable_keys():
+    saved = _tiny(extra=["train.schedule=constant"])
+    given = json.loads(json.dumps(saved))
+    for key, value in [("steps", 20), ("log_every", 2), ("device", "cpu"), ("threads", 1)]:
+        given["train"][key] = value
+    given["eval"]["beam_size"] = 3
+    assert runs.check_resumable(saved, given) == [
+        ("train.device", "auto", "cpu"),
+        ("train.log_every", 50, 2),
+        ("train.steps", 10, 20),
+        ("train.threads", 0, 1),
+        ("eval.beam_size", 1, 3),
+    ]
+    given["train"]["seed"], given["model"]["hidden"] = 1, 9
+    with pytest.raises(ValueError, match=r"'model.hidden, train.seed'.*hidden: 8 -> 9; train"):
+        runs.check_resumable(saved, given)
+
+
+@pytest.mark.parametrize("schedule", ["constant", "inverse_sqrt", "cosine"])
+def test_extending_steps_on_resume_depends_on_the_schedule(schedule):
+    saved = _tiny(extra=[f"train.schedule={schedule}"])
+    given = json.loads(json.dumps(saved))
+    given["train"]["steps"] = 20
+    if schedule == "cosine":
+        with pytest.raises(ValueError, match="'train.steps'.*cosine.*train.steps: 10 -> 20"):
+            runs.check_resumable(saved, given)
+    else:
+        assert runs.check_resumable(saved, given) == [("train.steps", 10, 20)]
+
+
+def test_resume_config_takes_the_saved_config(tmp_path):
+    saved = _tiny(extra=["train.schedule=constant"])
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    config = runs.resume_config(tmp_path, None, None, ["train.steps=30"])
+    assert config["train"]["steps"] == 30 and config["model"]["hidden"] == 8
+    with pytest.raises(ValueError, match="MODEL: 'luong' -> 'bahdanau'"):
+        runs.resume_config(tmp_path, "bahdanau", "reverse", [])
+
+
+def test_check_out(tmp_path):
+    assert runs.check_out(tmp_path / "new" / "run") == []
+    assert (tmp_path / "new" / "run").is_dir()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    with pytest.raises(FileExistsError, match="'--out' expected a new or empty run directory"):
+        runs.check_out(run)
+    assert runs.check_out(run, resume=True) == []
+    assert [p.name for p in runs.check_out(run, overwrite=True)] == ["config.json"]
+    with pytest.raises(ValueError, match="'--overwrite' expected either --resume or"):
+        runs.check_out(run, resume=True, overwrite=True)
+
+
+def test_read_config_fills_a_field_an_older_config_lacks(tmp_path):
+    saved = _tiny()
+    del saved["train"]["autocast"], saved["eval"]["batch_size"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    config = runs.read_config(tmp_path)
+    assert config["train"]["autocast"] == "none" and config["eval"]["batch_size"] == 256
+    config = runs.resume_config(tmp_path, None, None, ["eval.batch_size=16"])
+    assert config["eval"]["batch_size"] == 16

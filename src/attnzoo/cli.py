@@ -1,7 +1,11 @@
 """`attnzoo ...`: demo, train, eval, plot, list.
 
-Wrong input prints one line naming the argument, what was expected and what was given, and
-exits with status 2; `--debug` shows the traceback instead.
+Wrong input (a command line, a `--set`, a run directory's damaged file, a path that cannot be
+written) prints one line `attnzoo: error: ...` naming the argument or the file, what was expected
+and what was given, and exits with status 2; `--debug` shows the traceback instead. An exception
+of any other type is a bug and keeps its traceback (`_user_error`). `train --resume` continues
+with the run's saved config (`runs.resume_config`); `train` refuses a run directory that holds
+anything unless `--overwrite` (`attnzoo demo` replaces its own run).
 """
 
 from __future__ import annotations
@@ -40,16 +44,22 @@ def cmd_list(args) -> None:
 
 
 def cmd_train(args) -> None:
+    """Train, or with --resume continue the run in --out with its saved config (MODEL, --task
+    and --set checked against it: `runs.resume_config`)."""
     from attnzoo import runs
 
     if args.resume:
-        config = runs.read_config(Path(args.out))
+        config = runs.resume_config(Path(args.out), args.model, args.task, args.set)
     else:
         config = runs.apply_overrides(runs.default_config(args.model, args.task), args.set)
     out = Path(args.out or f"runs/{config['model_name']}-{config['task_name']}")
     start = time.perf_counter()
     task, model, final = runs.run_train(
-        config, out, resume=args.resume, progress=not args.no_progress
+        config,
+        out,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
     )
     runs.write_figures(out, task, model)
     final = {**final, "train_minutes": (time.perf_counter() - start) / 60}
@@ -57,8 +67,9 @@ def cmd_train(args) -> None:
 
 
 def cmd_demo(args) -> None:
-    """Bahdanau on dates; prints the result and writes runs/demo/figures/alignment.png."""
-    args.model, args.task, args.resume = "bahdanau", "dates", False
+    """Bahdanau on dates; prints the result and writes runs/demo/figures/alignment.png. It
+    replaces the run of an earlier demo in its --out (and says so), so it can run again."""
+    args.model, args.task, args.resume, args.overwrite = "bahdanau", "dates", False, True
     args.out = args.out or "runs/demo"
     cmd_train(args)
     console.print(f"alignment figure: {Path(args.out) / 'figures' / 'alignment.png'}")
@@ -80,13 +91,25 @@ def cmd_plot(args) -> None:
         console.print(str(path))
 
 
+class UsageError(Exception):
+    """A mistake in the command line itself (argparse's): `main` prints it as one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are raised as `UsageError`, for `main` to print as the one
+    line `attnzoo: error: ...` and return status 2 (argparse prints the usage and exits)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attnzoo", description=__doc__.splitlines()[0])
+    p = _Parser(prog="attnzoo", description=__doc__.splitlines()[0])
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train Bahdanau attention on dates, draw its alignment")
     demo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    demo.add_argument("--out", default=None)
+    demo.add_argument("--out", default=None, help="run directory (replaced: default runs/demo)")
     demo.add_argument("--no-progress", action="store_true")
     demo.set_defaults(func=cmd_demo)
     train = sub.add_parser("train", help="train MODEL on --task")
@@ -100,7 +123,14 @@ def parser() -> argparse.ArgumentParser:
         help="override a config value, e.g. model.hidden=256",
     )
     train.add_argument("--out", default=None, help="run directory")
-    train.add_argument("--resume", action="store_true", help="continue the run in --out")
+    train.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out with its saved config (only some keys may --set)",
+    )
+    train.add_argument(
+        "--overwrite", action="store_true", help="clear the run already in --out, then train"
+    )
     train.add_argument("--no-progress", action="store_true")
     train.set_defaults(func=cmd_train)
     for name, func, text in (
@@ -115,19 +145,50 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _user_error(err: BaseException) -> bool:
+    """Whether `err` is a user's mistake (one line) rather than a bug (a traceback): a
+    ValueError (the checks' errors, malformed files), an OSError (a path, a full disk), a
+    missing data package, or a TypeError worded by `attnzoo.core.checks.fail` (a value of the
+    wrong type); any other TypeError is a bug."""
+    if isinstance(err, ValueError | OSError | ModuleNotFoundError):
+        return True
+    return isinstance(err, TypeError) and "argument '" in str(err) and " expected " in str(err)
+
+
+def _check_train_args(args) -> None:
+    if args.resume and not args.out:
+        raise UsageError("attnzoo train: --resume needs --out DIR (the run to continue)")
+    if args.resume and args.overwrite:
+        raise UsageError(
+            "attnzoo train: --resume continues the run in --out, --overwrite replaces it: not both"
+        )
+    if not args.resume and (args.model is None or args.task is None):
+        raise UsageError("attnzoo train: needs MODEL and --task TASK (see `attnzoo list`)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if args.command == "train":
-        if args.resume and not args.out:
-            parser().error("--resume needs --out DIR")
-        if not args.resume and (args.model is None or args.task is None):
-            parser().error("train needs MODEL and --task TASK (see `attnzoo list`)")
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parser().parse_args(argv)
+        if args.command == "train":
+            _check_train_args(args)
+    except UsageError as err:
+        print(f"attnzoo: error: {err}", file=sys.stderr)
+        return 2
     try:
         args.func(args)
-    except (ValueError, TypeError, ModuleNotFoundError, FileNotFoundError) as err:
+    except KeyboardInterrupt:
         if args.debug:
             raise
-        print(f"attnzoo: error: {err}", file=sys.stderr)
+        print(
+            "attnzoo: interrupted (a run continues with `attnzoo train --resume --out DIR`)",
+            file=sys.stderr,
+        )
+        return 130
+    except Exception as err:
+        if args.debug or not _user_error(err):
+            raise
+        print(f"attnzoo: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     return 0
 

@@ -44,7 +44,9 @@ def apply(config: dict, classes: dict[str, type], sets: list[str]) -> dict:
             fail("attnzoo --set", "--set", "key=value (e.g. model.hidden=256)", repr(item))
         key, value = item.split("=", 1)
         section, _, name = key.strip().partition(".")
-        if section not in classes or name not in config[section]:
+        if section not in classes or name not in {
+            f.name for f in dataclasses.fields(classes[section])
+        }:
             valid = sorted(
                 f"{s}.{f.name}" for s, c in classes.items() for f in dataclasses.fields(c)
             )
@@ -54,7 +56,54 @@ def apply(config: dict, classes: dict[str, type], sets: list[str]) -> dict:
     return config
 
 
-def build(cls: type, values: dict):
-    """The dataclass `cls` from a section of a config (JSON lists back to tuples): its own
-    checks run here."""
+def build(cls: type, values: dict, section: str = "config"):
+    """The dataclass `cls` from `section` of a config (JSON lists back to tuples): a key `cls`
+    lacks or a value not of its field's type is an error naming `section.key`; a field left out
+    takes its default (a config written before the field existed); `cls`'s own checks run
+    here."""
+    if not isinstance(values, dict):
+        fail("attnzoo", section, f"a mapping of {cls.__name__} fields", repr(values), TypeError)
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key, value in values.items():
+        if key not in names:
+            valid = ", ".join(f"{section}.{n}" for n in names)
+            fail("attnzoo", f"{section}.{key}", f"one of {valid}", repr(key), TypeError)
+        if not matches(value, hints[key]):
+            fail(
+                "attnzoo",
+                f"{section}.{key}",
+                f"a value of type {hints[key]}",
+                repr(value),
+                TypeError,
+            )
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+def matches(value, annotation) -> bool:
+    """Whether a config value (as JSON gives it: a tuple may be a list) is of the field type
+    `annotation`; a type this does not know is left to the class's own checks."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, type(int | None)):
+        return any(matches(value, kind) for kind in args)
+    if annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    if origin is typing.Literal:
+        return value in args
+    if origin is tuple:
+        if not isinstance(value, tuple | list):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(matches(v, args[0]) for v in value)
+        return not args or (
+            len(value) == len(args) and all(matches(v, a) for v, a in zip(value, args, strict=True))
+        )
+    return True

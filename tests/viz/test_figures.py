@@ -61,3 +61,44 @@ def test_head_grid_figure_rejects_wrong_rank(shape):
 def test_head_grid_figure_rejects_mismatched_labels():
     with pytest.raises(ValueError, match=r"'weights'.*\(2, 4\), got \(3, 4\)"):
         head_grid_figure(torch.zeros(1, 2, 3, 4), ["a"] * 4, ["x", "y"])
+
+
+DOLLARS = ["$", "$\\frac$", "a$b$c"]
+
+
+def _literal(texts) -> None:
+    for t in texts:
+        assert t.get_parse_math() is False and t.get_usetex() is False, t.get_text()
+
+
+def test_tokens_with_dollars_are_drawn_literally(tmp_path):
+    """A "$" in a token is a character, not TeX: "$\\frac$" would crash savefig as mathtext."""
+    w = torch.softmax(torch.randn(3, 3), -1)
+    fig = alignment_figure(w, DOLLARS, DOLLARS[::-1], title="out: $x$")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == DOLLARS
+    assert [t.get_text() for t in ax.get_yticklabels()] == DOLLARS[::-1]
+    _literal([*ax.get_xticklabels(), *ax.get_yticklabels(), ax.title])
+    fig.savefig(tmp_path / "a.png")
+    assert (tmp_path / "a.png").stat().st_size > 1000
+    # after drawing, the labels are still the tokens, still literal
+    assert [t.get_text() for t in ax.get_xticklabels()] == DOLLARS
+    _literal(ax.get_xticklabels())
+
+
+def test_head_grid_and_pointer_figures_draw_dollars_literally(tmp_path):
+    from attnzoo.viz import pointer_figure
+
+    w = torch.softmax(torch.randn(1, 2, 3, 3), -1)
+    fig = head_grid_figure(w, DOLLARS, DOLLARS, title="$\\frac$")
+    bottom_left = fig.axes[0]  # layer 1 (the only, so the last), head 1
+    assert [t.get_text() for t in bottom_left.get_xticklabels()] == DOLLARS
+    assert [t.get_text() for t in bottom_left.get_yticklabels()] == DOLLARS
+    _literal([*bottom_left.get_xticklabels(), *bottom_left.get_yticklabels(), fig._suptitle])
+    fig.savefig(tmp_path / "h.png")
+    points = torch.rand(3, 2)
+    fig = pointer_figure(points, torch.rand(2, 3), [0, 1], None, DOLLARS, title="$\\frac$")
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == DOLLARS
+    fig.savefig(tmp_path / "p.png")
+    fig = loss_figure([1, 2], [2.0, 1.0], title="$\\frac$")
+    fig.savefig(tmp_path / "l.png")

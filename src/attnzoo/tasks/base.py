@@ -17,7 +17,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from attnzoo.core.checks import fail
+
 INSTALL_HINT = "pip install 'attnzoo[data]'"
+SPLITS = ("valid", "test")  # the held-out splits `EvalConfig.split` may name
 
 
 class MissingDataDependency(ModuleNotFoundError):
@@ -59,6 +62,22 @@ class EvalConfig:
     batch_size: int = 256
     label_smoothing: float = 0.0
 
+    def __post_init__(self):
+        if self.split not in SPLITS:
+            fail("EvalConfig", "split", f"one of {list(SPLITS)}", repr(self.split))
+        for name, least in (("limit", 0), ("beam_size", 1), ("batch_size", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                wanted = "a non-negative int (0: all)" if least == 0 else "a positive int"
+                fail("EvalConfig", name, wanted, repr(value))
+        smoothing = self.label_smoothing
+        if (
+            isinstance(smoothing, bool)
+            or not isinstance(smoothing, int | float)
+            or not 0 <= smoothing < 1
+        ):
+            fail("EvalConfig", "label_smoothing", "a number in [0, 1)", repr(smoothing))
+
 
 @runtime_checkable
 class Task(Protocol):
@@ -98,3 +117,13 @@ def model_device(model: torch.nn.Module) -> torch.device:
     for tensor in itertools.chain(model.parameters(), model.buffers()):
         return tensor.device
     return torch.device("cpu")
+
+
+def check_counts(owner: str, config, positive=(), non_negative=()) -> None:
+    """Fail naming the first field of `config` that is not an int of its kind: the sizes and
+    seeds of a task's config, checked when the config is made (before any data is built)."""
+    for names, least, wanted in ((positive, 1, "a positive int"), (non_negative, 0, "an int >= 0")):
+        for name in names:
+            value = getattr(config, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                fail(owner, name, wanted, repr(value))

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
 
-from attnzoo.tasks.base import EvalConfig, require
+from attnzoo.core.checks import fail
+from attnzoo.tasks.base import EvalConfig, check_counts, require
 from attnzoo.tasks.text import Example, Span, Splits
 from attnzoo.tasks.translation import TranslationTask
 
@@ -64,6 +65,13 @@ class DatesConfig:
     patterns: tuple[str, ...] = DEFAULT_PATTERNS
     first_year: int = 1900
     last_year: int = 2099
+
+    def __post_init__(self):
+        check_counts("DatesConfig", self, ("n_train",), ("n_valid", "n_test", "seed"))
+        for name in ("locales", "patterns"):
+            values = getattr(self, name)
+            if not values or not all(isinstance(v, str) and v.strip() for v in values):
+                fail("DatesConfig", name, "one or more non-empty names", repr(values))
 
 
 def _babel_dates() -> Any:

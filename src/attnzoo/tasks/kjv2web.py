@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from attnzoo.tasks.base import EvalConfig, require
+from attnzoo.tasks.base import EvalConfig, check_counts, require
 from attnzoo.tasks.text import Example, Splits
 from attnzoo.tasks.translation import TranslationTask
 
@@ -54,6 +54,9 @@ class Kjv2WebConfig:
     n_valid: int = 1_000
     n_test: int = 1_000
     seed: int = 0
+
+    def __post_init__(self):
+        check_counts("Kjv2WebConfig", self, ("max_source_len",), ("n_valid", "n_test", "seed"))
 
 
 def tokenize(text: str) -> tuple[str, ...]:

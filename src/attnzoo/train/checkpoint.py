@@ -3,46 +3,78 @@
 A checkpoint is a folder `step_{N:08d}/` holding `tensors.safetensors` (model weights under
 `model.`, optimizer tensors under `optimizer.`, the torch RNG states under `rng.`: the CPU's,
 and the GPU's of a model on CUDA) and
-`state.json` (optimizer hyper-parameters, schedule, step, Python RNG). `latest.json` names
-the newest complete one; it is written last, so a run killed mid-save resumes from the
-previous checkpoint. Nothing is ever unpickled. Tensors are saved from the CPU and loaded
-onto `map_location` (by default the model's device), so a run saved on one device resumes or
-evaluates on another.
+`state.json` (optimizer hyper-parameters, schedule, step, Python RNG, and the SHA-256 of
+tensors.safetensors). `latest.json` names the newest complete one; it is written last, so a run
+killed mid-save resumes from the previous checkpoint. Nothing is ever unpickled. Tensors are
+saved from the CPU and loaded onto `map_location` (by default the model's device), so a run
+saved on one device resumes or evaluates on another.
+
+Reading checks every file: a missing, truncated or corrupt file (a pickle put in place of the
+safetensors file included), a checksum that does not match, or weights that do not fit the
+model is a `CheckpointError` naming the file. `find_resumable` walks the checkpoints newest
+first and returns the newest intact one with the ones it skipped and why.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from attnzoo.core.checks import fail
+from attnzoo.train.files import warn
+
+TENSORS, STATE = "tensors.safetensors", "state.json"
+_FOLDER = re.compile(r"step_(\d{8})")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: its message names the file and what is wrong."""
+
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename over `path`."""
+    """Write to a temporary file in the same folder, fsync, then rename over `path`. A failed
+    write (a full disk, a read-only folder) leaves `path` as it was and no temporary file, and
+    raises an OSError naming `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as err:
+        raise _naming(err, path) from err
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise _naming(err, path) from err
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _naming(err: OSError, path: Path) -> OSError:
+    """`err` as the same kind of OSError whose message names `path`."""
+    if err.errno is None:
+        return err
+    return type(err)(err.errno, f"{err.strerror} (writing {path})")
 
 
 def atomic_write_json(path: Path, obj) -> None:
@@ -80,17 +112,18 @@ def save_checkpoint(
     device = _device(model)
     if device.type == "cuda":
         tensors["rng.cuda"] = torch.cuda.get_rng_state(device)
+    data = save_tensors(_contiguous(tensors))
     state = {
         "step": step,
         "optimizer": {"param_groups": opt["param_groups"], "scalars": opt_scalars},
         "scheduler": scheduler.state_dict(),
         "python_rng": _jsonable(random.getstate()),
+        "tensors_sha256": hashlib.sha256(data).hexdigest(),
     }
-    atomic_write(folder / "tensors.safetensors", save_tensors(_contiguous(tensors)))
-    atomic_write_json(folder / "state.json", state)
+    atomic_write(folder / TENSORS, data)
+    atomic_write_json(folder / STATE, state)
     atomic_write_json(directory / "latest.json", {"step": step, "path": folder.name})
-    old = sorted(p for p in directory.glob("step_*") if p.is_dir())[:-keep]
-    for p in old:
+    for p in checkpoint_folders(directory)[keep:]:
         shutil.rmtree(p, ignore_errors=True)
     return folder
 
@@ -107,11 +140,95 @@ def _tupled(obj):
     return obj
 
 
+def checkpoint_folders(directory: Path) -> list[Path]:
+    """The `step_{N:08d}` folders under `directory`, newest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if _FOLDER.fullmatch(p.name) and p.is_dir()]
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
 def latest_checkpoint(directory: Path) -> Path | None:
+    """The folder `latest.json` names (the newest complete checkpoint); without a usable
+    latest.json (or the folder it names), the newest folder holding both files; None when there
+    is none."""
     pointer = Path(directory) / "latest.json"
-    if not pointer.exists():
-        return None
-    return Path(directory) / json.loads(pointer.read_text())["path"]
+    try:
+        named = json.loads(pointer.read_text())["path"]
+        named_ok = isinstance(named, str) and _FOLDER.fullmatch(named)
+        if named_ok and (Path(directory) / named).is_dir():
+            return Path(directory) / named
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    for folder in checkpoint_folders(directory):
+        if (folder / TENSORS).exists() and (folder / STATE).exists():
+            return folder
+    return None
+
+
+def find_resumable(directory: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """(the newest checkpoint whose files are intact, [(newer folder skipped, why)]): what a
+    resumed run continues from. Only the files are checked here; whether the weights fit the
+    model is checked when they are loaded."""
+    skipped = []
+    for folder in checkpoint_folders(directory):
+        try:
+            read_checkpoint(folder)
+        except CheckpointError as err:
+            skipped.append((folder, str(err)))
+            continue
+        return folder, skipped
+    return None, skipped
+
+
+def checkpoint_step(folder: Path) -> int:
+    """The step a checkpoint was saved at (its state.json)."""
+    return int(_read_state(Path(folder))["step"])
+
+
+def _read_state(folder: Path) -> dict:
+    path = folder / STATE
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        _corrupt(path, "no such file (an interrupted save?)")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        _corrupt(path, f"unreadable or malformed JSON ({err})")
+    needed = ("step", "optimizer", "scheduler", "python_rng")
+    if not isinstance(state, dict) or any(k not in state for k in needed):
+        _corrupt(path, f"not a checkpoint state (expected the keys {list(needed)})")
+    if isinstance(state["step"], bool) or not isinstance(state["step"], int):
+        _corrupt(path, f"a non-integer step {state['step']!r}")
+    return state
+
+
+def _corrupt(path: Path, why: str):
+    fail("attnzoo", str(path), "an intact checkpoint file", why, CheckpointError)
+
+
+def read_checkpoint(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors on the CPU, state) of a checkpoint folder, every file checked (module
+    docstring): an unusable file is a `CheckpointError` naming it."""
+    folder = Path(folder)
+    state = _read_state(folder)
+    path = folder / TENSORS
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        _corrupt(path, "no such file (an interrupted save?)")
+    except OSError as err:
+        _corrupt(path, f"unreadable ({err})")
+    expected = state.get("tensors_sha256")  # absent in checkpoints written before it was kept
+    if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+        _corrupt(path, f"{len(data)} bytes whose SHA-256 differs from the one in {STATE}")
+    try:
+        tensors = load_tensors(data)
+    except (SafetensorError, ValueError, RuntimeError, OverflowError) as err:
+        _corrupt(path, f"not a safetensors file ({' '.join(str(err).split())})")
+    if "rng.torch" not in tensors:
+        _corrupt(path, "no 'rng.torch' tensor (not a checkpoint's tensors)")
+    return tensors, state
 
 
 def _device(model) -> torch.device:
@@ -119,30 +236,54 @@ def _device(model) -> torch.device:
     return torch.device("cpu") if param is None else param.device
 
 
-def _load(folder: Path, map_location: torch.device | str) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors: the model's and the task's on `map_location`; the RNG
-    states and the optimizer's on the CPU (`optimizer.load_state_dict` moves each state to
-    its parameter's device, except AdamW's step counts, which belong on the CPU)."""
-    tensors = load_tensors((Path(folder) / "tensors.safetensors").read_bytes())
+def _load(folder: Path, map_location: torch.device | str) -> tuple[dict[str, torch.Tensor], dict]:
+    """The checkpoint's tensors and state: the model's and the task's tensors on
+    `map_location`; the RNG states and the optimizer's on the CPU (`optimizer.load_state_dict`
+    moves each state to its parameter's device, except AdamW's step counts, which belong on the
+    CPU)."""
+    tensors, state = read_checkpoint(folder)
     mapped = ("model.", "task.")
-    return {k: v.to(map_location) if k.startswith(mapped) else v for k, v in tensors.items()}
+    tensors = {k: v.to(map_location) if k.startswith(mapped) else v for k, v in tensors.items()}
+    return tensors, state
+
+
+def _section(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
 def load_weights(folder: Path, map_location: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """The model weights of a checkpoint, on `map_location`."""
-    tensors = _load(folder, map_location)
-    return {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+    return _section(_load(folder, map_location)[0], "model.")
+
+
+def load_model_weights(folder: Path, model: torch.nn.Module) -> None:
+    """Load a checkpoint's weights into `model` (on its device); weights of another shape or
+    names are a `CheckpointError` naming the file and the run's config.json."""
+    _fit(model, _section(_load(folder, _device(model))[0], "model."), Path(folder) / TENSORS)
+
+
+def _fit(model: torch.nn.Module, weights: dict[str, torch.Tensor], path: Path) -> None:
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:  # size mismatch, missing or unexpected keys
+        detail = " ".join(str(err).split())
+        if len(detail) > 300:
+            detail = detail[:300] + "..."
+        fail(
+            "attnzoo",
+            str(path),
+            "weights that fit the model the run's config.json builds",
+            detail,
+            CheckpointError,
+        )
 
 
 def load_checkpoint(folder: Path, model, optimizer, scheduler, task=None, map_location=None) -> int:
     """Restore model, optimizer, schedule, RNG and task states; returns the step saved.
     Tensors go to `map_location`, by default the model's device."""
     folder = Path(folder)
-    tensors = _load(folder, map_location or _device(model))
-    state = json.loads((folder / "state.json").read_text())
-    model.load_state_dict(
-        {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
-    )
+    tensors, state = _load(folder, map_location or _device(model))
+    _fit(model, _section(tensors, "model."), folder / TENSORS)
     opt_state: dict[int, dict] = {}
     for key, value in tensors.items():
         if key.startswith("optimizer."):
@@ -151,14 +292,51 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler, task=None, map_lo
     for key, value in state["optimizer"]["scalars"].items():
         pid, name = key.split(".", 1)
         opt_state.setdefault(int(pid), {})[name] = value
-    optimizer.load_state_dict(
-        {"state": opt_state, "param_groups": state["optimizer"]["param_groups"]}
-    )
-    scheduler.load_state_dict(state["scheduler"])
+    try:
+        optimizer.load_state_dict(
+            {"state": opt_state, "param_groups": state["optimizer"]["param_groups"]}
+        )
+        scheduler.load_state_dict(state["scheduler"])
+    except (ValueError, KeyError, TypeError) as err:
+        _corrupt(folder / STATE, f"an optimizer state that does not fit the model ({err})")
     if hasattr(task, "load_state_dict"):
-        task.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("task.")})
+        task.load_state_dict(_section(tensors, "task."))
     torch.set_rng_state(tensors["rng.torch"])
     if "rng.cuda" in tensors and _device(model).type == "cuda":
         torch.cuda.set_rng_state(tensors["rng.cuda"], _device(model))
     random.setstate(_tupled(state["python_rng"]))
     return int(state["step"])
+
+
+def resume_point(directory: Path, *, set_aside: bool = True) -> Path:
+    """The checkpoint a resumed run continues from: the newest intact one (`find_resumable`).
+    Each newer one skipped is named on stderr with the reason, and, with `set_aside`, renamed
+    to `step_N.damaged` (kept, never deleted, and no longer taken for a checkpoint), and
+    latest.json names the one used, which is named too. Without `set_aside` (a torchrun worker
+    other than rank 0) nothing is reported or moved. No intact checkpoint is an error naming
+    each one and why."""
+    directory = Path(directory)
+    folder, skipped = find_resumable(directory)
+    if folder is None:
+        if skipped:
+            reasons = "; ".join(why for _, why in skipped)
+            fail("attnzoo", "--resume", f"an intact checkpoint under {directory}", reasons)
+        fail(
+            "attnzoo",
+            "--resume",
+            f"a checkpoint under {directory} (the run saved none: start it again with --overwrite)",
+            "none",
+        )
+    if not set_aside or not skipped:  # a torchrun worker other than rank 0 stays quiet
+        return folder
+    for damaged, why in skipped:
+        target, n = damaged.with_name(damaged.name + ".damaged"), 1
+        while target.exists():
+            n += 1
+            target = damaged.with_name(f"{damaged.name}.damaged-{n}")
+        damaged.rename(target)
+        warn(f"skipped checkpoint {damaged.name}: {why}; kept as {target.name}")
+    step = checkpoint_step(folder)
+    atomic_write_json(directory / "latest.json", {"step": step, "path": folder.name})
+    warn(f"resuming from the newest intact checkpoint, {folder.name}")
+    return folder

@@ -25,12 +25,15 @@ from torch.nn.parallel import DistributedDataParallel
 
 from attnzoo.core.checks import fail
 from attnzoo.train.checkpoint import (
+    atomic_write,
     atomic_write_json,
-    latest_checkpoint,
+    checkpoint_step,
     load_checkpoint,
+    resume_point,
     save_checkpoint,
 )
 from attnzoo.train.device import check_device, launched_world, resolve_device
+from attnzoo.train.files import note, read_metrics
 
 SCHEDULES = ("constant", "cosine", "inverse_sqrt")
 AUTOCAST = ("none", "bf16")
@@ -55,16 +58,37 @@ class TrainConfig:
     device: str = "auto"  # auto (cuda if available, else cpu) | cpu | cuda | cuda:N | mps
 
     def __post_init__(self):
+        # Every field, before any work: the name of the field, what it takes, what it got.
         if self.schedule not in SCHEDULES:
             fail("TrainConfig", "schedule", f"one of {list(SCHEDULES)}", repr(self.schedule))
         if self.autocast not in AUTOCAST:
             fail("TrainConfig", "autocast", f"one of {list(AUTOCAST)}", repr(self.autocast))
-        for name in ("steps", "batch_size"):
-            if getattr(self, name) <= 0:
-                fail("TrainConfig", name, "a positive int", getattr(self, name))
-        if self.lr <= 0:
-            fail("TrainConfig", "lr", "a positive learning rate", self.lr)
+        for name in ("steps", "batch_size", "log_every", "checkpoint_every"):
+            _check_int(name, getattr(self, name), 1, "a positive int")
+        for name in ("eval_every", "warmup", "threads", "seed"):
+            _check_int(name, getattr(self, name), 0, "a non-negative int")
+        if not _real(self.lr) or self.lr <= 0:
+            fail("TrainConfig", "lr", "a positive, finite learning rate", self.lr)
+        for name in ("weight_decay", "clip"):
+            if not _real(getattr(self, name)) or getattr(self, name) < 0:
+                fail("TrainConfig", name, "a finite number >= 0", getattr(self, name))
+        betas = self.betas
+        if (
+            not isinstance(betas, tuple | list)
+            or len(betas) != 2
+            or not all(_real(b) and 0 <= b < 1 for b in betas)
+        ):
+            fail("TrainConfig", "betas", "two numbers in [0, 1), e.g. 0.9,0.999", betas)
         check_device(self.device)
+
+
+def _real(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_int(name: str, value, least: int, expected: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        fail("TrainConfig", name, expected, repr(value))
 
 
 class Task(Protocol):
@@ -121,14 +145,15 @@ def train(
     config: TrainConfig,
     run_dir: Path | None,
     *,
-    resume: bool = False,
+    resume: bool | Path = False,
     progress: bool = True,
 ) -> dict[str, float]:
     """Train `model` on `task` on `config.device` (the model is moved there); returns the
     final evaluation metrics and the device they were computed on (`"device"`).
 
     With `run_dir`, writes metrics.jsonl, final.json and checkpoints/ there; `resume`
-    continues from the newest checkpoint to the same result as an uninterrupted run.
+    continues from a checkpoint (True: the newest intact one, `checkpoint.resume_point`; or the
+    folder given) to the same result as an uninterrupted run.
     """
     device = resolve_device(config.device)
     env = setup_distributed(device)
@@ -144,17 +169,23 @@ def train(
     ckpt_dir = Path(run_dir) / "checkpoints" if run_dir else None
     metrics_path = Path(run_dir) / "metrics.jsonl" if run_dir else None
     if resume and ckpt_dir is not None:
-        folder = latest_checkpoint(ckpt_dir)
-        if folder is None:
-            fail("train", "--resume", f"a checkpoint under {ckpt_dir}", "none")
+        # 1. the checkpoint: the one given, or the newest intact one (damaged ones named)
+        folder = resume if isinstance(resume, Path) else resume_point(ckpt_dir, set_aside=env.main)
+        saved = checkpoint_step(folder)
+        if saved + 1 > config.steps:
+            fail(
+                "TrainConfig",
+                "steps",
+                f"at least the {saved + 1} steps this run has trained ({folder.name})",
+                config.steps,
+            )
         start = load_checkpoint(folder, model, optimizer, scheduler, task) + 1
-        if env.main and metrics_path.exists():  # drop log lines written after that checkpoint
-            kept = [
-                line
-                for line in metrics_path.read_text().splitlines()
-                if json.loads(line).get("step", -1) < start
-            ]
-            metrics_path.write_text("".join(line + "\n" for line in kept))
+        # 2. the log: lines written after that checkpoint are dropped (a torn last line too)
+        if env.main and metrics_path.exists():
+            kept = [row for row in read_metrics(metrics_path) if row["step"] < start]
+            atomic_write(metrics_path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        if env.main:
+            note(f"--resume: continuing from {folder.parent.name}/{folder.name}, step {start}")
     elif env.main and metrics_path is not None and metrics_path.exists():
         metrics_path.unlink()
 
@@ -198,8 +229,7 @@ def train(
             if config.eval_every and (step + 1) % config.eval_every == 0 and not last:
                 record.update(_evaluate(task, model))
             if env.main and metrics_path is not None:
-                with metrics_path.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
+                _append(metrics_path, json.dumps(record) + "\n")
             bar.update(step + 1, record)
             window_losses, window_items, window_start = [], 0, time.perf_counter()
         if (
@@ -261,3 +291,15 @@ class _progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def _append(path: Path, line: str) -> None:
+    """Append a log line; a failed write (a full disk) is an OSError naming the file. A line
+    cut short by it is skipped by `files.read_metrics` and dropped on resume."""
+    try:
+        with path.open("a") as f:
+            f.write(line)
+    except OSError as err:
+        if err.errno is None:
+            raise
+        raise type(err)(err.errno, f"{err.strerror} (writing {path})") from err

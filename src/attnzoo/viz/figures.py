@@ -8,6 +8,10 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+# Tokens and titles are drawn as the characters they are: a "$" would otherwise start TeX
+# (matplotlib's mathtext), so "a$b$c" would lose its dollars and "$\frac$" would crash savefig.
+LITERAL = {"parse_math": False, "usetex": False}
+
 
 def _label(token: str) -> str:
     return token if token.strip() else "␣"  # make a space token visible
@@ -32,13 +36,13 @@ def alignment_figure(
     fig = Figure(figsize=(max(3.0, cell * len(source) + 1.5), max(2.5, cell * len(target) + 1.2)))
     ax = fig.add_subplot()
     ax.imshow(w, cmap="gray", vmin=0.0, vmax=1.0, aspect="equal")
-    ax.set_xticks(range(len(source)), [_label(s) for s in source], rotation=90)
-    ax.set_yticks(range(len(target)), [_label(t) for t in target])
+    ax.set_xticks(range(len(source)), [_label(s) for s in source], rotation=90, **LITERAL)
+    ax.set_yticks(range(len(target)), [_label(t) for t in target], **LITERAL)
     ax.xaxis.tick_top()
     ax.set_xlabel("source")
     ax.set_ylabel("output")
     if title:
-        ax.set_title(title, fontsize=9, pad=28)
+        ax.set_title(title, fontsize=9, pad=28, **LITERAL)
     fig.tight_layout()
     return fig
 
@@ -77,11 +81,11 @@ def head_grid_figure(
             # Token labels on the outer axes only: source along the bottom, target down the
             # left; heads named across the top, layers down the left.
             if layer == layers - 1:
-                ax.set_xticks(range(key_len), [_label(s) for s in source], rotation=90)
+                ax.set_xticks(range(key_len), [_label(s) for s in source], rotation=90, **LITERAL)
             else:
                 ax.set_xticks([])
             if head == 0:
-                ax.set_yticks(range(query_len), [_label(t) for t in target])
+                ax.set_yticks(range(query_len), [_label(t) for t in target], **LITERAL)
                 ax.set_ylabel(f"layer {layer + 1}", fontsize=7)
             else:
                 ax.set_yticks([])
@@ -89,7 +93,7 @@ def head_grid_figure(
             if layer == 0:
                 ax.set_title(f"head {head + 1}", fontsize=7)
     if title:
-        fig.suptitle(title, fontsize=9)
+        fig.suptitle(title, fontsize=9, **LITERAL)
     fig.tight_layout()
     return fig
 
@@ -102,7 +106,7 @@ def loss_figure(steps: Sequence[int], losses: Sequence[float], *, title: str = "
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (per token)")
     if title:
-        ax.set_title(title)
+        ax.set_title(title, **LITERAL)
     fig.tight_layout()
     return fig
 
@@ -139,7 +143,7 @@ def pointer_figure(
     fig = Figure(figsize=(10, 4.4))
     ax = fig.add_subplot(1, 2, 1)
     ax.imshow(w, cmap="gray", vmin=0.0, vmax=1.0, aspect="auto")
-    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
+    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7, **LITERAL)
     ax.set_yticks(range(w.shape[0]), [str(s + 1) for s in range(w.shape[0])], fontsize=7)
     ax.set_xlabel("input position")
     ax.set_ylabel("output step")
@@ -166,7 +170,7 @@ def pointer_figure(
         ax.set_xlabel("output step")
         ax.set_ylabel("value")
     ax.legend(fontsize=8, loc="best")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=9, **LITERAL)
     fig.tight_layout()
     return fig
 
@@ -275,6 +279,6 @@ def memory_figure(
                 axis = ax.set_xticks if name.startswith("memory") else ax.set_yticks
                 axis(at, [str(k) for k in rows[at]])
     if title:
-        fig.suptitle(title, fontsize=9)
+        fig.suptitle(title, fontsize=9, **LITERAL)
     fig.tight_layout()
     return fig

@@ -1,0 +1,414 @@
+"""Fault injection, the command line: every user mistake in `attnzoo train/eval/plot/demo/list`
+ends in one line `attnzoo: error: ...` naming the argument or the file, and status 2, before any
+work; a resumed run never ignores an argument; a run directory is never overwritten without
+--overwrite; a bug (an unexpected exception type) still shows its traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnzoo import runs
+from attnzoo.cli import main
+
+# luong on reverse, 10 steps, a checkpoint every 5 (step_00000004 and step_00000009 are kept)
+TINY = [
+    "task.n_train=64",
+    "task.n_valid=8",
+    "task.n_test=8",
+    "task.max_len=6",
+    "model.hidden=8",
+    "model.embed_dim=8",
+    "train.steps=10",
+    "train.batch_size=8",
+    "train.log_every=5",
+    "train.checkpoint_every=5",
+    "train.threads=1",
+    "train.device=cpu",
+    "eval.limit=8",
+]
+TRAIN = ["train", "luong", "--task", "reverse", "--no-progress"]
+
+
+def sets(items) -> list[str]:
+    return [x for s in items for x in ("--set", s)]
+
+
+def train(out: Path, *extra: str) -> int:
+    return main([*TRAIN, "--out", str(out), *sets([*TINY, *extra])])
+
+
+def copy_run(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    return target
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(Path(folder) / "tensors.safetensors")
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    wa, wb = weights(a), weights(b)
+    model = sorted(k for k in wa if k.startswith("model."))
+    return model == sorted(k for k in wb if k.startswith("model.")) and all(
+        torch.equal(wa[k], wb[k]) for k in model
+    )
+
+
+def one_error_line(err: str) -> str:
+    """The one line of a CLI error (asserting it is one line and nothing else)."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("attnzoo: error: "), err
+    return lines[0]
+
+
+def config(run: Path) -> dict:
+    return json.loads((run / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A finished 10-step run (constant schedule, so it may be extended on resume)."""
+    out = tmp_path_factory.mktemp("trained") / "run"
+    assert train(out, "train.schedule=constant") == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def cosine(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cosine") / "run"
+    assert train(out) == 0
+    return out
+
+
+def _error(argv, capsys) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    return one_error_line(captured.err)
+
+
+# ---------- mistakes on the command line and in --set: one line, status 2, no work ----------
+
+TRAIN_MISTAKES = [
+    (["train", "nosuch", "--task", "reverse"], "argument 'MODEL' expected one of"),
+    (["train", "luong", "--task", "nosuch"], "argument '--task' expected one of"),
+    (["train", "transformer-lm", "--task", "reverse"], "a model for --task reverse"),
+    (["train", "luong", "--task", "reverse", "--set", "train.steps"], "key=value"),
+    (["train", "luong", "--task", "reverse", "--set", "train.stepz=3"], "'train.stepz'"),
+    (["train", "luong", "--task", "reverse", "--set", "nope.x=3"], "'nope.x'"),
+    (["train", "luong", "--task", "reverse", "--set", "train.steps=many"], "'train.steps'"),
+    (["train", "luong", "--task", "reverse", "--set", "train.lr=fast"], "'train.lr'"),
+    (["train", "luong", "--task", "reverse", "--set", "model.bidirectional=maybe"], "bidir"),
+    (["train", "luong", "--task", "reverse", "--set", "train.device=tpu"], "'device'"),
+    (["train", "luong"], "needs MODEL and --task TASK"),
+    (["train", "--resume"], "--resume needs --out DIR"),
+    (["train", "--resume", "--overwrite", "--out", "x"], "not both"),
+    (["train", "luong", "--task", "reverse", "--bogus"], "unrecognized arguments: --bogus"),
+    (["bogus"], "invalid choice: 'bogus'"),
+    ([], "the following arguments are required: command"),
+    (["list", "extra"], "unrecognized arguments: extra"),
+    (["eval"], "the following arguments are required: dir"),
+]
+
+
+@pytest.mark.parametrize(("argv", "expected"), TRAIN_MISTAKES, ids=lambda x: str(x)[:40])
+def test_command_line_mistakes_are_one_line(argv, expected, capsys):
+    assert expected in _error(argv, capsys)
+
+
+# Every field of TrainConfig and EvalConfig that can be invalid: (--set item, what names it)
+BAD_VALUES = [
+    ("train.steps=0", "'steps' expected a positive int"),
+    ("train.batch_size=0", "'batch_size' expected a positive int"),
+    ("train.checkpoint_every=0", "'checkpoint_every' expected a positive int"),
+    ("train.log_every=0", "'log_every' expected a positive int"),
+    ("train.eval_every=-1", "'eval_every' expected a non-negative int"),
+    ("train.threads=-1", "'threads' expected a non-negative int"),
+    ("train.warmup=-1", "'warmup' expected a non-negative int"),
+    ("train.seed=-1", "'seed' expected a non-negative int"),
+    ("train.lr=0", "'lr' expected a positive, finite learning rate"),
+    ("train.lr=nan", "'lr' expected a positive, finite learning rate"),
+    ("train.lr=inf", "'lr' expected a positive, finite learning rate"),
+    ("train.clip=-1", "'clip' expected a finite number >= 0"),
+    ("train.clip=nan", "'clip' expected a finite number >= 0"),
+    ("train.weight_decay=-0.1", "'weight_decay' expected a finite number >= 0"),
+    ("train.betas=0.9,1.0", "'betas' expected two numbers in [0, 1)"),
+    ("train.betas=-0.1,0.9", "'betas' expected two numbers in [0, 1)"),
+    ("train.betas=0.9", "'train.betas' expected a value of type tuple[float, float]"),
+    ("train.schedule=linear", "'schedule' expected one of"),
+    ("train.autocast=fp16", "'autocast' expected one of"),
+    ("eval.batch_size=0", "'batch_size' expected a positive int"),
+    ("eval.limit=-1", "'limit' expected a non-negative int"),
+    ("eval.beam_size=0", "'beam_size' expected a positive int"),
+    ("eval.split=foo", "'split' expected one of ['valid', 'test'], got 'foo'"),
+    ("eval.label_smoothing=1.0", "'label_smoothing' expected a number in [0, 1)"),
+    ("eval.label_smoothing=-0.1", "'label_smoothing' expected a number in [0, 1)"),
+]
+
+
+@pytest.mark.parametrize(("item", "expected"), BAD_VALUES, ids=[b[0] for b in BAD_VALUES])
+def test_each_invalid_config_value_is_named_before_any_work(
+    item, expected, tmp_path, capsys, monkeypatch
+):
+    def no_work(config):
+        raise AssertionError("data was built before the config was checked")
+
+    monkeypatch.setattr(runs, "build", no_work)
+    out = tmp_path / "run"
+    error = _error([*TRAIN, "--out", str(out), "--set", item], capsys)
+    assert expected in error
+    assert not out.exists()  # nothing made
+
+
+def test_out_under_a_regular_file_is_named(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    error = _error([*TRAIN, "--out", str(tmp_path / "file" / "run"), *sets(TINY)], capsys)
+    assert "argument '--out' expected a directory attnzoo can create and write in" in error
+    assert "Not a directory" in error
+    error = _error([*TRAIN, "--out", str(tmp_path / "file"), *sets(TINY)], capsys)
+    assert "argument '--out'" in error
+
+
+def test_out_on_a_read_only_filesystem_is_named(tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        error = _error([*TRAIN, "--out", str(ro / "run"), *sets(TINY)], capsys)
+        assert "argument '--out' expected a directory attnzoo can create and write in" in error
+        assert "Read-only file system" in error
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+
+
+def test_eval_and_plot_of_what_is_not_a_run(tmp_path, capsys):
+    missing = tmp_path / "missing"
+    for command in ("eval", "plot"):
+        assert "(no such directory)" in _error([command, str(missing)], capsys)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "a run directory with config.json" in _error(["eval", str(empty)], capsys)
+    assert "a run directory with config.json" in _error(
+        ["train", "--resume", "--out", str(empty)], capsys
+    )
+    assert "(no such directory)" in _error(["train", "--resume", "--out", str(missing)], capsys)
+    assert not missing.exists()
+
+
+def test_eval_of_a_run_without_checkpoints(trained, tmp_path, capsys):
+    run = copy_run(trained, tmp_path / "run")
+    for folder in (run / "checkpoints").iterdir():
+        if folder.is_dir():
+            for f in folder.iterdir():
+                f.unlink()
+            folder.rmdir()
+        else:
+            folder.unlink()
+    assert "a run with a checkpoint" in _error(["eval", str(run)], capsys)
+    assert "a checkpoint under" in _error(["train", "--resume", "--out", str(run)], capsys)
+
+
+def test_a_bug_still_shows_its_traceback(monkeypatch, tmp_path):
+    """An exception type no user mistake raises is not hidden behind one line."""
+
+    def bug(config):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(runs, "build", bug)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main([*TRAIN, "--out", str(tmp_path / "a"), *sets(TINY)])
+
+    def type_bug(config):
+        return None + 1
+
+    monkeypatch.setattr(runs, "build", type_bug)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        main([*TRAIN, "--out", str(tmp_path / "b"), *sets(TINY)])
+
+
+def test_one_line_and_status_2_from_the_console_script(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "attnzoo.cli", "train", "luong", "--task", "reverse", "--set", "x"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and r.stdout == ""
+    assert "key=value" in one_error_line(r.stderr)
+
+
+# ---------- a run directory is never overwritten without --overwrite ----------
+
+
+def test_training_into_a_run_directory_is_refused(trained, tmp_path, capsys):
+    run = copy_run(trained, tmp_path / "run")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    error = _error([*TRAIN, "--out", str(run), *sets(TINY)], capsys)
+    assert "argument '--out' expected a new or empty run directory" in error
+    assert "--resume continues the run in it, --overwrite replaces it" in error
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_overwrite_clears_the_run_and_says_so(trained, tmp_path, capsys):
+    run = copy_run(trained, tmp_path / "run")
+    (run / "checkpoints" / "step_00000099").mkdir()  # from the old run: must not survive
+    assert main([*TRAIN, "--out", str(run), "--overwrite", *sets([*TINY, "train.steps=5"])]) == 0
+    err = capsys.readouterr().err
+    assert f"attnzoo: replacing the run in {run}: cleared checkpoints, config.json" in err
+    assert config(run)["train"]["steps"] == 5
+    folders = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert folders == ["latest.json", "step_00000004"]
+    rows = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [4]
+
+
+def test_overwrite_refuses_a_directory_that_is_not_a_run(trained, tmp_path, capsys):
+    run = copy_run(trained, tmp_path / "run")
+    (run / "notes.txt").write_text("mine")
+    error = _error([*TRAIN, "--out", str(run), "--overwrite", *sets(TINY)], capsys)
+    assert "for --overwrite to clear" in error and "['notes.txt']" in error
+    assert (run / "notes.txt").read_text() == "mine" and (run / "config.json").exists()
+
+
+def test_demo_replaces_its_own_run(tmp_path, capsys):
+    from tests.train.test_loop import sets as dates_sets
+
+    out = tmp_path / "demo"
+    argv = ["demo", "--out", str(out), "--no-progress", *dates_sets(["train.steps=4"])]
+    assert main(argv) == 0
+    assert "replacing" not in capsys.readouterr().err
+    assert main(argv) == 0
+    assert f"replacing the run in {out}" in capsys.readouterr().err
+    assert (out / "figures" / "alignment.png").exists()
+
+
+# ---------- resume never ignores an argument ----------
+
+
+def test_resume_extends_steps_to_equal_a_longer_run(trained, tmp_path, capsys):
+    """Constant schedule: 10 steps, then resumed to 20, equals 20 steps in one go."""
+    run = copy_run(trained, tmp_path / "run")
+    argv = ["train", "--resume", "--out", str(run), "--no-progress", "--set", "train.steps=20"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "--resume: train.steps: 10 -> 20 (recorded in" in err
+    assert "continuing from checkpoints/step_00000009, step 10" in err
+    assert config(run)["train"]["steps"] == 20
+    straight = tmp_path / "straight"
+    assert train(straight, "train.schedule=constant", "train.steps=20") == 0
+    assert same_weights(
+        run / "checkpoints" / "step_00000019", straight / "checkpoints" / "step_00000019"
+    )
+    log = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert log == [4, 9, 14, 19]
+    final, expected = (json.loads((d / "final.json").read_text()) for d in (run, straight))
+    assert final == expected
+
+
+def test_resume_with_the_same_values_changes_nothing(trained, tmp_path, capsys):
+    run = copy_run(trained, tmp_path / "run")
+    saved = (run / "config.json").read_bytes()
+    argv = ["train", "luong", "--task", "reverse", "--resume", "--out", str(run), "--no-progress"]
+    assert main([*argv, "--set", "train.steps=10", "--set", "model.hidden=8"]) == 0
+    assert "recorded" not in capsys.readouterr().err
+    assert (run / "config.json").read_bytes() == saved
+
+
+def test_resume_records_allowed_evaluation_changes(trained, tmp_path, capsys):
+    run = copy_run(trained, tmp_path / "run")
+    argv = ["train", "--resume", "--out", str(run), "--no-progress"]
+    assert main([*argv, *sets(["eval.beam_size=2", "train.log_every=2"])]) == 0
+    err = capsys.readouterr().err
+    assert "train.log_every: 5 -> 2; eval.beam_size: 1 -> 2 (recorded in" in err
+    saved = config(run)
+    assert saved["eval"]["beam_size"] == 2 and saved["train"]["log_every"] == 2
+
+
+def test_resume_refuses_another_model_and_task_listing_both(trained, tmp_path, capsys):
+    run = copy_run(trained, tmp_path / "run")
+    saved = (run / "config.json").read_bytes()
+    argv = ["train", "bahdanau", "--task", "dates", "--resume", "--out", str(run)]
+    error = _error(argv, capsys)
+    assert "argument 'MODEL, --task' expected the run's saved config" in error
+    assert "MODEL: 'luong' -> 'bahdanau'; --task: 'reverse' -> 'dates'" in error
+    assert (run / "config.json").read_bytes() == saved
+
+
+def test_resume_refuses_other_keys_listing_every_difference(trained, tmp_path, capsys):
+    run = copy_run(trained, tmp_path / "run")
+    items = ["model.hidden=16", "train.lr=0.1", "train.steps=12", "eval.label_smoothing=0.1"]
+    error = _error(["train", "--resume", "--out", str(run), *sets(items)], capsys)
+    assert "argument 'model.hidden, train.lr, eval.label_smoothing'" in error
+    assert (
+        "got model.hidden: 8 -> 16; train.lr: 0.003 -> 0.1; eval.label_smoothing: 0.0 -> 0.1"
+        in error
+    )
+    assert "train.steps:" not in error  # allowed, so not among the refused
+    assert config(run)["train"]["steps"] == 10
+
+
+def test_resume_refuses_to_change_the_steps_of_a_cosine_schedule(cosine, tmp_path, capsys):
+    run = copy_run(cosine, tmp_path / "run")
+    error = _error(["train", "--resume", "--out", str(run), "--set", "train.steps=20"], capsys)
+    assert "argument 'train.steps'" in error and "cosine schedule decays over train.steps" in error
+    assert "train.steps: 10 -> 20" in error
+    assert config(run)["train"]["steps"] == 10
+
+
+def test_resume_refuses_fewer_steps_than_trained(trained, tmp_path, capsys):
+    run = copy_run(trained, tmp_path / "run")
+    error = _error(["train", "--resume", "--out", str(run), "--set", "train.steps=6"], capsys)
+    assert "argument 'train.steps' expected at least the 10 steps this run has trained" in error
+    assert "got 6" in error
+    assert config(run)["train"]["steps"] == 10
+
+
+def test_resume_validates_a_set_value(trained, tmp_path, capsys):
+    run = copy_run(trained, tmp_path / "run")
+    error = _error(["train", "--resume", "--out", str(run), "--set", "train.steps=0"], capsys)
+    assert "'steps' expected a positive int" in error
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["bahdanau", "--task", "dates", "--set", "task.n_train=0"],
+            "'n_train' expected a positive",
+        ),
+        (["bahdanau", "--task", "dates", "--set", "task.seed=-1"], "'seed' expected an int >= 0"),
+        (["bahdanau", "--task", "dates", "--set", "task.locales="], "'locales' expected one or"),
+        (["luong", "--task", "numbers", "--set", "task.max_value=-1"], "'max_value' expected"),
+        (
+            ["luong", "--task", "numbers", "--set", "task.n_test=-1"],
+            "'n_test' expected an int >= 0",
+        ),
+    ],
+)
+def test_task_sizes_are_checked_before_any_data(argv, expected, tmp_path, capsys, monkeypatch):
+    def no_work(config):
+        raise AssertionError("data was built before the config was checked")
+
+    monkeypatch.setattr(runs, "build", no_work)
+    assert expected in _error(["train", *argv, "--out", str(tmp_path / "run")], capsys)
+
+
+def test_an_interrupt_is_one_line_and_status_130(monkeypatch, tmp_path, capsys):
+    def interrupted(config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runs, "build", interrupted)
+    assert main([*TRAIN, "--out", str(tmp_path / "run"), *sets(TINY)]) == 130
+    err = capsys.readouterr().err
+    assert err == "attnzoo: interrupted (a run continues with `attnzoo train --resume --out DIR`)\n"
