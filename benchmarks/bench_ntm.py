@@ -70,7 +70,7 @@ def worker(spec: dict) -> dict:
     )
     out = Path(spec.get("runs", RUNS)) / f"ntm-{spec['name']}"
     start = time.perf_counter()
-    task, model, final = runs.run_train(config, out, progress=False)
+    task, model, final = runs.run_train(config, out, overwrite=True, progress=False)
     minutes = (time.perf_counter() - start) / 60
     runs.write_figures(out, task, model, count=3)
     batch = config["train"]["batch_size"]

@@ -100,7 +100,7 @@ def worker(spec: dict) -> dict:
         reused = True
     else:
         start = time.perf_counter()
-        _, model, _ = runs.run_train(config, out, progress=False)
+        _, model, _ = runs.run_train(config, out, overwrite=True, progress=False)
         minutes = (time.perf_counter() - start) / 60
         reused = False
     model.eval()

@@ -98,7 +98,8 @@ ALLOWED = {
     "keras": {"core"},  # Keras 3 layers over the core (imported only with Keras installed)
     "models": {"core", "decoding"},
     "tasks": {"core", "decoding", "viz"},
-    "runs": {"core", "config", "train", "viz", "models", "tasks"},
+    "rundir": {"core", "config", "train", "models", "tasks"},
+    "runs": {"core", "config", "rundir", "train", "viz", "models", "tasks"},
     "cli": {"core", "runs", "models", "tasks"},
     "attnzoo": {"core"},
 }

@@ -3,37 +3,32 @@
 A run directory holds config.json (resolved; the device requested), metrics.jsonl, final.json
 (the device used among the metrics), checkpoints/ and figures/ (DESIGN.md, "Runs"). Tasks and
 models come from their registries; what is task-specific (budgets, model sizes, figures) is the
-task's (`attnzoo.tasks.base.Task`).
-
-Nothing is silently wrong and nothing is lost:
-1. Every field of a config is checked before any data is built (`apply_overrides`,
-   `read_config`); a config.json that is not a run's config is an error naming the file.
-2. A run directory that holds anything is never written into unless the run resumes it or
-   `overwrite=True` (`--overwrite`) clears it, and then only if it holds nothing but a run's
-   files.
-3. Resuming takes the saved config; only the keys of `RESUMABLE` may change (recorded in
-   config.json), and any other difference from the saved config is an error listing each one.
-   `train.steps` may change (extend a run) only where the schedule does not depend on it, so
-   that the result equals a run started with that many steps: not with `cosine`.
+task's (`attnzoo.tasks.base.Task`); the config and the run directory's rules (checked before
+any work, resumed, never overwritten unasked) are `attnzoo.rundir`'s.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from attnzoo import config as overrides
 from attnzoo.core.checks import fail
 from attnzoo.models.registry import MODELS
-from attnzoo.tasks.registry import TASKS, EvalConfig
+from attnzoo.rundir import (  # noqa: F401  (the config half of this module's public API)
+    RESUMABLE,
+    apply_overrides,
+    check_out,
+    check_resumable,
+    clear,
+    configs,
+    default_config,
+    listing,
+    main_process,
+    read_config,
+    resume_config,
+)
+from attnzoo.tasks.registry import TASKS
 from attnzoo.train.checkpoint import (
     atomic_write_json,
     checkpoint_step,
@@ -43,224 +38,8 @@ from attnzoo.train.checkpoint import (
     resume_point,
 )
 from attnzoo.train.device import resolve_device
-from attnzoo.train.files import note, read_json, read_metrics
-from attnzoo.train.loop import TrainConfig, train
-
-SECTIONS = ("model", "task", "train", "eval")
-
-# The keys a resumed run may change: how long it trains (see the module docstring for the
-# schedule), how often it logs, evaluates and saves, where it runs, and how it is evaluated.
-# Everything else (model, task, seed, optimiser, schedule, batch, autocast, label smoothing,
-# which enters the training loss) would make a run that is neither the old one nor a new one.
-RESUMABLE = (
-    "train.steps",
-    "train.log_every",
-    "train.eval_every",
-    "train.checkpoint_every",
-    "train.threads",
-    "train.device",
-    "eval.split",
-    "eval.limit",
-    "eval.beam_size",
-    "eval.batch_size",
-)
-
-# What a run writes in its directory (`overwrite` clears these, and refuses anything else)
-RUN_FILES = ("config.json", "metrics.jsonl", "final.json", "checkpoints", "figures")
-
-
-def _check_names(model: str, task: str) -> None:
-    if model not in MODELS:
-        fail("attnzoo", "MODEL", f"one of {sorted(MODELS)}", repr(model))
-    if task not in TASKS:
-        fail("attnzoo", "--task", f"one of {sorted(TASKS)}", repr(task))
-    if MODELS[model].interface != TASKS[task].interface:
-        interface = TASKS[task].interface
-        fitting = sorted(name for name, m in MODELS.items() if m.interface == interface)
-        fail("attnzoo", "MODEL", f"a model for --task {task}: one of {fitting}", repr(model))
-
-
-def default_config(model: str, task: str) -> dict[str, Any]:
-    _check_names(model, task)
-    spec = TASKS[task]
-    return {
-        "model_name": model,
-        "task_name": task,
-        "model": dataclasses.asdict(MODELS[model].preset()),
-        "task": dataclasses.asdict(spec.default_config()),
-        "train": dataclasses.asdict(TrainConfig(**spec.train)),
-        "eval": dataclasses.asdict(spec.eval_config()),
-    }
-
-
-def _classes(config: dict) -> dict[str, type]:
-    return {
-        "model": MODELS[config["model_name"]].config_class,
-        "task": TASKS[config["task_name"]].config_type(),
-        "train": TrainConfig,
-        "eval": EvalConfig,
-    }
-
-
-def apply_overrides(config: dict, sets: list[str]) -> dict:
-    """`section.field=value` strings -> config; every section's own checks then run, before
-    any work."""
-    overrides.apply(config, _classes(config), sets)
-    _configs(config)
-    return config
-
-
-def _configs(config: dict) -> dict[str, Any]:
-    return {s: overrides.build(cls, config[s], s) for s, cls in _classes(config).items()}
-
-
-def read_config(run_dir: Path) -> dict:
-    """A run directory's config.json, checked field by field, its model section in today's
-    fields (a config written by an earlier version is upgraded by its model's registry entry).
-    A config.json that is not a run's config is an error naming the file."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        what = "not a directory" if run_dir.exists() else "no such directory"
-        fail("attnzoo", "DIR", "a run directory", f"{run_dir} ({what})", FileNotFoundError)
-    path = run_dir / "config.json"
-    if not path.is_file():
-        fail("attnzoo", "DIR", "a run directory with config.json", str(run_dir), FileNotFoundError)
-    config = read_json(path, "a run's config")
-    keys = ("model_name", "task_name", *SECTIONS)
-    if not isinstance(config, dict) or any(k not in config for k in keys):
-        got = sorted(config) if isinstance(config, dict) else type(config).__name__
-        fail("attnzoo", str(path), f"a run's config with the keys {list(keys)}", got)
-    try:
-        _check_names(config["model_name"], config["task_name"])
-        config["model"] = MODELS[config["model_name"]].upgrade(config["model"])
-        built = _configs(config)
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
-        raise ValueError(f"{path}: {err}") from err
-    # every field, those a config written before a field existed lacks at their defaults
-    return {**config, **{s: _normal(dataclasses.asdict(built[s])) for s in SECTIONS}}
-
-
-def _normal(config: dict) -> dict:
-    return json.loads(json.dumps(config))  # tuples as lists, as config.json holds them
-
-
-def differences(saved: dict, given: dict) -> list[tuple[str, Any, Any]]:
-    """(key, saved value, given value) of every key whose value differs."""
-    saved, given = _normal(saved), _normal(given)
-    found = [
-        (label, saved[name], given[name])
-        for name, label in (("model_name", "MODEL"), ("task_name", "--task"))
-        if saved[name] != given[name]
-    ]
-    for section in SECTIONS:
-        old, new = saved[section], given[section]
-        for key in sorted(old.keys() | new.keys()):
-            if old.get(key) != new.get(key):
-                found.append((f"{section}.{key}", old.get(key), new.get(key)))
-    return found
-
-
-def _listing(changes) -> str:
-    return "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changes)
-
-
-def check_resumable(saved: dict, given: dict) -> list[tuple[str, Any, Any]]:
-    """The changes `given` makes to a run's `saved` config, all of them keys of `RESUMABLE`
-    (module docstring); any other difference is an error listing every one."""
-    changes = differences(saved, given)
-    refused = [c for c in changes if c[0] not in RESUMABLE]
-    if refused:
-        fail(
-            "attnzoo --resume",
-            ", ".join(key for key, _, _ in refused),
-            "the run's saved config (a resumed run may change only "
-            f"{', '.join(RESUMABLE)}; start a new run for the rest)",
-            _listing(refused),
-        )
-    schedule = saved["train"]["schedule"]
-    if any(key == "train.steps" for key, _, _ in changes) and schedule == "cosine":
-        fail(
-            "attnzoo --resume",
-            "train.steps",
-            "the saved number of steps: the cosine schedule decays over train.steps, so a "
-            "changed count would equal neither the old run nor a run of the new count "
-            "(extend runs of schedule constant or inverse_sqrt)",
-            _listing(c for c in changes if c[0] == "train.steps"),
-        )
-    return changes
-
-
-def resume_config(
-    run_dir: Path, model: str | None = None, task: str | None = None, sets: list[str] = ()
-) -> dict:
-    """The config a resumed run continues with: the saved one (`read_config`), with the
-    `--set` items applied. A MODEL or --task other than the saved ones, or a `--set` of a key
-    outside `RESUMABLE` to another value, is an error listing every difference."""
-    saved = read_config(run_dir)
-    given = copy.deepcopy(saved)
-    named = {"model_name": model, "task_name": task}
-    if all(saved[k] == v for k, v in named.items() if v is not None):
-        apply_overrides(given, list(sets))
-    else:  # the --set keys are those of the model and task named
-        for key, value in named.items():
-            if value is not None:
-                given[key] = value
-    check_resumable(saved, given)
-    return given
-
-
-def _main_process() -> bool:
-    """Not a torchrun worker other than rank 0 (which alone writes the run directory)."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-def check_out(out: Path, *, resume: bool = False, overwrite: bool = False) -> list[Path]:
-    """Check before any work that `out` can be the run directory: a directory (made here if
-    need be) that this process can write in, new or empty unless the run resumes it; with
-    `overwrite`, one holding only a run's files (`RUN_FILES`). Returns what `overwrite` will
-    clear."""
-    out = Path(out)
-    if resume and overwrite:
-        fail("attnzoo", "--overwrite", "either --resume or --overwrite", "both")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as err:
-        why = err.strerror or str(err)
-        fail("attnzoo", "--out", "a directory attnzoo can create and write in", f"{out} ({why})")
-    entries = sorted(out.iterdir())
-    if not entries or resume:
-        return []
-    names = [p.name for p in entries]
-    if not overwrite:
-        fail(
-            "attnzoo",
-            "--out",
-            "a new or empty run directory (--resume continues the run in it, "
-            "--overwrite replaces it)",
-            f"{out} holding {names}",
-            FileExistsError,
-        )
-    foreign = [n for n in names if n not in RUN_FILES and not n.startswith(".")]
-    if foreign:
-        fail(
-            "attnzoo",
-            "--out",
-            f"a run directory (only {list(RUN_FILES)}) for --overwrite to clear",
-            f"{out} also holding {foreign}",
-            FileExistsError,
-        )
-    return entries
-
-
-def _clear(out: Path, entries: list[Path]) -> None:
-    for path in entries:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-    note(f"replacing the run in {out}: cleared {', '.join(p.name for p in entries)}")
+from attnzoo.train.files import note, read_metrics
+from attnzoo.train.loop import train
 
 
 def run_train(
@@ -277,11 +56,11 @@ def run_train(
     resume, the checkpoint to continue from and the changes to the saved config:
     `check_resumable`), then the data and the model, then `out` is cleared (`overwrite`) or
     the changes are recorded in config.json, then the loop."""
-    out, train_config = Path(out), _configs(config)["train"]
+    out, train_config = Path(out), configs(config)["train"]
     resolve_device(train_config.device)  # a device this machine lacks fails before any work
-    main = _main_process()
+    main = main_process()
     saved = read_config(out) if resume else None  # before check_out makes a missing `out`
-    clear = check_out(out, resume=resume, overwrite=overwrite) if main else []
+    entries = check_out(out, resume=resume, overwrite=overwrite) if main else []
     folder, changes = None, []
     if resume:
         changes = check_resumable(saved, config)
@@ -296,12 +75,12 @@ def run_train(
             )
     task, model = build(config)
     if main:
-        if clear:
-            _clear(out, clear)
+        if entries:
+            clear(out, entries)
         if not resume or changes:
             atomic_write_json(out / "config.json", config)
         if changes:
-            note(f"--resume: {_listing(changes)} (recorded in {out / 'config.json'})")
+            note(f"--resume: {listing(changes)} (recorded in {out / 'config.json'})")
     final = train(task, model, train_config, out, resume=folder or False, progress=progress)
     return task, model, final
 
@@ -309,7 +88,7 @@ def run_train(
 def build(config: dict):
     """(task, model) from a resolved config, on the CPU: a seed gives the same weights
     whatever device the run then moves them to."""
-    c = _configs(config)
+    c = configs(config)
     spec = TASKS[config["task_name"]]
     task = spec.build(c["task"], seed=c["train"].seed, eval_config=c["eval"])
     torch.manual_seed(c["train"].seed)
