@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_attention.py
 	$(BIN)/python benchmarks/bench_seq2seq_throughput.py
 	$(BIN)/python benchmarks/bench_seq2seq.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_keras.py
 	$(BIN)/python benchmarks/report.py
 
 clean:

@@ -720,6 +720,57 @@ def ntm_tables() -> None:
     splice(DOCS / "ntm.md", "ntm", "\n".join(body).rstrip())
 
 
+def keras_tables() -> None:
+    """docs/keras.md: attnzoo.keras layers against Keras's own (bench_keras.py)."""
+    data = load("keras")
+    if data is None:
+        return
+    config = data["config"]
+    rows = [
+        [
+            r["layer"],
+            r["batch"],
+            r["length"],
+            r["attnzoo_ms"],
+            r["keras_ms"],
+            r["time_ratio"],
+            r["attnzoo_peak_mib"],
+            r["keras_peak_mib"],
+            r["peak_ratio"],
+            r["max_abs_diff"],
+        ]
+        for r in data["rows"]
+    ]
+    body = [
+        targets_table(data),
+        "",
+        f"Median ms per forward + backward ({config['threads']} thread, float32, "
+        f"{config['repeats']} interleaved repeats by length), peak MiB in a fresh process per "
+        "layer and size (VmHWM), and the largest output difference of the two layers on the "
+        f"same weights. Keras {data['machine']['keras']} on the "
+        f"{data['machine']['keras_backend']} backend, torch {data['machine']['torch']}.",
+        "",
+        table(
+            [
+                "layer",
+                "batch",
+                "length",
+                "attnzoo ms",
+                "Keras ms",
+                "time / Keras",
+                "attnzoo MiB",
+                "Keras MiB",
+                "memory / Keras",
+                "max abs diff",
+            ],
+            rows,
+        ),
+        "",
+        f"Command: `{config['command']}`",
+    ]
+    splice(DOCS / "keras.md", "keras", "\n".join(body))
+
+
 if __name__ == "__main__":
     attention_tables()
     seq2seq_tables()
@@ -727,4 +778,5 @@ if __name__ == "__main__":
     transformer_run_tables()
     pointer_tables()
     ntm_tables()
+    keras_tables()
     print("docs updated")
