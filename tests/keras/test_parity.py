@@ -94,7 +94,7 @@ def test_attention_parity(use_scale, score_mode, causal, blocks):
     theirs.set_weights([w.numpy() for w in weights])  # not the initial ones: a scale that acts
     ours.set_weights(theirs.get_weights())
     _compare(theirs, ours, inputs, causal, masked=True)
-    _compare(theirs, ours, inputs[:2], causal, masked=False)  # key defaults to value
+    _compare(theirs, ours, [inputs[0], inputs[2]], causal, masked=False)  # key = value
 
 
 @pytest.mark.parametrize("use_scale", [True, False])
@@ -185,17 +185,23 @@ def test_mha_keras_masks_of_the_inputs():
     x[0, -2:] = 0.0  # masked queries
     memory[1, 5:] = 0.0  # masked keys
     masking = keras.layers.Masking(0.0)
-    xm, mm = masking(x), masking(memory)
-    theirs(xm, mm)
+
+    def masked():  # fresh tensors each call: Keras's layer removes the masks of its inputs
+        return masking(x), masking(memory)
+
+    theirs(*masked())
     ours = ak.MultiHeadAttention.from_keras(theirs)
-    expected, w_k = theirs(xm, mm, return_attention_scores=True)
-    got, w = ours(xm, mm, return_attention_scores=True)
+    expected, w_k = theirs(*masked(), return_attention_scores=True)
+    got, w = ours(*masked(), return_attention_scores=True)
     torch.testing.assert_close(got, expected, **TOL)
     torch.testing.assert_close(w, w_k, **TOL)
     assert (w[1, :, :, 5:] == 0).all() and (w[0, :, -2:] == 0).all()
+    assert (w[1, :, :, :5] > 0).all() and (w[0, :, :-2] > 0).all()
     keep = torch.ones(B, TQ, dtype=torch.bool)
     keep[0, -2:] = False
-    torch.testing.assert_close(ours(xm, mm)[keep], theirs(xm, mm)[keep], **TOL)
+    torch.testing.assert_close(ours(*masked())[keep], theirs(*masked())[keep], **TOL)
+    out = ours(*masked())
+    assert torch.equal(out._keras_mask, keep)  # the output carries the query's mask
 
 
 def _tutorial_bahdanau(units):
@@ -231,14 +237,14 @@ def test_bahdanau_parity_with_the_tutorial_layer(blocks):
     ours = ak.BahdanauAttention(10)
     ours([query, values])
     names = [w.name for w in ours.weights]
-    assert names == ["query_proj_weight", "query_proj_bias", "key_proj_weight", "v"]
+    assert names == ["v", "query_proj_weight", "query_proj_bias", "key_proj_weight"]
     w1, w2, v = tutorial.W1, tutorial.W2, tutorial.V
     ours.set_weights(
         [
+            v.kernel.value[:, 0].detach(),
             w1.kernel.value.T.detach(),
             (w1.bias.value + w2.bias.value).detach(),
             w2.kernel.value.T.detach(),
-            v.kernel.value[:, 0].detach(),
         ]
     )
     expected, expected_w = tutorial(query, values)

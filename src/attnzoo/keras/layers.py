@@ -137,8 +137,12 @@ class _ListInputAttention(keras.layers.Layer):
 
     def _shapes(self, inputs):
         """(query, value, key) of a list of 2 or 3 tensors or shapes."""
-        if not isinstance(inputs, (list, tuple)) or not 2 <= len(inputs) <= 3:
-            got = f"{len(inputs)} items" if isinstance(inputs, (list, tuple)) else inputs
+        if (
+            not isinstance(inputs, (list, tuple))
+            or not 2 <= len(inputs) <= 3
+            or any(x is None or isinstance(x, int) for x in inputs)  # one shape, not a list
+        ):
+            got = f"{len(inputs)} items" if isinstance(inputs, list) else inputs
             fail(self._label(), "inputs", "a list [query, value] or [query, value, key]", got)
         query, value = inputs[0], inputs[1]
         return query, value, inputs[2] if len(inputs) == 3 else value
