@@ -2,6 +2,7 @@
 docs generator reads, with rows and targets that agree with each other (no timing is
 asserted: the machine's speed is not the code's)."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -9,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("keras", reason="Keras 3 is not installed: pip install 'attnzoo[keras]'")
+# Not imported here: keras picks its backend at its first import, and the script sets
+# KERAS_BACKEND=torch in its own processes.
+if importlib.util.find_spec("keras") is None:
+    pytest.skip("Keras 3 is not installed: pip install 'attnzoo[keras]'", allow_module_level=True)
 
 BENCH = Path(__file__).parents[2] / "benchmarks"
 

@@ -354,8 +354,9 @@ class BahdanauAttention(_CoreScoreAttention):
         units: d_hidden, the size of the tanh layer (Bahdanau's n').
         use_bias: a bias inside the tanh (the tutorial's W1 and W2 biases, summed).
         dropout: on the weights, in training.
-    Weights: query_proj_weight (units, d_query) and query_proj_bias (units,) (W_a, torch's
-    Linear layout), key_proj_weight (units, d_key) (U_a), v (units,) (v_a).
+    Weights, in `scores.Additive`'s parameter order: v (units,) (v_a), query_proj_weight
+    (units, d_query) and query_proj_bias (units,) (W_a, torch's Linear layout),
+    key_proj_weight (units, d_key) (U_a).
     """
 
     def __init__(self, units, use_bias=True, dropout=0.0, **kwargs):
