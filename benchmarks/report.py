@@ -725,7 +725,15 @@ def keras_tables() -> None:
     data = load("keras")
     if data is None:
         return
-    config = data["config"]
+    config, machine = data["config"], data["machine"]
+
+    def rounds(r: dict) -> str:
+        """The spread of the per-round time ratios (the two layers timed back to back)."""
+        ratios = sorted(
+            a / k for a, k in zip(r["attnzoo_times_ms"], r["keras_times_ms"], strict=True)
+        )
+        return f"{fmt(ratios[0])}-{fmt(ratios[-1])}"
+
     rows = [
         [
             r["layer"],
@@ -734,6 +742,7 @@ def keras_tables() -> None:
             r["attnzoo_ms"],
             r["keras_ms"],
             r["time_ratio"],
+            rounds(r),
             r["attnzoo_peak_mib"],
             r["keras_peak_mib"],
             r["peak_ratio"],
@@ -741,14 +750,15 @@ def keras_tables() -> None:
         ]
         for r in data["rows"]
     ]
+    repeats = ", ".join(f"{n} at length {length}" for length, n in config["repeats"].items())
     body = [
         targets_table(data),
         "",
-        f"Median ms per forward + backward ({config['threads']} thread, float32, "
-        f"{config['repeats']} interleaved repeats by length), peak MiB in a fresh process per "
-        "layer and size (VmHWM), and the largest output difference of the two layers on the "
-        f"same weights. Keras {data['machine']['keras']} on the "
-        f"{data['machine']['keras_backend']} backend, torch {data['machine']['torch']}.",
+        f"Median ms per forward + backward ({config['threads']} thread, float32; interleaved "
+        f"repeats: {repeats}; per-round: the range of the ratios of the two layers timed back "
+        "to back), peak MiB in a fresh process per layer and size (VmHWM), and the largest "
+        f"output difference of the two layers on the same weights. Keras {machine['keras']} on "
+        f"the {machine['keras_backend']} backend, torch {machine['torch']}.",
         "",
         table(
             [
@@ -758,6 +768,7 @@ def keras_tables() -> None:
                 "attnzoo ms",
                 "Keras ms",
                 "time / Keras",
+                "per-round",
                 "attnzoo MiB",
                 "Keras MiB",
                 "memory / Keras",
