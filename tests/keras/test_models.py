@@ -187,3 +187,46 @@ def test_import_guard_names_the_install_command_and_the_backend():
     for line in lines:
         assert "pip install 'attnzoo[keras]'" in line and "KERAS_BACKEND=torch" in line
     assert "'jax' backend" in lines[1]
+
+
+def _embedded_model(make_layer, mha: bool):
+    """Token ids -> Embedding(mask_zero=True) -> attention: Keras hands the padding mask to
+    the layer (0 = padding)."""
+    ids = keras.Input((TV,), dtype="int32")
+    x = keras.layers.Embedding(11, D, mask_zero=True)(ids)
+    y = make_layer()(x, x) if mha else make_layer()([x, x])
+    return keras.Model(ids, y)
+
+
+@pytest.mark.parametrize(
+    "theirs, ours, mha",
+    [
+        (lambda: keras.layers.Attention(use_scale=True), lambda: ak.Attention(use_scale=True), 0),
+        (keras.layers.AdditiveAttention, ak.AdditiveAttention, 0),
+        (lambda: keras.layers.MultiHeadAttention(2, 3), lambda: ak.MultiHeadAttention(2, 3), 1),
+    ],
+)
+def test_padding_masks_from_an_embedding(theirs, ours, mha):
+    """The same model with Keras's layer and with attnzoo's, on the same weights: the same
+    outputs on padded sequences, for every query Keras and attnzoo agree on (kept ones; see
+    the module Note of attnzoo.keras.layers for fully masked rows)."""
+    model_k, model_a = _embedded_model(theirs, mha), _embedded_model(ours, mha)
+    model_a.set_weights(model_k.get_weights())
+    ids = np.random.default_rng(0).integers(1, 11, size=(3, TV))
+    ids[0, 6:] = 0
+    ids[2, 3:] = 0
+    keep = ids != 0
+    got, expected = model_a.predict(ids, verbose=0), model_k.predict(ids, verbose=0)
+    np.testing.assert_allclose(got[keep], expected[keep], 1e-5, 1e-5)
+    if not mha:  # Keras's list layers zero the masked queries' rows, as attnzoo's do
+        assert (got[~keep] == 0).all() and (expected[~keep] == 0).all()
+
+
+def test_dropout_only_in_training():
+    q, v = torch.randn(2, 5, 4), torch.randn(2, 9, 4)
+    for layer in (ak.Attention(dropout=0.5), ak.AdditiveAttention(dropout=0.5)):
+        assert torch.equal(layer([q, v]), layer([q, v], training=False))
+        assert not torch.equal(layer([q, v], training=True), layer([q, v]))
+    mha = ak.MultiHeadAttention(2, 3, dropout=0.5)
+    assert torch.equal(mha(q, v), mha(q, v, training=False))
+    assert not torch.equal(mha(q, v, training=True), mha(q, v))
