@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 os.environ["KERAS_BACKEND"] = "torch"  # before keras is imported, in this and every worker
+os.environ.setdefault("KERAS_TORCH_DEVICE", "cpu")  # a CPU benchmark, also where CUDA exists
 
 import torch
 

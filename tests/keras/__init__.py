@@ -8,3 +8,6 @@ import sys
 
 if "keras" not in sys.modules:
     os.environ["KERAS_BACKEND"] = "torch"
+    # Keras's torch backend moves every input to its default device (CUDA or MPS when there is
+    # one); the tests compare with CPU references, so they pin it to the CPU.
+    os.environ.setdefault("KERAS_TORCH_DEVICE", "cpu")
