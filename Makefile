@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_attention.py --overhead
 	$(BIN)/python benchmarks/bench_seq2seq_throughput.py
 	$(BIN)/python benchmarks/bench_seq2seq.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_keras.py
 	$(BIN)/python benchmarks/report.py
 
 clean:

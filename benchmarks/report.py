@@ -759,6 +759,68 @@ def ntm_tables() -> None:
     splice(DOCS / "ntm.md", "ntm", "\n".join(body).rstrip())
 
 
+def keras_tables() -> None:
+    """docs/keras.md: attnzoo.keras layers against Keras's own (bench_keras.py)."""
+    data = load("keras")
+    if data is None:
+        return
+    config, machine = data["config"], data["machine"]
+
+    def rounds(r: dict) -> str:
+        """The spread of the per-round time ratios (the two layers timed back to back)."""
+        ratios = sorted(
+            a / k for a, k in zip(r["attnzoo_times_ms"], r["keras_times_ms"], strict=True)
+        )
+        return f"{fmt(ratios[0])}-{fmt(ratios[-1])}"
+
+    rows = [
+        [
+            r["layer"],
+            r["batch"],
+            r["length"],
+            r["attnzoo_ms"],
+            r["keras_ms"],
+            r["time_ratio"],
+            rounds(r),
+            r["attnzoo_peak_mib"],
+            r["keras_peak_mib"],
+            r["peak_ratio"],
+            r["max_abs_diff"],
+        ]
+        for r in data["rows"]
+    ]
+    repeats = ", ".join(f"{n} at length {length}" for length, n in config["repeats"].items())
+    body = [
+        targets_table(data),
+        "",
+        f"Median ms per forward + backward ({config['threads']} thread, float32; interleaved "
+        f"repeats: {repeats}; per-round: the range of the ratios of the two layers timed back "
+        "to back), peak MiB in a fresh process per layer and size (VmHWM), and the largest "
+        f"output difference of the two layers on the same weights. Keras {machine['keras']} on "
+        f"the {machine['keras_backend']} backend, torch {machine['torch']}.",
+        "",
+        table(
+            [
+                "layer",
+                "batch",
+                "length",
+                "attnzoo ms",
+                "Keras ms",
+                "time / Keras",
+                "per-round",
+                "attnzoo MiB",
+                "Keras MiB",
+                "memory / Keras",
+                "max abs diff",
+            ],
+            rows,
+        ),
+        "",
+        f"Command: `{config['command']}`",
+    ]
+    splice(DOCS / "keras.md", "keras", "\n".join(body))
+
+
 if __name__ == "__main__":
     attention_tables()
     seq2seq_tables()
@@ -766,4 +828,5 @@ if __name__ == "__main__":
     transformer_run_tables()
     pointer_tables()
     ntm_tables()
+    keras_tables()
     print("docs updated")
