@@ -120,3 +120,23 @@ def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
     for m in present[1:]:
         out = out & m
     return out
+
+
+def attended_keys(mask: torch.Tensor) -> torch.Tensor:
+    """mask (..., query_len | 1, key_len), or (key_len,) -> bool (..., key_len, 1): True where
+    at least one query may attend key j."""
+    if mask.dim() >= 2:
+        mask = mask.squeeze(-2) if mask.shape[-2] == 1 else mask.any(-2)  # (..., key_len)
+    return mask.unsqueeze(-1)  # (..., key_len, 1)
+
+
+def clear_unattended(mask: torch.Tensor, *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each (..., key_len, d) tensor of `rows` (keys, values) with the positions no query may
+    attend set to 0 by selection, not by a product (0 * NaN is NaN): whatever padding holds
+    (NaN, Inf) never reaches an output, and the masked softmax still gives those keys weight 0.
+
+    A position that the mask excludes for some queries only (causal, window, a per-query mask)
+    is an attended input and is kept: see the Note of `attnzoo.core.attention`.
+    """
+    keep = attended_keys(mask)  # (..., key_len, 1)
+    return tuple(torch.where(keep, t, 0.0) for t in rows)
