@@ -586,9 +586,7 @@ def test_converter_ignores_batch_first():
     torch.manual_seed(0)
     b = _torch_transformer(batch_first=False)
     ours_a, ours_b = _convert(a).eval(), _convert(b).eval()
-    for (name, p), (_, q) in zip(
-        ours_a.named_parameters(), ours_b.named_parameters(), strict=True
-    ):
+    for (name, p), (_, q) in zip(ours_a.named_parameters(), ours_b.named_parameters(), strict=True):
         if "embed" not in name and "output" not in name:
             assert torch.equal(p, q), name
 
@@ -653,11 +651,13 @@ BAD_CALLS = {
         (lambda: attention(q3, k3, v3[:, :4], score="dot"), ValueError, "'value'"),
         (lambda: attention(q3, k3, v3, score="dot", mask=torch.ones(5)), TypeError, "'mask'"),
         (
-            lambda: attention(q3.double(), k3.double(), v3.double(),
-                              score=scores.Additive(4, 4, 3)),
-            TypeError, "Additive: argument 'key' expected dtype torch.float32",
+            lambda: attention(
+                q3.double(), k3.double(), v3.double(), score=scores.Additive(4, 4, 3)
+            ),
+            TypeError,
+            "Additive: argument 'key' expected dtype torch.float32",
         ),
-    ],  # fmt: skip
+    ],
     "prepare_key": [(lambda: prepare_key(3, k3), TypeError, "'score'")],
     "additive_attention": [],
     "additive_logits": [],
@@ -668,13 +668,22 @@ BAD_CALLS = {
         (lambda: MultiHeadAttention(8, 0), ValueError, "'num_heads' expected a positive int"),
         (lambda: MultiHeadAttention(8, 2, d_memory=0), ValueError, "'d_memory'"),
         (lambda: MultiHeadAttention(8, 3), ValueError, "'num_heads'.*divisor"),
-        (lambda: MultiHeadAttention(8, 2)(torch.randn(2, 3, 8).double()), TypeError,
-         "'query' expected dtype torch.float32 \\(that of the module's parameters\\)"),
-        (lambda: MultiHeadAttention(8, 2)(torch.randn(2, 3, 8), torch.randn(2, 3, 8).half()),
-         TypeError, "'memory' expected dtype torch.float32"),
-        (lambda: MultiHeadAttention(8, 2)(torch.randn(2, 3, 8, device="meta")), ValueError,
-         "'query' expected device cpu"),
-    ],  # fmt: skip
+        (
+            lambda: MultiHeadAttention(8, 2)(torch.randn(2, 3, 8).double()),
+            TypeError,
+            "'query' expected dtype torch.float32 \\(that of the module's parameters\\)",
+        ),
+        (
+            lambda: MultiHeadAttention(8, 2)(torch.randn(2, 3, 8), torch.randn(2, 3, 8).half()),
+            TypeError,
+            "'memory' expected dtype torch.float32",
+        ),
+        (
+            lambda: MultiHeadAttention(8, 2)(torch.randn(2, 3, 8, device="meta")),
+            ValueError,
+            "'query' expected device cpu",
+        ),
+    ],
     "KVCache": [],  # section 3
     "CacheError": [],
     "LocalAttention": [
@@ -688,20 +697,29 @@ BAD_CALLS = {
     "combine_masks": [],
     "masked_softmax": [],
     "hard_argmax": [
-        (lambda: hard_argmax(torch.randn(2, 3, 0)), ValueError,
-         r"hard_argmax: argument 'logits' expected at least one key.*\(2, 3, 0\)"),
+        (
+            lambda: hard_argmax(torch.randn(2, 3, 0)),
+            ValueError,
+            r"hard_argmax: argument 'logits' expected at least one key.*\(2, 3, 0\)",
+        ),
         (lambda: hard_argmax(torch.ones(2, 3, dtype=torch.long)), TypeError, "'logits'"),
-    ],  # fmt: skip
+    ],
     "sample_hard": [
-        (lambda: sample_hard(torch.randn(2, 0)), ValueError,
-         "sample_hard: argument 'logits' expected at least one key"),
-    ],  # fmt: skip
+        (
+            lambda: sample_hard(torch.randn(2, 0)),
+            ValueError,
+            "sample_hard: argument 'logits' expected at least one key",
+        ),
+    ],
     "gumbel_softmax_st": [
-        (lambda: gumbel_softmax_st(torch.randn(4, 0)), ValueError,
-         "gumbel_softmax_st: argument 'logits' expected at least one key"),
+        (
+            lambda: gumbel_softmax_st(torch.randn(4, 0)),
+            ValueError,
+            "gumbel_softmax_st: argument 'logits' expected at least one key",
+        ),
         (lambda: gumbel_softmax_st(torch.randn(4, 3), tau=NAN), ValueError, "'tau'"),
         (lambda: gumbel_softmax_st(torch.randn(4, 3), tau=0), ValueError, "'tau'"),
-    ],  # fmt: skip
+    ],
     "HardSample": [],
     "LearnedPositionalEmbedding": [
         (lambda: LearnedPositionalEmbedding(4, 8)(torch.randn(1, 5, 8)), ValueError, "'x'"),
@@ -721,11 +739,17 @@ BAD_CALLS = {
         (lambda: scores.Cosine(beta=NAN), ValueError, "Cosine: argument 'beta'"),
         (lambda: scores.make_score("additive", 4, 4, d_hidden=0), ValueError, "'d_hidden'"),
         (lambda: scores.make_score("nope", 4, 4), ValueError, "'score'"),
-        (lambda: scores.General(4, 4)(q3.double(), k3.double()), TypeError,
-         "General: argument 'query' expected dtype torch.float32"),
-        (lambda: scores.Location(4, 9)(q3.double(), k3.double()), TypeError,
-         "Location: argument 'query' expected dtype torch.float32"),
-    ],  # fmt: skip
+        (
+            lambda: scores.General(4, 4)(q3.double(), k3.double()),
+            TypeError,
+            "General: argument 'query' expected dtype torch.float32",
+        ),
+        (
+            lambda: scores.Location(4, 9)(q3.double(), k3.double()),
+            TypeError,
+            "Location: argument 'query' expected dtype torch.float32",
+        ),
+    ],
 }
 
 

@@ -4,8 +4,8 @@ The broadcast form of e_ij = v^T tanh(a_i + b_j), with a = W_a s (projected quer
 b = U_a h (projected keys), builds a (query_len, key_len, d_hidden) tensor and keeps it for the
 backward: 2 GiB at batch 4, length 512, d_hidden 128 in fp32. Here the work is cut into blocks
 of whole query rows, each evaluated on one scratch buffer of at most `BLOCK_ELEMENTS` elements
-that the call allocates and reuses for its blocks, and the backward recomputes tanh block by block instead of storing it (as
-FlashAttention does for dot products).
+that the call allocates and reuses for its blocks, and the backward recomputes tanh block by
+block instead of storing it (as FlashAttention does for dot products).
 
 Two autograd Functions share the block machinery:
 - `additive_logits(a, b, v)`: the logits (..., query_len, key_len). Memory O(query_len *
@@ -38,7 +38,9 @@ class _Scratch:
     with it. Nothing is kept between calls: a buffer kept per module or per thread is shared
     state that a re-entrant call (a dispatch mode, a hook, a checkpoint recompute running the
     kernel inside another kernel's block) overwrites; a fresh buffer per call measured within
-    noise of a kept one (the allocator hands back the same pages)."""
+    noise of a per-thread one kept between calls (1 thread, medians of 7 interleaved: batch 2,
+    length 512, d_hidden 128, fwd 212 vs 212 ms, fwd+bwd 480 vs 489 ms; length 128, fwd+bwd
+    31.5 vs 30.7 ms)."""
 
     __slots__ = ("buffer",)
 

@@ -327,8 +327,12 @@ class Location(Score):
         if key_len > self.max_keys:
             fail("Location", "key", f"key_len <= max_keys = {self.max_keys}", key_len)
         if query.shape[-1] != self.proj.in_features:
-            fail("Location", "query", f"last dimension d_query = {self.proj.in_features}",
-                 query.shape[-1])
+            fail(
+                "Location",
+                "query",
+                f"last dimension d_query = {self.proj.in_features}",
+                query.shape[-1],
+            )
         check_like_parameter("Location", "query", query, self.proj.weight)
         return self.proj(query)[..., :key_len]  # (b, [h,] i, j)
 
