@@ -803,3 +803,17 @@ def test_masks_and_encodings_helpers_accept_their_documented_inputs():
     assert SinusoidalPositionalEncoding(4)(torch.randn(1, 2, 4)).shape == (1, 2, 4)
     a, b = torch.randn(1, 2, 3), torch.randn(1, 4, 3)
     assert additive_logits(a, b, torch.randn(3)).shape == (1, 2, 4)
+
+
+def test_dtype_checks_leave_autocast_alone():
+    """Under autocast a query of another dtype than the parameters is the point: accepted, and
+    a cache filled in bfloat16 is reused."""
+    mha = MultiHeadAttention(8, 2)
+    score = scores.Additive(8, 8, 4)
+    x = torch.randn(2, 3, 8)
+    cache = KVCache()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = mha(x.bfloat16(), cache=cache).context
+        mha(x[:, :1], cache=cache)
+        attention(x.bfloat16(), x.bfloat16(), x.bfloat16(), score=score)
+    assert out.dtype == torch.bfloat16 and cache.length == 4
