@@ -200,19 +200,21 @@ def test_nonfinite_query_row_propagates(name, return_weights, garbage):
 
 
 @pytest.mark.parametrize("name", list(scores.SCORES))
-def test_nonfinite_query_row_with_no_allowed_key_stays_zero(name):
-    """A row with no allowed key gives zero context and weights (DESIGN.md), whatever its
-    query holds: it attends nothing."""
+def test_query_row_with_no_allowed_key(name):
+    """A finite query with no allowed key gives zero context and weights (DESIGN.md); a NaN
+    query gives a NaN row there too, context and weights alike: garbage is never a number."""
     score = make_score(name)
     q, k, v = _inputs()
     q[0, 1] = NAN
     mask = torch.ones(B, I, J, dtype=torch.bool)
-    mask[0, 1] = False
+    mask[0, 1] = mask[1, 2] = False
     for return_weights in (False, True):
         out = attention(q, k, v, score=score, mask=mask, return_weights=return_weights)
-        assert torch.equal(out.context[0, 1], torch.zeros(DV))
+        assert all_nonfinite(out.context[0, 1])
+        assert torch.equal(out.context[1, 2], torch.zeros(DV))
         if return_weights:
-            assert torch.equal(out.weights[0, 1], torch.zeros(J))
+            assert all_nonfinite(out.weights[0, 1])
+            assert torch.equal(out.weights[1, 2], torch.zeros(J))
 
 
 @pytest.mark.parametrize("beta", [NAN, INF, -INF, "2", None, True])

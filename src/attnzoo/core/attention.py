@@ -133,7 +133,7 @@ def _plain(query, prepared, value, score, mask, causal, window, dropout, return_
     if mask is not None:
         prepared, value = clear_unattended(mask, prepared, value)
     weights = masked_softmax(score.logits(query, prepared), mask)  # (b, [h,] i, j)
-    weights = propagate_nonfinite(weights, query, mask)
+    weights = propagate_nonfinite(weights, query)
     kept = F.dropout(weights, dropout) if dropout > 0 else weights
     return AttentionOutput(kept @ value, weights if return_weights else None)  # (b, [h,] i, d)
 

@@ -37,33 +37,27 @@ def masked_softmax(logits: torch.Tensor, mask: torch.Tensor | None = None) -> to
 _HALF = (torch.bfloat16, torch.float16)
 
 
-def propagate_nonfinite(
-    out: torch.Tensor, query: torch.Tensor, mask: torch.Tensor | None = None
-) -> torch.Tensor:
+def propagate_nonfinite(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     """out + 0 * sum_d query: the same values, made non-finite in every row whose query is.
 
     SDPA's CPU kernel turns a query row of NaN logits into a zero context row at some sizes
     (measured: key_len 1, 2, 9 but not 16, with or without a mask; its math backend gives
-    NaN), and tanh turns an infinite query into finite additive logits: numbers
-    made from garbage. The product with zero propagates without reading a value (no device
-    sync). A row with no allowed key in `mask` stays zero (DESIGN.md), whatever its query.
+    NaN), and tanh turns an infinite query into finite additive logits: numbers made from
+    garbage. The product with zero propagates without reading a value (no device sync). It
+    applies to every row, also one with no allowed key: a query that is garbage gets a
+    garbage row, never a number (a finite query with no allowed key gets zeros, DESIGN.md).
     Half precision sums in float32 so that a finite query never sums to inf.
 
     Args:
         out: (..., query_len, n), e.g. context or weights.
         query: (..., query_len, d).
-        mask: bool broadcastable to (..., query_len, key_len), True = may attend.
     """
     if query.requires_grad:  # the probe's gradient is 0: spare the backward its ops
         query = query.detach()
     if query.dtype in _HALF:
         probe = query.sum(-1, keepdim=True, dtype=torch.float32)  # (..., i, 1)
-        if mask is not None:
-            probe = torch.where(mask.any(-1, keepdim=True), probe, 0.0)
         return torch.add(out, probe, alpha=0).to(out.dtype)
     probe = query.sum(-1, keepdim=True)  # (..., i, 1); overflows only past the dtype's max
-    if mask is not None:
-        probe = torch.where(mask.any(-1, keepdim=True), probe, 0.0)
     return torch.add(out, probe, alpha=0)  # ~3 us at (4, 16, 64), ~7 us at (4, 128, 64)
 
 

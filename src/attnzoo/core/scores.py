@@ -94,9 +94,8 @@ class DotFamily(Score):
             full = combine_masks(mask, geometric)
         if full is not None:
             # padding's content (NaN, Inf) must not reach the kernel's sums (the kernel adds
-            # -inf to a NaN logit), and a query row with no allowed key is not read
+            # -inf to a NaN logit)
             k, value = clear_unattended(full, k, value)
-            q = torch.where(full.any(-1, keepdim=True), q, 0.0)  # (b, [h,] i, d)
         context = _sdpa(q, k, value, None if only_causal else full, only_causal, dropout, scale)
         context = propagate_nonfinite(context, q)
         if not return_weights:
@@ -298,12 +297,7 @@ class Additive(Score):
             window=window,
         )
         # tanh saturates: a query with an infinite feature gives finite logits; it propagates
-        full = mask
-        if causal or window is not None:
-            i, j = query.shape[-2], prepared_key.shape[-2]
-            geometric = geometry_mask(i, j, causal=causal, window=window, device=query.device)
-            full = combine_masks(mask, geometric)
-        return AttentionOutput(propagate_nonfinite(context, query, full), None)
+        return AttentionOutput(propagate_nonfinite(context, query), None)
 
 
 class Location(Score):
