@@ -819,3 +819,20 @@ def test_dtype_checks_leave_autocast_alone():
         mha(x[:, :1], cache=cache)
         attention(x.bfloat16(), x.bfloat16(), x.bfloat16(), score=score)
     assert out.dtype == torch.bfloat16 and cache.length == 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_clearing_padding_is_an_exact_selection(dtype):
+    """Kept rows keep their exact bits (NaN, Inf, -0.0 included), cleared rows are +0.0, and
+    the gradient of a cleared row is 0: a selection, not a product."""
+    from attnzoo.core.masks import clear_unattended
+
+    t = torch.tensor([[NAN, -0.0], [INF, 1.5], [NAN, -INF], [2.0, -0.0]], dtype=dtype)
+    t = t[None].requires_grad_()  # (1, key_len 4, d 2)
+    mask = torch.tensor([True, True, False, False])[None, None]  # (1, 1, key_len)
+    (out,) = clear_unattended(mask, t)
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    assert torch.equal(out[0, :2].detach().view(bits), t[0, :2].detach().view(bits))
+    assert torch.equal(out[0, 2:].detach().view(bits), torch.zeros(2, 2, dtype=bits))
+    out.backward(torch.ones_like(out))
+    assert torch.equal(t.grad[0], torch.tensor([[1, 1], [1, 1], [0, 0], [0, 0]], dtype=dtype))
