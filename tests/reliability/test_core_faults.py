@@ -305,6 +305,32 @@ def test_garbage_in_masked_keys_and_values_never_reaches_an_output(
         assert torch.equal(out.weights, clean.weights)
 
 
+@pytest.mark.parametrize("path", list(PATHS))
+def test_nan_at_a_position_some_queries_attend_is_never_a_wrong_number(monkeypatch, path):
+    """Causal attention with a NaN key and value at position 6: queries 6.. attend it and are
+    NaN; queries before it exclude it, and each of their rows is either exactly the clean row
+    or all NaN (the weighted sum's 0 * NaN on the fused kernels): never a finite wrong number.
+    The plain paths, whose logits are filled rather than added, keep them exactly clean."""
+    name, kwargs, block = PATHS[path]
+    if block is not None:
+        monkeypatch.setattr(additive, "BLOCK_ELEMENTS", block)
+    kwargs = {**kwargs, "causal": True, "window": None}
+    score = make_score(name)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, J, D, generator=g) for _ in range(3))
+    clean = attention(q, k, v, score=score, **kwargs)
+    k[:, 6], v[:, 6] = NAN, NAN
+    out = attention(q, k, v, score=score, **kwargs)
+    if name != "location":  # location reads only the key count: a NaN key is not read
+        assert all_nonfinite(out.context[:, 6:])
+    for b in range(B):
+        for i in range(6):
+            row, want = out.context[b, i], clean.context[b, i]
+            assert torch.equal(row, want) or all_nonfinite(row), (b, i)
+    if kwargs.get("return_weights"):
+        assert torch.equal(out.weights[:, :6], clean.weights[:, :6])
+
+
 @pytest.mark.parametrize("garbage", list(GARBAGE))
 def test_garbage_in_padding_of_multi_head_attention(garbage):
     """Self-attention over a padded batch (garbage in the padded positions of x) and
