@@ -13,7 +13,8 @@ Non-finite values (DESIGN.md: nothing silently wrong), by construction, with no 
 - a NaN or Inf in an attended position (a query, a key or value some query may attend, a
   score's parameter) makes the outputs that depend on it non-finite, context and weights
   alike; it is never turned into a number (every path adds 0 * sum(query) to its output,
-  see `normalisers.propagate_nonfinite`);
+  see `normalisers.propagate_nonfinite`). A non-finite query row is non-finite also when it
+  has no allowed key; a finite one with no allowed key gets zeros;
 - a key or value position that the mask excludes for every query (padding) is set to 0 by
   selection before use on every path (`masks.clear_unattended`), so what it holds never
   reaches an output;
