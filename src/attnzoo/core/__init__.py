@@ -10,7 +10,7 @@ from attnzoo.core.additive import additive_attention, additive_logits
 from attnzoo.core.attention import attention, prepare_key
 from attnzoo.core.local import LocalAttention
 from attnzoo.core.masks import causal_mask, combine_masks, padding_mask, window_mask
-from attnzoo.core.mha import KVCache, MultiHeadAttention
+from attnzoo.core.mha import CacheError, KVCache, MultiHeadAttention
 from attnzoo.core.normalisers import (
     HardSample,
     gumbel_softmax_st,
@@ -27,6 +27,7 @@ from attnzoo.core.types import AttentionOutput, PreparedKey
 
 __all__ = [
     "AttentionOutput",
+    "CacheError",
     "HardSample",
     "KVCache",
     "LearnedPositionalEmbedding",

@@ -8,6 +8,20 @@ Paths, chosen per call, all tested equal to a float64 reference:
    weights and without dropout on the fused blockwise kernel (`attnzoo.core.additive`), memory
    O(length);
 2. otherwise the plain form: logits, masked softmax, dropout, weights @ value.
+
+Non-finite values (DESIGN.md: nothing silently wrong), by construction, with no value read:
+- a NaN or Inf in an attended position (a query, a key or value some query may attend, a
+  score's parameter) makes the outputs that depend on it non-finite, context and weights
+  alike; it is never turned into a number (every path adds 0 * sum(query) to its output,
+  see `normalisers.propagate_nonfinite`). A non-finite query row is non-finite also when it
+  has no allowed key; a finite one with no allowed key gets zeros;
+- a key or value position that the mask excludes for every query (padding) is set to 0 by
+  selection before use on every path (`masks.clear_unattended`), so what it holds never
+  reaches an output;
+- a position excluded for some queries only (causal, window, a per-query mask) is attended
+  input: its key never reaches an excluded query's logits on the plain paths (filled, not
+  added), but a non-finite value there can reach an excluded query of the same row through
+  the weighted sum (0 * NaN) and make it NaN: never a wrong finite number.
 """
 
 from __future__ import annotations
@@ -24,8 +38,8 @@ from attnzoo.core.checks import (
     check_window,
     fail,
 )
-from attnzoo.core.masks import combine_masks, geometry_mask
-from attnzoo.core.normalisers import masked_softmax
+from attnzoo.core.masks import clear_unattended, combine_masks, geometry_mask
+from attnzoo.core.normalisers import masked_softmax, propagate_nonfinite
 from attnzoo.core.scores import Score, resolve_score
 from attnzoo.core.types import AttentionOutput, PreparedKey
 
@@ -117,7 +131,10 @@ def _plain(query, prepared, value, score, mask, causal, window, dropout, return_
         i, j = query.shape[-2], value.shape[-2]
         geometric = geometry_mask(i, j, causal=causal, window=window, device=query.device)
         mask = combine_masks(mask, geometric)
+    if mask is not None:
+        prepared, value = clear_unattended(mask, prepared, value)
     weights = masked_softmax(score.logits(query, prepared), mask)  # (b, [h,] i, j)
+    weights = propagate_nonfinite(weights, query)
     kept = F.dropout(weights, dropout) if dropout > 0 else weights
     return AttentionOutput(kept @ value, weights if return_weights else None)  # (b, [h,] i, d)
 

@@ -83,6 +83,34 @@ def _broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
     return all(size == 1 or size == wanted for size, wanted in pairs)
 
 
+def check_size(function: str, argument: str, value: object) -> None:
+    """A size is a positive int (a bool or a float such as 2.0 is refused, not truncated)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        fail(function, argument, "a positive int", repr(value))
+
+
+def check_like_parameter(
+    function: str, argument: str, tensor: torch.Tensor, parameter: torch.Tensor
+) -> None:
+    """`tensor` has the dtype and device of a module's `parameter`. Under autocast a dtype
+    other than the parameter's is the point (the ops cast), so only the device is checked."""
+    if tensor.dtype != parameter.dtype and not torch.is_autocast_enabled(tensor.device.type):
+        fail(
+            function,
+            argument,
+            f"dtype {parameter.dtype} (that of the module's parameters)",
+            tensor.dtype,
+            TypeError,
+        )
+    if tensor.device != parameter.device:
+        fail(
+            function,
+            argument,
+            f"device {parameter.device} (that of the module's parameters)",
+            tensor.device,
+        )
+
+
 def check_dropout(function: str, dropout: float) -> None:
     if not 0.0 <= dropout < 1.0:
         fail(function, "dropout", "a probability in [0, 1)", dropout)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnzoo.core.checks import check_window
-from attnzoo.core.masks import window_mask
-from attnzoo.core.normalisers import masked_softmax
+from attnzoo.core.checks import check_size, check_window
+from attnzoo.core.masks import clear_unattended, window_mask
+from attnzoo.core.normalisers import masked_softmax, propagate_nonfinite
 from attnzoo.core.types import AttentionOutput
 
 
@@ -39,6 +39,10 @@ class LocalAttention(nn.Module):
     ):
         super().__init__()
         check_window("LocalAttention", window)
+        if d_query is not None:
+            check_size("LocalAttention", "d_query", d_query)
+        if d_hidden is not None:
+            check_size("LocalAttention", "d_hidden", d_hidden)
         self.score, self.window = score, window
         self.predictive = d_query is not None
         if self.predictive:
@@ -83,12 +87,18 @@ class LocalAttention(nn.Module):
         """
         key_len = key.shape[-2]
         prepared = self.score.prepare_key(key) if prepared_key is None else prepared_key
-        logits = self.score.logits(query, prepared)  # (batch, query_len, key_len)
         p = self.centers(query, key_len, lengths, positions)  # (batch, query_len)
         allowed = window_mask(query.shape[-2], key_len, self.window, centers=p.detach())
         if mask is not None:
-            allowed = allowed & mask
+            allowed = allowed & mask  # (batch, query_len, key_len)
+        # keys outside every window or masked for every query: their content is not read
+        prepared, value = clear_unattended(allowed, prepared, value)
+        logits = self.score.logits(query, prepared)  # (batch, query_len, key_len)
         weights = masked_softmax(logits, allowed)
+        # A NaN query has a NaN centre, hence an empty window and zero weights: the centre
+        # joins the probe, and no row is exempt (an empty window may come from the query).
+        probe = torch.cat([query, p.unsqueeze(-1).to(query.dtype)], -1)  # (b, i, d + 1)
+        weights = propagate_nonfinite(weights, probe)
         if self.predictive:
             s = torch.arange(key_len, device=query.device, dtype=query.dtype)
             sigma = self.window / 2

@@ -8,17 +8,31 @@ over any score. Self- vs cross-attention is a call pattern: `mha(x)` or `mha(x, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.core.attention import _attend
-from attnzoo.core.checks import check_dropout, check_mask, check_tensor, check_window, fail
+from attnzoo.core.checks import (
+    check_dropout,
+    check_like_parameter,
+    check_mask,
+    check_size,
+    check_tensor,
+    check_window,
+    fail,
+)
 from attnzoo.core.masks import combine_masks, geometry_mask
 from attnzoo.core.scores import Score, make_score, resolve_score
 from attnzoo.core.types import AttentionOutput
+
+
+class CacheError(ValueError):
+    """A `KVCache` used where it does not belong: by another module, for the other kind of
+    attention (self vs cross), or with another batch, head count, d_head, dtype or device."""
 
 
 @dataclass
@@ -28,21 +42,56 @@ class KVCache:
     Self-attention appends the new positions at every call; cross-attention (`static=True`
     after the first call) projects the memory once and reuses it.
     key, value: (batch, heads, cached_len, d_head).
+
+    A cache belongs to what filled it: the `MultiHeadAttention` (`owner`, a weak reference),
+    self- or cross-attention (`static`), and the batch, heads and d_head of `key`'s shape.
+    Any other use raises `CacheError`, from plain Python ints (no value is read). A cache
+    built by hand with tensors (no owner yet) is adopted by the first module that uses it,
+    after the same shape checks.
     """
 
     key: torch.Tensor | None = None
     value: torch.Tensor | None = None
     static: bool = False
+    owner: weakref.ref | None = field(default=None, repr=False, compare=False)
 
     @property
     def length(self) -> int:
         return 0 if self.key is None else self.key.shape[-2]
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Keep batch rows `index` (beam search reordering hypotheses)."""
-        if self.key is not None:
-            self.key = self.key.index_select(0, index)
-            self.value = self.value.index_select(0, index)
+        """Keep batch rows `index` (beam search reordering hypotheses): a 1-D integer tensor
+        on the cache's device with values in [0, batch); it may repeat rows or change the
+        batch size (the next call must then bring that batch)."""
+        if self.key is None:
+            return
+        batch = self.key.shape[0]
+        if (
+            not isinstance(index, torch.Tensor)
+            or index.dim() != 1
+            or index.is_floating_point()
+            or index.is_complex()
+            or index.dtype == torch.bool
+        ):
+            got = (
+                f"{index.dtype} of shape {tuple(index.shape)}"
+                if isinstance(index, torch.Tensor)
+                else type(index).__name__
+            )
+            fail("KVCache.reorder", "index", "a 1-D integer tensor (new_batch,)", got, CacheError)
+        if index.device != self.key.device:
+            fail("KVCache.reorder", "index", f"device {self.key.device}", index.device, CacheError)
+        try:  # an index out of range is found by the kernel, not by reading values here
+            key, value = self.key.index_select(0, index), self.value.index_select(0, index)
+        except (IndexError, RuntimeError) as error:
+            fail(
+                "KVCache.reorder",
+                "index",
+                f"batch rows in [0, {batch})",
+                f"an index out of range ({error})".splitlines()[0],
+                CacheError,
+            )
+        self.key, self.value = key, value
 
 
 def _per_head_score(score: Score | str, d_head: int) -> Score:
@@ -111,7 +160,13 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
     ):
         super().__init__()
-        if num_heads <= 0 or d_model % num_heads != 0:
+        check_size("MultiHeadAttention", "d_model", d_model)
+        check_size("MultiHeadAttention", "num_heads", num_heads)
+        if d_memory is not None:
+            check_size("MultiHeadAttention", "d_memory", d_memory)
+        if not isinstance(bias, bool):
+            fail("MultiHeadAttention", "bias", "a bool", repr(bias), TypeError)
+        if d_model % num_heads != 0:
             fail(
                 "MultiHeadAttention",
                 "num_heads",
@@ -215,6 +270,8 @@ class MultiHeadAttention(nn.Module):
                 f"last dimension d_model = {self.d_model}",
                 query.shape[-1],
             )
+        parameter = self.out_proj.weight
+        check_like_parameter("MultiHeadAttention", "query", query, parameter)
         if memory is not None:
             check_tensor("MultiHeadAttention", "memory", memory, (3,))
             if memory.shape[-1] != self.d_memory:
@@ -228,6 +285,9 @@ class MultiHeadAttention(nn.Module):
                 fail(
                     "MultiHeadAttention", "memory", f"batch size {query.shape[0]}", memory.shape[0]
                 )
+            check_like_parameter("MultiHeadAttention", "memory", memory, parameter)
+        if cache is not None:
+            self._check_cache(cache, query, cross=memory is not None)
         check_window("MultiHeadAttention", window)
         if mask is not None:  # checked before a cache is touched, in the caller's shape
             b, i = query.shape[:2]
@@ -244,14 +304,15 @@ class MultiHeadAttention(nn.Module):
                 if past:
                     k = torch.cat([cache.key, k], dim=-2)  # (b, h, past + t, d_head)
                     v = torch.cat([cache.value, v], dim=-2)
-                cache.key, cache.value = k, v
+                cache.key, cache.value, cache.owner = k, v, weakref.ref(self)
         else:
-            static = cache is not None and cache.static
+            static = cache is not None and cache.key is not None  # checked: a cross cache
             q, k, v = self._project_cross(query, None if static else memory)  # (b, h, *, d_head)
             if static:
                 k, v = cache.key, cache.value
             elif cache is not None:
                 cache.key, cache.value, cache.static = k, v, True
+                cache.owner = weakref.ref(self)
 
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # shared by all heads: (b, 1, i, j)
@@ -279,35 +340,85 @@ class MultiHeadAttention(nn.Module):
         context = out.context.transpose(1, 2).reshape(b, i, self.d_model)  # (b, i, d_model)
         return AttentionOutput(self.out_proj(context), out.weights)
 
+    def _check_cache(self, cache: KVCache, query: torch.Tensor, cross: bool) -> None:
+        """The cache was filled by this module, for this kind of attention, with this batch,
+        head count, d_head, dtype and device (shapes and attributes only)."""
+        name, kind = "MultiHeadAttention", "cross" if cross else "self"
+        if not isinstance(cache, KVCache):
+            fail(name, "cache", "a KVCache", type(cache).__name__, TypeError)
+        if cache.key is None:
+            if cache.static and not cross:
+                fail(name, "cache", "a self-attention cache", "a static (cross) one", CacheError)
+            return
+        if cache.owner is not None and cache.owner() is not self:
+            fail(
+                name,
+                "cache",
+                "a KVCache filled by this module",
+                "one filled by another MultiHeadAttention",
+                CacheError,
+            )
+        if cache.static != cross:
+            other = "cross" if cache.static else "self"
+            fail(
+                name,
+                "cache",
+                f"a {kind}-attention cache",
+                f"one filled by {other}-attention",
+                CacheError,
+            )
+        key, value = cache.key, cache.value
+        shape = (query.shape[0], self.num_heads, key.shape[-2], self.d_head)
+        if key.dim() != 4 or tuple(key.shape) != shape:
+            b, h, d = shape[0], self.num_heads, self.d_head
+            fail(
+                name,
+                "cache",
+                f"keys (batch={b}, heads={h}, cached_len, d_head={d})",
+                f"shape {tuple(key.shape)}",
+                CacheError,
+            )
+        if value is None or value.shape != key.shape:
+            got = None if value is None else tuple(value.shape)
+            fail(name, "cache", f"values of the keys' shape {shape}", got, CacheError)
+        if key.device != query.device:
+            fail(name, "cache", f"device {query.device}", key.device, CacheError)
+        if key.dtype != query.dtype and not torch.is_autocast_enabled(query.device.type):
+            fail(name, "cache", f"dtype {query.dtype}", key.dtype, CacheError)
+
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
         """Build one with the weights of a `torch.nn.MultiheadAttention`.
 
-        The result is batch-first whatever `module.batch_first` says, and its masks say True =
-        may attend (PyTorch's `key_padding_mask` says True = ignore: pass `~key_padding_mask`
-        as `mask[:, None, :]`).
+        The result is batch-first whatever `module.batch_first` says (the weights do not
+        depend on it), and its masks say True = may attend (PyTorch's `key_padding_mask` says
+        True = ignore: pass `~key_padding_mask` as `mask[:, None, :]`). Copied: the weights,
+        the biases (all or none), the head count, kdim (as d_memory) and dropout. Refused,
+        each by name, as it cannot be copied: a subclass (its forward may differ),
+        add_bias_kv, add_zero_attn, kdim != vdim, and biases on some projections only.
         """
-        if not isinstance(module, nn.MultiheadAttention):
+        name = "MultiHeadAttention.from_torch"
+        if type(module) is not nn.MultiheadAttention:
             fail(
-                "MultiHeadAttention.from_torch",
+                name,
                 "module",
-                "a torch.nn.MultiheadAttention",
+                "a torch.nn.MultiheadAttention (not a subclass)",
                 type(module).__name__,
                 TypeError,
             )
-        if module.bias_k is not None or module.add_zero_attn:
-            fail(
-                "MultiHeadAttention.from_torch",
-                "module",
-                "add_bias_kv=False and add_zero_attn=False",
-                "a module using them",
-            )
+        if module.bias_k is not None or module.bias_v is not None:
+            fail(name, "module", "add_bias_kv=False", "add_bias_kv=True")
+        if module.add_zero_attn:
+            fail(name, "module", "add_zero_attn=False", "add_zero_attn=True")
         if module.kdim != module.vdim:
+            fail(name, "module", "kdim == vdim", f"kdim={module.kdim}, vdim={module.vdim}")
+        if (module.in_proj_bias is None) != (module.out_proj.bias is None):
             fail(
-                "MultiHeadAttention.from_torch",
+                name,
                 "module",
-                "kdim == vdim",
-                f"kdim={module.kdim}, vdim={module.vdim}",
+                "bias on the in- and out-projections or on neither",
+                f"in_proj_bias {'absent' if module.in_proj_bias is None else 'present'}, "
+                f"out_proj.bias {'absent' if module.out_proj.bias is None else 'present'}",
             )
         has_bias = module.in_proj_bias is not None
         new = cls(

@@ -9,6 +9,7 @@ Local attention (Luong 2015), which attends rather than normalises, is `attnzoo.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -33,14 +34,52 @@ def masked_softmax(logits: torch.Tensor, mask: torch.Tensor | None = None) -> to
     return weights if mask is None else weights.masked_fill(~mask, 0.0)
 
 
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def propagate_nonfinite(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """out + 0 * sum_d query: the same values, made non-finite in every row whose query is.
+
+    SDPA's CPU kernel turns a query row of NaN logits into a zero context row at some sizes
+    (measured: key_len 1, 2, 9 but not 16, with or without a mask; its math backend gives
+    NaN), and tanh turns an infinite query into finite additive logits: numbers made from
+    garbage. The product with zero propagates without reading a value (no device sync). It
+    applies to every row, also one with no allowed key: a query that is garbage gets a
+    garbage row, never a number (a finite query with no allowed key gets zeros, DESIGN.md).
+    Half precision sums in float32 so that a finite query never sums to inf.
+
+    Args:
+        out: (..., query_len, n), e.g. context or weights.
+        query: (..., query_len, d).
+    """
+    if query.requires_grad:  # the probe's gradient is 0: spare the backward its ops
+        query = query.detach()
+    if query.dtype in _HALF:
+        probe = query.sum(-1, keepdim=True, dtype=torch.float32)  # (..., i, 1)
+        return torch.add(out, probe, alpha=0).to(out.dtype)
+    probe = query.sum(-1, keepdim=True)  # (..., i, 1); overflows only past the dtype's max
+    return torch.add(out, probe, alpha=0)  # ~3 us at (4, 16, 64), ~7 us at (4, 128, 64)
+
+
 class HardSample(NamedTuple):
     weights: torch.Tensor  # one-hot (batch, [heads,] query_len, key_len)
     log_prob: torch.Tensor  # (batch, [heads,] query_len): log p(chosen key), for REINFORCE
     index: torch.Tensor  # (batch, [heads,] query_len) chosen key
 
 
+def _check_logits(function: str, logits: object) -> None:
+    """Hard attention chooses one key per row: it needs a floating tensor with at least one."""
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        got = logits.dtype if isinstance(logits, torch.Tensor) else type(logits).__name__
+        fail(function, "logits", "a floating torch.Tensor", got, TypeError)
+    if logits.dim() == 0 or logits.shape[-1] == 0:
+        fail(function, "logits", "at least one key (key_len >= 1)", f"shape {tuple(logits.shape)}")
+
+
 def hard_argmax(logits: torch.Tensor, mask: torch.Tensor | None = None) -> HardSample:
-    """Deterministic hard attention: the most likely allowed key."""
+    """Deterministic hard attention: the most likely allowed key. A row of allowed logits with
+    a NaN gets NaN weights and log-probability, not a one-hot chosen from garbage."""
+    _check_logits("hard_argmax", logits)
     log_p = torch.log_softmax(masked_fill_lowest(logits, mask), dim=-1)
     return _one_hot(log_p, log_p.argmax(dim=-1), mask)
 
@@ -55,6 +94,7 @@ def sample_hard(
 
     The weights carry no gradient; train the score with REINFORCE on `log_prob`.
     """
+    _check_logits("sample_hard", logits)
     log_p = torch.log_softmax(masked_fill_lowest(logits, mask), dim=-1)
     flat = log_p.detach().exp().reshape(-1, log_p.shape[-1])  # (rows, key_len)
     index = torch.multinomial(flat, 1, generator=generator).view(log_p.shape[:-1])
@@ -68,6 +108,9 @@ def _one_hot(log_p, index, mask) -> HardSample:
         row_ok = mask.expand_as(log_p).any(dim=-1)
         weights = weights * row_ok.unsqueeze(-1)
         log_prob = log_prob.masked_fill(~row_ok, 0.0)
+    # + 0 * log p(chosen): the same one-hot, non-finite in a row whose allowed logits are
+    # (argmax picks a NaN as the maximum); no value read.
+    weights = weights + 0 * log_prob.detach().unsqueeze(-1)
     return HardSample(weights, log_prob, index)
 
 
@@ -75,7 +118,8 @@ def gumbel_softmax_st(
     logits: torch.Tensor, mask: torch.Tensor | None = None, *, tau: float = 1.0
 ) -> torch.Tensor:
     """Straight-through Gumbel-softmax (Jang 2017): one-hot forward, soft gradient backward."""
-    if tau <= 0:
-        fail("gumbel_softmax_st", "tau", "a positive temperature", tau)
+    _check_logits("gumbel_softmax_st", logits)
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau < math.inf:
+        fail("gumbel_softmax_st", "tau", "a positive finite temperature", repr(tau))
     weights = F.gumbel_softmax(masked_fill_lowest(logits, mask), tau=tau, hard=True, dim=-1)
     return weights if mask is None else weights.masked_fill(~mask, 0.0)

@@ -30,9 +30,9 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnzoo.core.additive import additive_attention, additive_logits
-from attnzoo.core.checks import fail
-from attnzoo.core.masks import combine_masks, geometry_mask
-from attnzoo.core.normalisers import masked_softmax
+from attnzoo.core.checks import check_like_parameter, check_size, fail
+from attnzoo.core.masks import clear_unattended, combine_masks, geometry_mask
+from attnzoo.core.normalisers import masked_softmax, propagate_nonfinite
 from attnzoo.core.types import AttentionOutput
 
 
@@ -92,14 +92,25 @@ class DotFamily(Score):
             i, j = q.shape[-2], k.shape[-2]
             geometric = geometry_mask(i, j, causal=causal, window=window, device=q.device)
             full = combine_masks(mask, geometric)
+        if full is not None:
+            # padding's content (NaN, Inf) must not reach the kernel's sums (the kernel adds
+            # -inf to a NaN logit)
+            k, value = clear_unattended(full, k, value)
         context = _sdpa(q, k, value, None if only_causal else full, only_causal, dropout, scale)
+        context = propagate_nonfinite(context, q)
         if not return_weights:
             return AttentionOutput(context, None)
         # Weights, when asked for, come from their own small graph: the context keeps the
         # flash kernel's forward and backward (measured 2.5-3.8x faster than the plain form),
-        # and the weights' backward runs only if a loss uses them.
-        weights = masked_softmax((q * scale) @ k.transpose(-2, -1), full)  # (b, [h,] i, j)
-        return AttentionOutput(context, weights)
+        # and the weights' backward runs only if a loss uses them. In half precision the
+        # logits are formed in float32, as the kernel accumulates them: fp16 logits overflow
+        # to inf (NaN weights) beside the kernel's finite context.
+        if q.dtype in _HALF:
+            logits = (q.float() * scale) @ k.float().transpose(-2, -1)  # (b, [h,] i, j)
+            weights = masked_softmax(logits, full).to(q.dtype)
+        else:
+            weights = masked_softmax((q * scale) @ k.transpose(-2, -1), full)  # (b, [h,] i, j)
+        return AttentionOutput(context, propagate_nonfinite(weights, q))
 
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -114,6 +125,8 @@ def _sdpa(q, k, value, mask, is_causal, dropout, scale):
         q, k, value = q.unsqueeze(1), k.unsqueeze(1), value.unsqueeze(1)  # (b, 1, len, d)
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # (b, 1, i, j)
+    if mask is not None and mask.dim() == 1:
+        mask = mask.unsqueeze(0)  # (1, j): the CPU kernel indexes a mask's dim -2
     if q.dtype in _HALF and k.shape[-2] <= _MATH_MAX_KEYS and q.device.type == "cpu":
         # In bf16/fp16 on CPU the flash kernel's backward is slow on short keys: the math
         # path measured 2-3x faster at key_len 64-128 (fwd+bwd), slower from 256 on.
@@ -165,6 +178,8 @@ class General(DotFamily):
 
     def __init__(self, d_query: int, d_key: int):
         super().__init__()
+        check_size("General", "d_query", d_query)
+        check_size("General", "d_key", d_key)
         self.d_query, self.d_key = d_query, d_key
         self.weight = nn.Parameter(torch.empty(d_query, d_key))
         nn.init.xavier_uniform_(self.weight)
@@ -172,6 +187,7 @@ class General(DotFamily):
     def as_dot(self, query, prepared_key):
         _check_dims("General", self.d_query, query.shape[-1])
         _check_dims("General", self.d_key, prepared_key.shape[-1])
+        check_like_parameter("General", "query", query, self.weight)
         return query @ self.weight, prepared_key, 1.0  # (b, [h,] i, d_key)
 
 
@@ -180,13 +196,22 @@ class Cosine(DotFamily):
     beta: logits = beta * K[query, key]. `logits()` accepts a per-query beta tensor
     (batch, [heads,] query_len) for an NTM head that emits beta at every step.
 
+    Args:
+        beta: the key strength, a finite number (a NaN or infinite one would make every
+            weight NaN, which SDPA's CPU kernel turns into a zero context: refused here), or a
+            tensor, whose non-finite values propagate to the output.
+        eps: the least norm, a positive finite number.
     Note:
         Norms are clamped below by `eps`, so an all-zero memory row (the NTM's initial state)
         gives similarity 0 and finite gradients rather than NaN.
     """
 
-    def __init__(self, beta: float = 1.0, eps: float = 1e-8):
+    def __init__(self, beta: float | torch.Tensor = 1.0, eps: float = 1e-8):
         super().__init__()
+        if not isinstance(beta, torch.Tensor) and not _finite_number(beta):
+            fail("Cosine", "beta", "a finite number or a tensor", repr(beta))
+        if not _finite_number(eps) or eps <= 0:
+            fail("Cosine", "eps", "a positive finite number", repr(eps))
         self.beta, self.eps = beta, eps
 
     def prepare_key(self, key):
@@ -221,6 +246,10 @@ class Additive(Score):
 
     def __init__(self, d_query: int, d_key: int, d_hidden: int, bias: bool = False):
         super().__init__()
+        for name, size in (("d_query", d_query), ("d_key", d_key), ("d_hidden", d_hidden)):
+            check_size("Additive", name, size)
+        if not isinstance(bias, bool):
+            fail("Additive", "bias", "a bool", repr(bias), TypeError)
         self.query_proj = nn.Linear(d_query, d_hidden, bias=bias)
         self.key_proj = nn.Linear(d_key, d_hidden, bias=False)
         self.v = nn.Parameter(torch.empty(d_hidden))
@@ -234,6 +263,7 @@ class Additive(Score):
                 f"last dimension d_key = {self.key_proj.in_features}",
                 key.shape[-1],
             )
+        check_like_parameter("Additive", "key", key, self.key_proj.weight)
         return self.key_proj(key)  # (b, [h,] j, d_hidden)
 
     def prepare_query(self, query):
@@ -244,6 +274,7 @@ class Additive(Score):
                 f"last dimension d_query = {self.query_proj.in_features}",
                 query.shape[-1],
             )
+        check_like_parameter("Additive", "query", query, self.query_proj.weight)
         return self.query_proj(query)  # (b, [h,] i, d_hidden)
 
     def logits(self, query, prepared_key):
@@ -265,7 +296,8 @@ class Additive(Score):
             causal=causal,
             window=window,
         )
-        return AttentionOutput(context, None)
+        # tanh saturates: a query with an infinite feature gives finite logits; it propagates
+        return AttentionOutput(propagate_nonfinite(context, query), None)
 
 
 class Location(Score):
@@ -279,6 +311,8 @@ class Location(Score):
 
     def __init__(self, d_query: int, max_keys: int):
         super().__init__()
+        check_size("Location", "d_query", d_query)
+        check_size("Location", "max_keys", max_keys)
         self.max_keys = max_keys
         self.proj = nn.Linear(d_query, max_keys)
 
@@ -286,7 +320,19 @@ class Location(Score):
         key_len = prepared_key.shape[-2]
         if key_len > self.max_keys:
             fail("Location", "key", f"key_len <= max_keys = {self.max_keys}", key_len)
+        if query.shape[-1] != self.proj.in_features:
+            fail(
+                "Location",
+                "query",
+                f"last dimension d_query = {self.proj.in_features}",
+                query.shape[-1],
+            )
+        check_like_parameter("Location", "query", query, self.proj.weight)
         return self.proj(query)[..., :key_len]  # (b, [h,] i, j)
+
+
+def _finite_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 # The parameter-free scores by name, built once (an nn.Module costs ~7 us to construct); they

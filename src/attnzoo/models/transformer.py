@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.core import (
@@ -274,6 +275,103 @@ def _check_tokens(function: str, argument: str, tokens: object, rank: int, what:
     check_tensor(function, argument, tokens, (rank,))
     if tokens.is_floating_point():
         fail(function, argument, f"integer token ids {what}", tokens.dtype, TypeError)
+
+
+def _torch_layers(function: str, module: nn.Transformer) -> list[tuple[str, nn.Module]]:
+    """(name, layer) for every layer of a torch.nn.Transformer, which must be the standard
+    classes (a subclass may compute something else)."""
+    stacks = (
+        ("encoder", module.encoder, nn.TransformerEncoder, nn.TransformerEncoderLayer),
+        ("decoder", module.decoder, nn.TransformerDecoder, nn.TransformerDecoderLayer),
+    )
+    layers = []
+    for stack_name, stack, stack_type, layer_type in stacks:
+        if type(stack) is not stack_type:
+            fail(
+                function,
+                "module",
+                f"a standard {stack_type.__name__} as {stack_name}",
+                f"custom {type(stack).__name__}",
+            )
+        for k, layer in enumerate(stack.layers):
+            if type(layer) is not layer_type:
+                fail(
+                    function,
+                    "module",
+                    f"standard {layer_type.__name__}s",
+                    f"custom {type(layer).__name__} at {stack_name}.layers.{k}",
+                )
+            layers.append((f"{stack_name}.layers.{k}", layer))
+    for stack_name, stack in (("encoder", module.encoder), ("decoder", module.decoder)):
+        if stack.norm is not None:
+            layers.append((f"{stack_name}.norm", stack.norm))
+    return layers
+
+
+def _one_setting_per_stack(
+    function: str, layers: list[tuple[str, nn.Module]], d_model: int, heads: int
+) -> dict:
+    """The settings every layer must share (our config has one value for all of them):
+    norm_first, dim_feedforward, dropout, layer_norm_eps; and those we have no other value
+    for: activation=relu, bias=True, affine LayerNorms of size d_model, `heads` heads."""
+    seen: dict[str, dict] = {}
+
+    def same(setting: str, where: str, value) -> None:
+        seen.setdefault(setting, {}).setdefault(value, where)
+        if len(seen[setting]) > 1:
+            values = ", ".join(f"{v!r} in {w}" for v, w in seen[setting].items())
+            fail(function, "module", f"one {setting} in every layer", values)
+
+    for where, layer in layers:
+        if isinstance(layer, nn.LayerNorm):
+            norms = [("", layer)]
+        else:
+            norms = [(f".{n}", m) for n, m in layer.named_children() if n.startswith("norm")]
+            activation = layer.activation
+            if not (activation is F.relu or type(activation) is nn.ReLU):
+                got = getattr(activation, "__name__", type(activation).__name__)
+                fail(function, "module", f"activation='relu' (sec. 3.3) in {where}", got)
+            linears = [layer.linear1, layer.linear2]
+            attentions = [m for m in layer.children() if isinstance(m, nn.MultiheadAttention)]
+            if any(m.bias is None for m in linears) or any(
+                a.in_proj_bias is None or a.out_proj.bias is None for a in attentions
+            ):
+                fail(function, "module", f"bias=True in {where}", "bias=False")
+            for attention in attentions:
+                if attention.num_heads != heads or attention.embed_dim != d_model:
+                    fail(
+                        function,
+                        "module",
+                        f"attention with nhead={heads}, d_model={d_model} in {where}",
+                        f"nhead={attention.num_heads}, d_model={attention.embed_dim}",
+                    )
+                if attention.kdim != d_model or attention.vdim != d_model:
+                    fail(
+                        function,
+                        "module",
+                        f"kdim = vdim = d_model = {d_model} in {where}",
+                        f"kdim={attention.kdim}, vdim={attention.vdim}",
+                    )
+                same("dropout", where, attention.dropout)
+            same("norm_first", where, layer.norm_first)
+            same("dim_feedforward", where, layer.linear1.out_features)
+            for n, m in layer.named_children():
+                if isinstance(m, nn.Dropout):
+                    same("dropout", f"{where}.{n}", m.p)
+        for suffix, norm in norms:
+            if type(norm) is not nn.LayerNorm:
+                fail(function, "module", f"nn.LayerNorm in {where}{suffix}", type(norm).__name__)
+            if norm.weight is None or norm.bias is None or norm.normalized_shape != (d_model,):
+                fail(
+                    function,
+                    "module",
+                    f"affine LayerNorms of size {d_model} with bias in {where}{suffix}",
+                    f"normalized_shape={norm.normalized_shape}, weight "
+                    f"{'absent' if norm.weight is None else 'present'}, bias "
+                    f"{'absent' if norm.bias is None else 'present'}",
+                )
+            same("layer_norm_eps", f"{where}{suffix}", norm.eps)
+    return {setting: next(iter(values)) for setting, values in seen.items()}
 
 
 # -- outputs and decoding state ----------------------------------------------------------------
@@ -521,25 +619,27 @@ class Transformer(nn.Module):
         (ours has no dropout on attention weights or inside the FFN; the module's dropout
         probability becomes P_drop). The final LayerNorms torch.nn.Transformer puts after each
         stack become `final_norm=True`.
+
+        Every layer of both stacks is checked, not the first only. Copied: sizes, head count,
+        norm_first, dropout, the LayerNorms' eps (set on the built LayerNorms: the config has
+        no field for it), all weights. `batch_first` does not matter (ours is batch-first).
+        Refused, naming the setting: custom encoder, decoder or layer classes, an activation
+        other than ReLU, norm_first, d_ff, heads, eps or dropout differing between layers,
+        bias=False, LayerNorms without affine parameters, attention that
+        `MultiHeadAttention.from_torch` refuses.
         """
         name = "Transformer.from_torch"
         if not isinstance(module, nn.Transformer):
             fail(name, "module", "a torch.nn.Transformer", type(module).__name__, TypeError)
+        d_model = module.d_model
+        layers = _torch_layers(name, module)
         enc_layers, dec_layers = module.encoder.layers, module.decoder.layers
         first = enc_layers[0]
-        if not isinstance(first, nn.TransformerEncoderLayer) or not isinstance(
-            dec_layers[0], nn.TransformerDecoderLayer
-        ):
-            fail(name, "module", "the standard encoder and decoder layers", "custom layers")
-        if getattr(first, "activation_relu_or_gelu", 1) != 1:
-            fail(name, "module", "activation='relu' (sec. 3.3)", "another activation")
-        if first.linear1.bias is None:
-            fail(name, "module", "bias=True", "bias=False")
+        settings = _one_setting_per_stack(name, layers, d_model, module.nhead)
         if (module.encoder.norm is None) != (module.decoder.norm is None):
             fail(name, "module", "final norms on both stacks or neither", "only one")
         if first.norm_first and module.encoder.norm is None:
             fail(name, "module", "final norms after pre-LN stacks", "none")
-        d_model = module.d_model
         for argument, emb in (
             ("source_embedding", source_embedding),
             ("target_embedding", target_embedding),
@@ -547,14 +647,30 @@ class Transformer(nn.Module):
             if not isinstance(emb, nn.Embedding) or emb.embedding_dim != d_model:
                 got = getattr(emb, "embedding_dim", type(emb).__name__)
                 fail(name, argument, f"an nn.Embedding of dimension {d_model}", got)
+        if output is not None and (
+            not isinstance(output, nn.Linear)
+            or output.in_features != d_model
+            or output.out_features != target_embedding.num_embeddings
+        ):
+            got = (
+                f"in_features={output.in_features}, out_features={output.out_features}"
+                if isinstance(output, nn.Linear)
+                else type(output).__name__
+            )
+            fail(
+                name,
+                "output",
+                f"an nn.Linear({d_model}, {target_embedding.num_embeddings}) or None",
+                got,
+            )
         config = TransformerConfig(
             d_model=d_model,
             heads=module.nhead,
             layers_enc=len(enc_layers),
             layers_dec=len(dec_layers),
-            d_ff=first.linear1.out_features,
-            dropout=first.dropout.p,
-            pre_norm=first.norm_first,
+            d_ff=settings["dim_feedforward"],
+            dropout=settings["dropout"],
+            pre_norm=settings["norm_first"],
             final_norm=module.encoder.norm is not None,
             positions=positions,
             tie_embeddings=output is None,
@@ -594,6 +710,9 @@ class Transformer(nn.Module):
             if module.encoder.norm is not None:
                 new.encoder_norm.load_state_dict(module.encoder.norm.state_dict())
                 new.decoder_norm.load_state_dict(module.decoder.norm.state_dict())
+            for norm in new.modules():  # torch's layer_norm_eps: no config field holds it
+                if isinstance(norm, nn.LayerNorm):
+                    norm.eps = settings["layer_norm_eps"]
             if output is not None:
                 new.output.weight.copy_(output.weight)
                 if output.bias is not None:

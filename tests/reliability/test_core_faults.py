@@ -1,0 +1,864 @@
+"""Fault injection for the library core (and `Transformer.from_torch`): bad arguments to every
+public function, NaN and Inf in attended and in masked positions on every path, two threads
+and re-entrant calls, misuse of a KV cache, and settings a converter cannot copy. Each test
+asserts the defined behaviour exactly (DESIGN.md: nothing silently wrong, nothing lost)."""
+
+import math
+import threading
+
+import pytest
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+import attnzoo.core as core
+from attnzoo import (
+    CacheError,
+    KVCache,
+    LearnedPositionalEmbedding,
+    LocalAttention,
+    MultiHeadAttention,
+    SinusoidalPositionalEncoding,
+    additive_attention,
+    additive_logits,
+    attention,
+    causal_mask,
+    combine_masks,
+    gumbel_softmax_st,
+    hard_argmax,
+    masked_softmax,
+    padding_mask,
+    prepare_key,
+    sample_hard,
+    scores,
+    sinusoidal_encoding,
+    window_mask,
+)
+from attnzoo.core import additive
+from attnzoo.models.transformer import Transformer
+from tests.core.reference import ref_attention, ref_logits
+
+NAN, INF = float("nan"), float("inf")
+GARBAGE = {"nan": NAN, "+inf": INF, "-inf": -INF}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_score(name, d=6, j=9):
+    return scores.make_score(name, d, d, d_hidden=5, max_keys=j)
+
+
+def all_nonfinite(t: torch.Tensor) -> bool:
+    return bool((~torch.isfinite(t)).all())
+
+
+# -- 1. shared mutable state -------------------------------------------------------------------
+
+
+def _additive_problem(seed):
+    g = torch.Generator().manual_seed(seed)
+    shapes = ((2, 64, 16), (2, 48, 16), (16,), (2, 48, 3))
+    return tuple(torch.randn(*s, generator=g, dtype=torch.float64).float() for s in shapes)
+
+
+def _additive_reference(a, b, v, value):
+    """float64 e_ij = v^T tanh(a_i + b_j) with a causal mask, by the reference's loops."""
+    params = {"wq": torch.eye(16), "wk": torch.eye(16), "v": v}
+    logits = ref_logits("additive", a, b, params)
+    return ref_attention(logits, value, causal_mask(a.shape[1], b.shape[1]))[0]
+
+
+def test_two_threads_attending_at_once_get_the_reference(monkeypatch):
+    """Blockwise additive kernel in two threads at once, many small blocks: 20 of 20 calls of
+    each thread equal the single-threaded result exactly and the float64 reference."""
+    monkeypatch.setattr(additive, "BLOCK_ELEMENTS", 4096)
+    problems = [_additive_problem(k) for k in range(2)]
+    alone = [additive_attention(*p, causal=True) for p in problems]
+    for p, out in zip(problems, alone, strict=True):
+        torch.testing.assert_close(out.double(), _additive_reference(*p), rtol=1e-5, atol=1e-6)
+    results: list[list[torch.Tensor]] = [[], []]
+    start = threading.Barrier(2)
+
+    def work(k):
+        start.wait()
+        for _ in range(20):
+            results[k].append(additive_attention(*problems[k], causal=True))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(2):
+        assert len(results[k]) == 20
+        assert all(torch.equal(got, alone[k]) for got in results[k])
+
+
+class _CallInside(TorchFunctionMode):
+    """Runs `nested()` once, at the first in-place tanh (a block of the additive kernel being
+    evaluated on its scratch buffer): a re-entrant call in the same thread."""
+
+    def __init__(self, nested):
+        super().__init__()
+        self.nested, self.done = nested, False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.tanh_ and not self.done:
+            self.done = True
+            self.nested()
+        return func(*args, **(kwargs or {}))
+
+
+def test_reentrant_call_inside_a_block_and_inside_a_backward(monkeypatch):
+    """A call of the kernel made while another call's block sits in scratch memory (forward,
+    then backward) leaves both results exact: no buffer is shared between calls."""
+    monkeypatch.setattr(additive, "BLOCK_ELEMENTS", 4096)
+    outer, inner = _additive_problem(0), _additive_problem(1)
+    expected_inner = additive_attention(*inner, causal=True)
+    leaves = [t.clone().requires_grad_() for t in outer]
+    expected = additive_attention(*leaves, causal=True)
+    expected_grads = torch.autograd.grad(expected.sum(), leaves)
+    seen = []
+
+    def nested():
+        seen.append(additive_attention(*inner, causal=True))
+
+    with _CallInside(nested) as mode:
+        got = additive_attention(*leaves, causal=True)
+    assert mode.done and torch.equal(seen[0], expected_inner)
+    assert torch.equal(got, expected)
+    # autograd runs the backward without the mode: the nested call is injected between a
+    # block's tanh (in scratch memory) and its use
+    tanh_backward = additive._tanh_backward
+
+    def tanh_backward_with_a_call_inside(t, grad_logits, v):
+        if len(seen) == 1:
+            nested()
+        return tanh_backward(t, grad_logits, v)
+
+    monkeypatch.setattr(additive, "_tanh_backward", tanh_backward_with_a_call_inside)
+    grads = torch.autograd.grad(got.sum(), leaves)
+    assert len(seen) == 2 and torch.equal(seen[1], expected_inner)
+    for g, e in zip(grads, expected_grads, strict=True):
+        assert torch.equal(g, e)
+
+
+@pytest.mark.parametrize("d_memory", [None, 6], ids=["fused", "separate"])
+def test_in_place_weight_edit_changes_the_output(d_memory):
+    """No projection cache keyed on data_ptr/_version: an edit through `.data` (which bumps no
+    version) shows in the very next call, with grad off and in eval mode."""
+    mha = MultiHeadAttention(8, 2, d_memory=d_memory).eval()
+    x = torch.randn(2, 4, 8)
+    memory = None if d_memory is None else torch.randn(2, 5, 6)
+    with torch.no_grad():
+        before = mha(x, memory).context
+        proj = mha.in_proj if d_memory is None else mha.q_proj
+        proj.weight.data.mul_(2.0)
+        after = mha(x, memory).context
+        fresh = MultiHeadAttention(8, 2, d_memory=d_memory).eval()
+        fresh.load_state_dict(mha.state_dict())
+        assert not torch.equal(before, after)
+        assert torch.equal(after, fresh(x, memory).context)
+
+
+# -- 2. non-finite values ----------------------------------------------------------------------
+
+B, I, J, D, DV = 2, 5, 9, 6, 4
+LENGTHS = [9, 6]
+
+
+def _inputs(seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g).to(dtype) for s in ((B, I, D), (B, J, D), (B, J, DV))]
+
+
+@pytest.mark.parametrize("name", list(scores.SCORES))
+@pytest.mark.parametrize("return_weights", [False, True], ids=["context", "weights"])
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+def test_nonfinite_query_row_propagates(name, return_weights, garbage):
+    """A NaN or Inf in one feature of query (0, 1): that row's context (and weights) are all
+    non-finite on every path, every other row equals the clean call exactly."""
+    score = make_score(name)
+    q, k, v = _inputs()
+    clean = attention(q, k, v, score=score, return_weights=return_weights)
+    q[0, 1, 2] = GARBAGE[garbage]
+    out = attention(q, k, v, score=score, return_weights=return_weights)
+    assert all_nonfinite(out.context[0, 1])
+    if return_weights:
+        assert all_nonfinite(out.weights[0, 1])
+    others = torch.ones(B, I, dtype=torch.bool)
+    others[0, 1] = False
+    assert torch.equal(out.context[others], clean.context[others])
+    if return_weights:
+        assert torch.equal(out.weights[others], clean.weights[others])
+
+
+@pytest.mark.parametrize("name", list(scores.SCORES))
+def test_query_row_with_no_allowed_key(name):
+    """A finite query with no allowed key gives zero context and weights (DESIGN.md); a NaN
+    query gives a NaN row there too, context and weights alike: garbage is never a number."""
+    score = make_score(name)
+    q, k, v = _inputs()
+    q[0, 1] = NAN
+    mask = torch.ones(B, I, J, dtype=torch.bool)
+    mask[0, 1] = mask[1, 2] = False
+    for return_weights in (False, True):
+        out = attention(q, k, v, score=score, mask=mask, return_weights=return_weights)
+        assert all_nonfinite(out.context[0, 1])
+        assert torch.equal(out.context[1, 2], torch.zeros(DV))
+        if return_weights:
+            assert all_nonfinite(out.weights[0, 1])
+            assert torch.equal(out.weights[1, 2], torch.zeros(J))
+
+
+@pytest.mark.parametrize("beta", [NAN, INF, -INF, "2", None, True])
+def test_cosine_refuses_a_non_finite_beta(beta):
+    with pytest.raises((ValueError, TypeError), match="Cosine: argument 'beta' expected a finite"):
+        scores.Cosine(beta=beta)
+
+
+@pytest.mark.parametrize("eps", [0.0, -1e-8, NAN, INF])
+def test_cosine_refuses_a_bad_eps(eps):
+    with pytest.raises(ValueError, match="Cosine: argument 'eps' expected a positive finite"):
+        scores.Cosine(eps=eps)
+
+
+def test_cosine_tensor_beta_propagates():
+    q, k, v = _inputs()
+    score = scores.Cosine(beta=torch.tensor(NAN))
+    assert all_nonfinite(attention(q, k, v, score=score).context)
+    beta = torch.ones(B, I)
+    beta[1, 3] = NAN
+    logits = scores.Cosine().logits(q, scores.Cosine().prepare_key(k), beta)
+    assert all_nonfinite(logits[1, 3])
+    assert torch.isfinite(logits[0]).all() and torch.isfinite(logits[1, :3]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("key_len", [16, 200], ids=["math", "flash"])
+def test_half_logits_that_overflow_give_agreeing_finite_weights_and_context(dtype, key_len):
+    """fp16 q.k over 65504: the kernel accumulates in float32, so the weights are formed in
+    float32 too: both finite, in agreement, and equal to the float64 reference."""
+    g = torch.Generator().manual_seed(0)
+    q = (torch.randn(1, 4, 8, generator=g) * 200).to(dtype)
+    k = (torch.randn(1, key_len, 8, generator=g) * 200).to(dtype)
+    v = torch.randn(1, key_len, 3, generator=g).to(dtype)
+    assert not torch.isfinite(q @ k.transpose(1, 2)).all() or dtype == torch.bfloat16
+    out = attention(q, k, v, score="dot", return_weights=True)
+    assert torch.isfinite(out.context).all() and torch.isfinite(out.weights).all()
+    ref_context, ref_weights = ref_attention(ref_logits("dot", q, k), v)
+    torch.testing.assert_close(out.weights.double(), ref_weights, rtol=0.02, atol=0.02)
+    torch.testing.assert_close(out.context.double(), ref_context, rtol=0.05, atol=0.05)
+    agree = out.weights.double() @ v.double()
+    torch.testing.assert_close(out.context.double(), agree, rtol=0.05, atol=0.05)
+
+
+def _garbage_in_padding(tensors, lengths, value):
+    """Key and value rows at positions >= length set to `value` (NaN, +-Inf)."""
+    out = [t.clone() for t in tensors]
+    for t in out:
+        for b, n in enumerate(lengths):
+            t[b, n:] = value
+    return out
+
+
+PATHS = {
+    # name -> (score name, attention() keyword arguments, BLOCK_ELEMENTS or None)
+    "sdpa": ("scaled_dot", {}, None),
+    "sdpa+weights": ("scaled_dot", {"return_weights": True}, None),
+    "sdpa+causal": ("dot", {"causal": True}, None),
+    "general": ("general", {}, None),
+    "cosine": ("cosine", {"return_weights": True}, None),
+    "plain": ("location", {"return_weights": True}, None),
+    "additive-one-block": ("additive", {}, None),
+    "additive+weights": ("additive", {"return_weights": True}, None),
+    "additive-blockwise": ("additive", {"window": 3}, 64),
+}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+@pytest.mark.parametrize("mask_rank", [1, 3], ids=["1d", "padding"])
+def test_garbage_in_masked_keys_and_values_never_reaches_an_output(
+    monkeypatch, path, garbage, mask_rank
+):
+    name, kwargs, block = PATHS[path]
+    if block is not None:
+        monkeypatch.setattr(additive, "BLOCK_ELEMENTS", block)
+    score = make_score(name)
+    q, k, v = _inputs()
+    lengths = LENGTHS if mask_rank == 3 else [6, 6]
+    mask = padding_mask(torch.tensor(lengths), J)
+    if mask_rank == 1:
+        mask = mask[0, 0]  # (key_len,)
+    clean = attention(q, k, v, score=score, mask=mask, **kwargs)
+    k2, v2 = _garbage_in_padding([k, v], lengths, GARBAGE[garbage])
+    out = attention(q, k2, v2, score=score, mask=mask, **kwargs)
+    assert torch.equal(out.context, clean.context)
+    if kwargs.get("return_weights"):
+        assert torch.equal(out.weights, clean.weights)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_nan_at_a_position_some_queries_attend_is_never_a_wrong_number(monkeypatch, path):
+    """Causal attention with a NaN key and value at position 6: queries 6.. attend it and are
+    NaN; queries before it exclude it, and each of their rows is either exactly the clean row
+    or all NaN (the weighted sum's 0 * NaN on the fused kernels): never a finite wrong number.
+    The plain paths, whose logits are filled rather than added, keep them exactly clean."""
+    name, kwargs, block = PATHS[path]
+    if block is not None:
+        monkeypatch.setattr(additive, "BLOCK_ELEMENTS", block)
+    kwargs = {**kwargs, "causal": True, "window": None}
+    score = make_score(name)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, J, D, generator=g) for _ in range(3))
+    clean = attention(q, k, v, score=score, **kwargs)
+    k[:, 6], v[:, 6] = NAN, NAN
+    out = attention(q, k, v, score=score, **kwargs)
+    if name != "location":  # location reads only the key count: a NaN key is not read
+        assert all_nonfinite(out.context[:, 6:])
+    for b in range(B):
+        for i in range(6):
+            row, want = out.context[b, i], clean.context[b, i]
+            assert torch.equal(row, want) or all_nonfinite(row), (b, i)
+    if kwargs.get("return_weights"):
+        assert torch.equal(out.weights[:, :6], clean.weights[:, :6])
+
+
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+def test_garbage_in_padding_of_multi_head_attention(garbage):
+    """Self-attention over a padded batch (garbage in the padded positions of x) and
+    cross-attention to a padded memory, with a (batch, 1, key_len) and a 1-D mask: the real
+    queries' outputs equal the clean ones exactly."""
+    mha = MultiHeadAttention(8, 2).eval()
+    x, memory = torch.randn(2, 7, 8), torch.randn(2, 7, 8)
+    lengths = [7, 4]
+    mask = padding_mask(torch.tensor(lengths), 7)  # (b, 1, j)
+    real = mask[:, 0]  # (b, i): the real positions as queries
+    clean_self = mha(x, mask=mask).context
+    clean_cross = mha(x, memory, mask=mask).context
+    (dirty_x,) = _garbage_in_padding([x], lengths, GARBAGE[garbage])
+    (dirty_memory,) = _garbage_in_padding([memory], lengths, GARBAGE[garbage])
+    assert torch.equal(mha(dirty_x, mask=mask).context[real], clean_self[real])
+    assert torch.equal(mha(x, dirty_memory, mask=mask).context, clean_cross)
+    short = padding_mask(torch.tensor([4, 4]), 7)[0, 0]  # (key_len,)
+    (dirty_memory,) = _garbage_in_padding([memory], [4, 4], GARBAGE[garbage])
+    got = mha(x, dirty_memory, mask=short, return_weights=True)
+    want = mha(x, memory, mask=short, return_weights=True)
+    assert torch.equal(got.context, want.context) and torch.equal(got.weights, want.weights)
+
+
+@pytest.mark.parametrize("predictive", [False, True], ids=["local-m", "local-p"])
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+def test_garbage_in_padding_of_local_attention(predictive, garbage):
+    local = LocalAttention(scores.Dot(), window=2, d_query=D if predictive else None)
+    q, k, v = _inputs()
+    lengths = torch.tensor(LENGTHS)
+    mask = padding_mask(lengths, J)
+    kwargs = {"lengths": lengths} if predictive else {}
+    clean = local(q, k, v, mask=mask, **kwargs)
+    k2, v2 = _garbage_in_padding([k, v], LENGTHS, GARBAGE[garbage])
+    out = local(q, k2, v2, mask=mask, **kwargs)
+    assert torch.equal(out.context, clean.context) and torch.equal(out.weights, clean.weights)
+
+
+@pytest.mark.parametrize("predictive", [False, True], ids=["local-m", "local-p"])
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+def test_nonfinite_query_propagates_in_local_attention(predictive, garbage):
+    """local-p's centre of a NaN query is NaN, so its window is empty: without care its row
+    would be zero. It is non-finite, and every other row is unchanged."""
+    local = LocalAttention(scores.Dot(), window=2, d_query=D if predictive else None)
+    q, k, v = _inputs()
+    clean = local(q, k, v)
+    q[1, 3, 0] = GARBAGE[garbage]
+    out = local(q, k, v)
+    assert all_nonfinite(out.context[1, 3]) and all_nonfinite(out.weights[1, 3])
+    others = torch.ones(B, I, dtype=torch.bool)
+    others[1, 3] = False
+    assert torch.equal(out.context[others], clean.context[others])
+
+
+def test_garbage_in_padding_of_the_public_additive_kernel(monkeypatch):
+    """additive_attention itself (public), blockwise and in one block, forward and backward:
+    padding holding NaN changes neither the context nor any gradient."""
+    a, b, v, value = _additive_problem(0)
+    mask = padding_mask(torch.tensor([48, 30]), 48)  # (b, 1, j)
+    for block in (additive.BLOCK_ELEMENTS, 4096):
+        monkeypatch.setattr(additive, "BLOCK_ELEMENTS", block)
+        results = []
+        for garbage in (0.0, NAN):
+            b2, value2 = _garbage_in_padding([b, value], [48, 30], garbage)
+            leaves = [t.clone().requires_grad_() for t in (a, b2, v, value2)]
+            out = additive_attention(*leaves, mask=mask)
+            grads = torch.autograd.grad(out.square().sum(), leaves)
+            real = [g if g.dim() < 3 else g[1, :30] for g in grads]
+            results.append((out, real))
+        (out0, grads0), (out1, grads1) = results
+        assert torch.equal(out0, out1)
+        for g0, g1 in zip(grads0, grads1, strict=True):
+            assert torch.equal(g0, g1)
+
+
+def test_hard_attention_does_not_turn_nan_into_a_choice():
+    logits = torch.randn(2, 3, 5)
+    logits[1, 2, 4] = NAN
+    hard = hard_argmax(logits)
+    assert all_nonfinite(hard.weights[1, 2]) and math.isnan(hard.log_prob[1, 2])
+    assert torch.isfinite(hard.weights[0]).all() and torch.isfinite(hard.weights[1, :2]).all()
+    mask = torch.ones(2, 3, 5, dtype=torch.bool)
+    mask[1, 2, 4] = False  # the NaN is masked: it is not read
+    assert torch.isfinite(hard_argmax(logits, mask).weights).all()
+
+
+# -- 3. KV cache misuse ------------------------------------------------------------------------
+
+
+def test_one_cache_for_cross_then_self_attention_is_refused():
+    mha = MultiHeadAttention(8, 2)
+    x, memory = torch.randn(2, 1, 8), torch.randn(2, 5, 8)
+    cache = KVCache()
+    mha(x, memory, cache=cache)
+    with pytest.raises(CacheError, match="'cache' expected a self-attention cache.*cross"):
+        mha(x, cache=cache)
+    cache = KVCache()
+    mha(x, cache=cache)
+    with pytest.raises(CacheError, match="'cache' expected a cross-attention cache.*self"):
+        mha(x, memory, cache=cache)
+    assert cache.length == 1  # the refused call changed nothing
+    with pytest.raises(CacheError, match="'cache' expected a self-attention cache.*static"):
+        mha(x, cache=KVCache(static=True))
+
+
+def test_cache_of_another_module_is_refused():
+    a, b = MultiHeadAttention(8, 2), MultiHeadAttention(8, 2)
+    x = torch.randn(2, 1, 8)
+    cache = KVCache()
+    a(x, cache=cache)
+    with pytest.raises(CacheError, match="'cache' expected a KVCache filled by this module"):
+        b(x, cache=cache)
+    assert cache.owner() is a
+
+
+def test_hand_built_cache_with_other_heads_or_batch_is_refused():
+    mha = MultiHeadAttention(8, 2)
+    x = torch.randn(2, 1, 8)
+    four_heads = KVCache(torch.randn(2, 4, 3, 2), torch.randn(2, 4, 3, 2))
+    with pytest.raises(CacheError, match=r"heads=2.*d_head=4.*\(2, 4, 3, 2\)"):
+        mha(x, cache=four_heads)
+    other_dtype = KVCache(torch.randn(2, 2, 3, 4).double(), torch.randn(2, 2, 3, 4).double())
+    with pytest.raises(CacheError, match="'cache' expected dtype torch.float32"):
+        mha(x, cache=other_dtype)
+    adopted = KVCache(torch.randn(2, 2, 3, 4), torch.randn(2, 2, 3, 4))
+    mha(x, cache=adopted)
+    assert adopted.length == 4 and adopted.owner() is mha
+    with pytest.raises(TypeError, match="'cache' expected a KVCache"):
+        mha(x, cache={"key": None})
+
+
+def test_wrong_batch_after_reorder_and_bad_indices_are_refused():
+    mha = MultiHeadAttention(8, 2)
+    cache = KVCache()
+    mha(torch.randn(2, 3, 8), causal=True, cache=cache)
+    key = cache.key
+    for index, pattern in [
+        (torch.tensor([0.0, 1.0]), "'index' expected a 1-D integer tensor.*float32"),
+        (torch.tensor([[0, 1]]), r"'index' expected a 1-D integer tensor.*\(1, 2\)"),
+        (torch.tensor([True, False]), "'index' expected a 1-D integer tensor.*bool"),
+        ([0, 1], "'index' expected a 1-D integer tensor.*list"),
+        (torch.tensor([0, 2]), r"'index' expected batch rows in \[0, 2\)"),
+        (torch.tensor([-3]), r"'index' expected batch rows in \[0, 2\)"),
+    ]:
+        with pytest.raises(CacheError, match=pattern):
+            cache.reorder(index)
+        assert cache.key is key  # unchanged
+    cache.reorder(torch.tensor([0, 1, 1]))  # beam search may grow the batch
+    with pytest.raises(CacheError, match=r"batch=2.*shape \(3, 2, 3, 4\)"):
+        mha(torch.randn(2, 1, 8), causal=True, cache=cache)
+    out = mha(torch.randn(3, 1, 8), causal=True, cache=cache)
+    assert out.context.shape == (3, 1, 8) and cache.length == 4
+
+
+# -- 4. converters -----------------------------------------------------------------------------
+
+V_SRC, V_TGT, DM = 13, 11, 16
+
+
+def _torch_transformer(**kwargs):
+    kwargs = {"batch_first": True, "dropout": 0.0, **kwargs}
+    return nn.Transformer(DM, 2, kwargs.pop("enc", 2), kwargs.pop("dec", 2), 24, **kwargs)
+
+
+def _convert(module):
+    return Transformer.from_torch(module, nn.Embedding(V_SRC, DM), nn.Embedding(V_TGT, DM))
+
+
+def _decoder_layer(**kwargs):
+    kwargs = {"batch_first": True, "dropout": 0.0, **kwargs}
+    return nn.TransformerDecoderLayer(DM, 2, kwargs.pop("dim_feedforward", 24), **kwargs)
+
+
+def test_layer_norm_eps_is_copied_and_the_function_kept():
+    ref = _torch_transformer(layer_norm_eps=0.5).eval()  # large: it changes every output
+    ours = _convert(ref).eval()
+    eps = {m.eps for m in ours.modules() if isinstance(m, nn.LayerNorm)}
+    assert eps == {0.5}
+    x = torch.randn(2, 5, DM) * 0.3  # small variance: eps matters
+    with torch.no_grad():
+        memory = ref.encoder(x)
+        states = ours.encoder[0](x, None)[0]
+        torch.testing.assert_close(states, ref.encoder.layers[0](x), rtol=1e-5, atol=1e-5)
+        hidden = ours.decoder[0](x, memory, None)[0]  # causal self-attention
+        causal = nn.Transformer.generate_square_subsequent_mask(5)
+        want = ref.decoder.layers[0](x, memory, tgt_mask=causal, tgt_is_causal=True)
+        torch.testing.assert_close(hidden, want, rtol=1e-5, atol=1e-5)
+
+
+def _replace(module, where, new):
+    stack, _, k = where.split(".")
+    getattr(module, stack).layers[int(k)] = new
+
+
+class _MyLayer(nn.TransformerDecoderLayer):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("build", "pattern"),
+    [
+        (
+            lambda: _torch_transformer(custom_decoder=nn.TransformerDecoder(
+                _decoder_layer(activation="gelu"), 2, norm=nn.LayerNorm(DM))),
+            r"activation='relu'.*decoder.layers.0.*gelu",
+        ),
+        (
+            lambda: _torch_transformer(custom_decoder=nn.TransformerDecoder(
+                _decoder_layer(norm_first=True), 2, norm=nn.LayerNorm(DM))),
+            r"one norm_first in every layer.*False in encoder.layers.0.*True in decoder",
+        ),
+        (
+            lambda: _torch_transformer(custom_decoder=nn.TransformerDecoder(
+                _decoder_layer(dim_feedforward=40), 2, norm=nn.LayerNorm(DM))),
+            "one dim_feedforward in every layer.*24.*40 in decoder.layers.0",
+        ),
+        (
+            lambda: _torch_transformer(custom_decoder=nn.TransformerDecoder(
+                _decoder_layer(layer_norm_eps=1e-3), 2, norm=nn.LayerNorm(DM))),
+            "one layer_norm_eps in every layer.*1e-05.*0.001 in decoder.layers.0",
+        ),
+        (
+            lambda: _torch_transformer(custom_decoder=nn.TransformerDecoder(
+                _decoder_layer(dropout=0.3), 2, norm=nn.LayerNorm(DM))),
+            "one dropout in every layer.*0.0.*0.3 in decoder.layers.0",
+        ),
+        (lambda: _torch_transformer(bias=False), "bias=True in encoder.layers.0"),
+        (lambda: _torch_transformer(activation="gelu"), "activation='relu'.*encoder.layers.0"),
+        (
+            lambda: _torch_transformer(custom_encoder=nn.Linear(2, 2)),
+            "standard TransformerEncoder as encoder.*Linear",
+        ),
+    ],
+    ids=["gelu-decoder", "mixed-norm-first", "mixed-d-ff", "mixed-eps", "mixed-dropout",
+         "no-bias", "gelu", "custom-encoder"],
+)  # fmt: skip
+def test_converter_refuses_what_it_cannot_copy(build, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        _convert(build())
+
+
+@pytest.mark.parametrize(
+    ("where", "change", "pattern"),
+    [
+        ("encoder.layers.1", lambda m: setattr(m, "activation", torch.tanh),
+         r"activation='relu'.*encoder.layers.1.*tanh"),
+        ("decoder.layers.1", lambda m: setattr(m, "norm_first", True),
+         "one norm_first.*True in decoder.layers.1"),
+        ("decoder.layers.1", lambda m: setattr(m, "norm2", nn.LayerNorm(DM, bias=False)),
+         "affine LayerNorms of size 16 with bias in decoder.layers.1.norm2"),
+        ("decoder.layers.1", lambda m: setattr(m, "norm3", nn.RMSNorm(DM)),
+         "nn.LayerNorm in decoder.layers.1.norm3"),
+        ("decoder.layers.1", lambda m: m.multihead_attn.__setattr__("dropout", 0.2),
+         "one dropout.*0.2 in decoder.layers.1"),
+    ],
+    ids=["activation", "norm-first", "norm-bias", "rmsnorm", "attention-dropout"],
+)  # fmt: skip
+def test_converter_checks_every_layer_not_the_first(where, change, pattern):
+    module = _torch_transformer()
+    stack, _, k = where.split(".")
+    change(getattr(module, stack).layers[int(k)])
+    with pytest.raises(ValueError, match=pattern):
+        _convert(module)
+
+
+def test_converter_refuses_a_subclassed_layer_and_a_bad_output():
+    module = _torch_transformer()
+    layer = _MyLayer(DM, 2, 24, batch_first=True)
+    _replace(module, "decoder.layers.1", layer)
+    with pytest.raises(ValueError, match="custom _MyLayer at decoder.layers.1"):
+        _convert(module)
+    with pytest.raises(ValueError, match=r"'output' expected an nn.Linear\(16, 11\)"):
+        Transformer.from_torch(
+            _torch_transformer(), nn.Embedding(V_SRC, DM), nn.Embedding(V_TGT, DM),
+            nn.Linear(DM, 7),
+        )  # fmt: skip
+
+
+def test_converter_ignores_batch_first():
+    torch.manual_seed(0)
+    a = _torch_transformer(batch_first=True)
+    torch.manual_seed(0)
+    b = _torch_transformer(batch_first=False)
+    ours_a, ours_b = _convert(a).eval(), _convert(b).eval()
+    for (name, p), (_, q) in zip(ours_a.named_parameters(), ours_b.named_parameters(), strict=True):
+        if "embed" not in name and "output" not in name:
+            assert torch.equal(p, q), name
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern", "kind"),
+    [
+        (dict(add_bias_kv=True), "'module' expected add_bias_kv=False", ValueError),
+        (dict(add_zero_attn=True), "'module' expected add_zero_attn=False", ValueError),
+        (dict(kdim=6, vdim=5), "'module' expected kdim == vdim.*kdim=6, vdim=5", ValueError),
+    ],
+)
+def test_multi_head_from_torch_refuses_what_it_cannot_copy(kwargs, pattern, kind):
+    with pytest.raises(kind, match=pattern):
+        MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, batch_first=True, **kwargs))
+
+
+def test_multi_head_from_torch_refuses_a_subclass_and_partial_biases():
+    class Mine(nn.MultiheadAttention):
+        pass
+
+    with pytest.raises(TypeError, match="'module' expected a torch.nn.MultiheadAttention"):
+        MultiHeadAttention.from_torch(Mine(8, 2))
+    module = nn.MultiheadAttention(8, 2, batch_first=True)
+    module.out_proj.bias = None
+    with pytest.raises(ValueError, match="'module' expected bias on the in- and out-proj"):
+        MultiHeadAttention.from_torch(module)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(), dict(bias=False), dict(kdim=6, vdim=6), dict(batch_first=False)],
+    ids=["default", "no-bias", "kdim", "seq-first"],
+)
+def test_multi_head_from_torch_copies_what_it_accepts(kwargs):
+    theirs = nn.MultiheadAttention(8, 2, **{"batch_first": True, **kwargs}).eval()
+    ours = MultiHeadAttention.from_torch(theirs).eval()
+    x = torch.randn(2, 4, 8)
+    memory = torch.randn(2, 5, kwargs.get("kdim", 8))
+    with torch.no_grad():
+        got = ours(x, memory).context
+        if theirs.batch_first:
+            want = theirs(x, memory, memory, need_weights=False)[0]
+        else:
+            t = (x.transpose(0, 1), memory.transpose(0, 1), memory.transpose(0, 1))
+            want = theirs(*t, need_weights=False)[0].transpose(0, 1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+# -- 5. bad library input: every public function -----------------------------------------------
+
+q3, k3, v3 = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 2)
+
+# public name -> [(call, error type, message pattern)]: an argument each public function of the
+# core refuses by name, before any computation.
+BAD_CALLS = {
+    "attention": [
+        (lambda: attention(q3, k3, v3, score="nope"), ValueError, "'score'"),
+        (lambda: attention(q3.double(), k3, v3, score="dot"), TypeError, "'key'.*float64"),
+        (lambda: attention(q3, k3, v3, score="dot", dropout=1.0), ValueError, "'dropout'"),
+        (lambda: attention(q3, k3, v3, score="dot", window=0), ValueError, "'window'"),
+        (lambda: attention(q3, k3, v3[:, :4], score="dot"), ValueError, "'value'"),
+        (lambda: attention(q3, k3, v3, score="dot", mask=torch.ones(5)), TypeError, "'mask'"),
+        (
+            lambda: attention(
+                q3.double(), k3.double(), v3.double(), score=scores.Additive(4, 4, 3)
+            ),
+            TypeError,
+            "Additive: argument 'key' expected dtype torch.float32",
+        ),
+    ],
+    "prepare_key": [(lambda: prepare_key(3, k3), TypeError, "'score'")],
+    "additive_attention": [],
+    "additive_logits": [],
+    "MultiHeadAttention": [
+        (lambda: MultiHeadAttention(8, 2.0), ValueError, "'num_heads' expected a positive int"),
+        (lambda: MultiHeadAttention(0, 2), ValueError, "'d_model' expected a positive int"),
+        (lambda: MultiHeadAttention(-8, 2), ValueError, "'d_model' expected a positive int"),
+        (lambda: MultiHeadAttention(8, 0), ValueError, "'num_heads' expected a positive int"),
+        (lambda: MultiHeadAttention(8, 2, d_memory=0), ValueError, "'d_memory'"),
+        (lambda: MultiHeadAttention(8, 3), ValueError, "'num_heads'.*divisor"),
+        (
+            lambda: MultiHeadAttention(8, 2)(torch.randn(2, 3, 8).double()),
+            TypeError,
+            "'query' expected dtype torch.float32 \\(that of the module's parameters\\)",
+        ),
+        (
+            lambda: MultiHeadAttention(8, 2)(torch.randn(2, 3, 8), torch.randn(2, 3, 8).half()),
+            TypeError,
+            "'memory' expected dtype torch.float32",
+        ),
+        (
+            lambda: MultiHeadAttention(8, 2)(torch.randn(2, 3, 8, device="meta")),
+            ValueError,
+            "'query' expected device cpu",
+        ),
+    ],
+    "KVCache": [],  # section 3
+    "CacheError": [],
+    "LocalAttention": [
+        (lambda: LocalAttention(scores.Dot(), 0), ValueError, "'window'"),
+        (lambda: LocalAttention(scores.Dot(), 2, d_query=0), ValueError, "'d_query'"),
+        (lambda: LocalAttention(scores.Dot(), 2, 4, d_hidden=-1), ValueError, "'d_hidden'"),
+    ],
+    "padding_mask": [(lambda: padding_mask([1, 2]), TypeError, "'lengths'")],
+    "causal_mask": [],
+    "window_mask": [],
+    "combine_masks": [],
+    "masked_softmax": [],
+    "hard_argmax": [
+        (
+            lambda: hard_argmax(torch.randn(2, 3, 0)),
+            ValueError,
+            r"hard_argmax: argument 'logits' expected at least one key.*\(2, 3, 0\)",
+        ),
+        (lambda: hard_argmax(torch.ones(2, 3, dtype=torch.long)), TypeError, "'logits'"),
+    ],
+    "sample_hard": [
+        (
+            lambda: sample_hard(torch.randn(2, 0)),
+            ValueError,
+            "sample_hard: argument 'logits' expected at least one key",
+        ),
+    ],
+    "gumbel_softmax_st": [
+        (
+            lambda: gumbel_softmax_st(torch.randn(4, 0)),
+            ValueError,
+            "gumbel_softmax_st: argument 'logits' expected at least one key",
+        ),
+        (lambda: gumbel_softmax_st(torch.randn(4, 3), tau=NAN), ValueError, "'tau'"),
+        (lambda: gumbel_softmax_st(torch.randn(4, 3), tau=0), ValueError, "'tau'"),
+    ],
+    "HardSample": [],
+    "LearnedPositionalEmbedding": [
+        (lambda: LearnedPositionalEmbedding(4, 8)(torch.randn(1, 5, 8)), ValueError, "'x'"),
+    ],
+    "SinusoidalPositionalEncoding": [],
+    "sinusoidal_encoding": [],
+    "AttentionOutput": [],
+    "PreparedKey": [],
+    "scores": [
+        (lambda: scores.General(0, 4), ValueError, "General: argument 'd_query'"),
+        (lambda: scores.General(4, 2.0), ValueError, "General: argument 'd_key'"),
+        (lambda: scores.Additive(4, 4, 0), ValueError, "Additive: argument 'd_hidden'"),
+        (lambda: scores.Additive(0, 4, 4), ValueError, "Additive: argument 'd_query'"),
+        (lambda: scores.Additive(4, -1, 4), ValueError, "Additive: argument 'd_key'"),
+        (lambda: scores.Location(4, 0), ValueError, "Location: argument 'max_keys'"),
+        (lambda: scores.Location(0.5, 4), ValueError, "Location: argument 'd_query'"),
+        (lambda: scores.Cosine(beta=NAN), ValueError, "Cosine: argument 'beta'"),
+        (lambda: scores.make_score("additive", 4, 4, d_hidden=0), ValueError, "'d_hidden'"),
+        (lambda: scores.make_score("nope", 4, 4), ValueError, "'score'"),
+        (
+            lambda: scores.General(4, 4)(q3.double(), k3.double()),
+            TypeError,
+            "General: argument 'query' expected dtype torch.float32",
+        ),
+        (
+            lambda: scores.Location(4, 9)(q3.double(), k3.double()),
+            TypeError,
+            "Location: argument 'query' expected dtype torch.float32",
+        ),
+    ],
+}
+
+
+def test_every_public_name_of_the_core_has_a_row():
+    """A new public function must come with its bad calls here (or an empty list)."""
+    assert set(BAD_CALLS) == set(core.__all__)
+
+
+@pytest.mark.parametrize(
+    ("call", "kind", "pattern"),
+    [row for rows in BAD_CALLS.values() for row in rows],
+    ids=[f"{name}-{k}" for name, rows in BAD_CALLS.items() for k in range(len(rows))],
+)
+def test_bad_arguments_are_refused_by_name(call, kind, pattern):
+    with pytest.raises(kind, match=pattern):
+        call()
+
+
+@pytest.mark.parametrize("name", list(scores.SCORES))
+@pytest.mark.parametrize("return_weights", [False, True], ids=["context", "weights"])
+def test_one_dimensional_mask_broadcasts_on_every_path(monkeypatch, name, return_weights):
+    """A (key_len,) mask is broadcastable, as documented: the same result as (1, 1, key_len),
+    on the attention paths, the blockwise additive kernel, MultiHeadAttention and
+    LocalAttention."""
+    score = make_score(name)
+    q, k, v = _inputs()
+    mask = torch.tensor([True] * 6 + [False] * 3)
+    for block in (additive.BLOCK_ELEMENTS, 64):
+        monkeypatch.setattr(additive, "BLOCK_ELEMENTS", block)
+        got = attention(q, k, v, score=score, mask=mask, return_weights=return_weights)
+        want = attention(q, k, v, score=score, mask=mask[None, None], return_weights=return_weights)
+        assert torch.equal(got.context, want.context)
+    mha = MultiHeadAttention(6, 2, score=name if name != "location" else "dot").eval()
+    memory = torch.randn(B, J, 6)
+    for key_input in (None, memory):
+        x = q if key_input is not None else torch.randn(B, J, 6)
+        got = mha(x, key_input, mask=mask, return_weights=True)
+        want = mha(x, key_input, mask=mask[None, None], return_weights=True)
+        assert torch.equal(got.context, want.context) and torch.equal(got.weights, want.weights)
+    local = LocalAttention(score, window=3)
+    got, want = local(q, k, v, mask=mask), local(q, k, v, mask=mask[None, None])
+    assert torch.equal(got.context, want.context)
+
+
+def test_masks_and_encodings_helpers_accept_their_documented_inputs():
+    """The helpers without checks of their own work on the shapes their docstrings give."""
+    assert causal_mask(2, 3).shape == (2, 3) and window_mask(2, 3, 1).shape == (2, 3)
+    assert combine_masks(None, None) is None
+    assert masked_softmax(torch.randn(2, 0)).shape == (2, 0)
+    assert sinusoidal_encoding(3, 5).shape == (3, 5)
+    assert SinusoidalPositionalEncoding(4)(torch.randn(1, 2, 4)).shape == (1, 2, 4)
+    a, b = torch.randn(1, 2, 3), torch.randn(1, 4, 3)
+    assert additive_logits(a, b, torch.randn(3)).shape == (1, 2, 4)
+
+
+def test_dtype_checks_leave_autocast_alone():
+    """Under autocast a query of another dtype than the parameters is the point: accepted, and
+    a cache filled in bfloat16 is reused."""
+    mha = MultiHeadAttention(8, 2)
+    score = scores.Additive(8, 8, 4)
+    x = torch.randn(2, 3, 8)
+    cache = KVCache()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = mha(x.bfloat16(), cache=cache).context
+        mha(x[:, :1], cache=cache)
+        attention(x.bfloat16(), x.bfloat16(), x.bfloat16(), score=score)
+    assert out.dtype == torch.bfloat16 and cache.length == 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_clearing_padding_is_an_exact_selection(dtype):
+    """Kept rows keep their exact bits (NaN, Inf, -0.0 included), cleared rows are +0.0, and
+    the gradient of a cleared row is 0: a selection, not a product."""
+    from attnzoo.core.masks import clear_unattended
+
+    t = torch.tensor([[NAN, -0.0], [INF, 1.5], [NAN, -INF], [2.0, -0.0]], dtype=dtype)
+    t = t[None].requires_grad_()  # (1, key_len 4, d 2)
+    mask = torch.tensor([True, True, False, False])[None, None]  # (1, 1, key_len)
+    (out,) = clear_unattended(mask, t)
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    assert torch.equal(out[0, :2].detach().view(bits), t[0, :2].detach().view(bits))
+    assert torch.equal(out[0, 2:].detach().view(bits), torch.zeros(2, 2, dtype=bits))
+    out.backward(torch.ones_like(out))
+    assert torch.equal(t.grad[0], torch.tensor([[1, 1], [1, 1], [0, 0], [0, 0]], dtype=dtype))
