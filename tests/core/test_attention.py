@@ -3,6 +3,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import attnzoo
 from attnzoo import PreparedKey, attention, prepare_key, scores
 from tests.core.reference import ref_attention, ref_logits
 from tests.core.test_scores import make
@@ -190,3 +191,33 @@ def test_bf16_dot_family_follows_the_float64_reference(j, causal):
     ).context
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("name", ["scaled_dot", "additive", "general", "location"])
+def test_a_key_prepared_with_its_mask_is_cleared_once_and_gives_the_same_result(name):
+    """prepare_key(..., value=, mask=) clears padding once; attention() then skips it (the same
+    mask and values) and gives what unprepared attention gives, padding garbage included."""
+    torch.manual_seed(0)
+    score = scores.make_score(name, 6, 6, d_hidden=5, max_keys=7)
+    lengths = torch.tensor([7, 4, 2])
+    mask = attnzoo.padding_mask(lengths, 7)  # (3, 1, 7)
+    clean_k, clean_v = torch.randn(3, 7, 6), torch.randn(3, 7, 6)
+    k, v = clean_k.clone(), clean_v.clone()
+    k[~mask.squeeze(1)], v[~mask.squeeze(1)] = float("nan"), float("inf")  # padding garbage
+    q = torch.randn(3, 2, 6)
+    expected = attnzoo.attention(q, clean_k, clean_v, score=score, mask=mask)
+    prepared = attnzoo.prepare_key(score, k, value=v, mask=mask)
+    for weights in (False, True):
+        out = attnzoo.attention(
+            q, prepared, prepared.value, score=score, mask=prepared.mask, return_weights=weights
+        )
+        torch.testing.assert_close(out.context, expected.context)
+    rows = torch.tensor([2, 0])
+    picked = prepared.index_select(rows)
+    out = attnzoo.attention(q[rows], picked, picked.value, score=score, mask=picked.mask)
+    torch.testing.assert_close(out.context, expected.context[rows])
+
+
+def test_prepare_key_with_a_mask_needs_the_values():
+    with pytest.raises(ValueError, match="'value'"):
+        attnzoo.prepare_key("dot", torch.randn(1, 3, 4), mask=torch.ones(1, 1, 3, dtype=torch.bool))

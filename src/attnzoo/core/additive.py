@@ -230,7 +230,9 @@ def _broadcast_logits(query, key, v):
     return t @ v  # (..., i, j)
 
 
-def additive_attention(query, key, v, value, mask=None, causal=False, window=None):
+def additive_attention(
+    query, key, v, value, mask=None, causal=False, window=None, *, cleared=False
+):
     """softmax_j(v^T tanh(query_i + key_j)) @ value, fused, without storing weights.
 
     Args:
@@ -240,12 +242,13 @@ def additive_attention(query, key, v, value, mask=None, causal=False, window=Non
         value: (batch, [heads,] key_len, d_value).
         mask: bool, broadcastable to (batch, [heads,] query_len, key_len); True = may attend.
         causal, window: as in `attnzoo.attention`.
+        cleared: key and value are already cleared under `mask` (`prepare_key(..., mask=)`).
     Returns:
         context (batch, [heads,] query_len, d_value); a query with no allowed key gets zeros.
         Keys and values at positions the mask excludes for every query are not read (set to
         0 by selection first): NaN or Inf in padding never reaches the context or a gradient.
     """
-    if mask is not None:
+    if mask is not None and not cleared:
         key, value = clear_unattended(mask, key, value)
     lead = broadcast_shape(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     i, j = query.shape[-2], key.shape[-2]

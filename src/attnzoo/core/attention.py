@@ -46,9 +46,26 @@ from attnzoo.core.types import AttentionOutput, PreparedKey
 __all__ = ["AttentionOutput", "PreparedKey", "attention", "prepare_key"]
 
 
-def prepare_key(score: Score | str, key: torch.Tensor) -> PreparedKey:
+def prepare_key(
+    score: Score | str,
+    key: torch.Tensor,
+    *,
+    value: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+) -> PreparedKey:
+    """`score.prepare_key(key)`, kept for every step that attends to the same keys.
+
+    With `value` and the padding `mask` the steps will pass, the keys and values are also
+    cleared under the mask once here (`masks.clear_unattended`): `attention(query, prepared,
+    prepared.value, mask=prepared.mask)` then skips that work at every step.
+    """
     score = resolve_score(score)
-    return PreparedKey(score.prepare_key(key), score)
+    tensor = score.prepare_key(key)
+    if mask is not None:
+        if value is None:
+            fail("prepare_key", "value", "the values to clear with the mask", None)
+        tensor, value = clear_unattended(mask, tensor, value)
+    return PreparedKey(tensor, score, value, mask)
 
 
 def attention(
@@ -81,8 +98,18 @@ def attention(
         AttentionOutput(context, weights or None).
     """
     score = resolve_score(score)
+    cleared = False
     if isinstance(key, PreparedKey):
         _check_prepared(key, score)
+        # cleared once by prepare_key under this very mask, for these values: not again
+        # (geometry may leave other keys unattended, so only without it)
+        cleared = (
+            mask is not None
+            and key.mask is mask
+            and key.value is value
+            and not causal
+            and window is None
+        )
         key, prepared = key.tensor, True
     else:
         prepared = False
@@ -102,10 +129,12 @@ def attention(
         check_window("attention", window)
     if not prepared:
         key = score.prepare_key(key)
-    return _attend(query, key, value, score, mask, causal, window, dropout, return_weights)
+    return _attend(query, key, value, score, mask, causal, window, dropout, return_weights, cleared)
 
 
-def _attend(query, prepared, value, score, mask, causal, window, dropout, return_weights):
+def _attend(
+    query, prepared, value, score, mask, causal, window, dropout, return_weights, cleared=False
+):
     """`attention()` after its checks, on a prepared key: the score's own kernel
     (`Score.fused`) or else the plain path. Callers that built query, key and value themselves
     (MultiHeadAttention) and checked the rest call it directly, which saves ~20% of a batch-1
@@ -119,19 +148,22 @@ def _attend(query, prepared, value, score, mask, causal, window, dropout, return
         window=window,
         dropout=dropout,
         return_weights=return_weights,
+        cleared=cleared,
     )
     if out is not None:
         return out
-    return _plain(query, prepared, value, score, mask, causal, window, dropout, return_weights)
+    return _plain(
+        query, prepared, value, score, mask, causal, window, dropout, return_weights, cleared
+    )
 
 
-def _plain(query, prepared, value, score, mask, causal, window, dropout, return_weights):
+def _plain(query, prepared, value, score, mask, causal, window, dropout, return_weights, cleared):
     """Logits, masked softmax, dropout, weights @ value: every score without a kernel."""
     if causal or window is not None:
         i, j = query.shape[-2], value.shape[-2]
         geometric = geometry_mask(i, j, causal=causal, window=window, device=query.device)
         mask = combine_masks(mask, geometric)
-    if mask is not None:
+    if mask is not None and not cleared:
         prepared, value = clear_unattended(mask, prepared, value)
     weights = masked_softmax(score.logits(query, prepared), mask)  # (b, [h,] i, j)
     weights = propagate_nonfinite(weights, query)

@@ -60,11 +60,14 @@ class Score(nn.Module, abc.ABC):
         window: int | None,
         dropout: float,
         return_weights: bool,
+        cleared: bool = False,
     ) -> AttentionOutput | None:
         """Attention with this score's own kernel, or None for `attention()`'s plain path.
 
         Called by `attention()` after its checks, with the arguments it was given (shapes as
-        there; `prepared_key` from `prepare_key`). The default has no kernel of its own.
+        there; `prepared_key` from `prepare_key`). `cleared`: keys and values were already
+        cleared under `mask` (`masks.clear_unattended`, by `prepare_key`). The default has no
+        kernel of its own.
         """
         return None
 
@@ -81,7 +84,17 @@ class DotFamily(Score):
         return (q * scale) @ k.transpose(-2, -1)  # (b, [h,] i, j)
 
     def fused(
-        self, query, prepared_key, value, *, mask, causal, window, dropout, return_weights
+        self,
+        query,
+        prepared_key,
+        value,
+        *,
+        mask,
+        causal,
+        window,
+        dropout,
+        return_weights,
+        cleared=False,
     ) -> AttentionOutput:
         """scaled_dot_product_attention, with `is_causal` when causality is the only mask
         (PERF.md: the same mask as a bool tensor cost 1.5-2.2x)."""
@@ -92,7 +105,7 @@ class DotFamily(Score):
             i, j = q.shape[-2], k.shape[-2]
             geometric = geometry_mask(i, j, causal=causal, window=window, device=q.device)
             full = combine_masks(mask, geometric)
-        if full is not None:
+        if full is not None and not cleared:
             # padding's content (NaN, Inf) must not reach the kernel's sums (the kernel adds
             # -inf to a NaN logit)
             k, value = clear_unattended(full, k, value)
@@ -281,7 +294,17 @@ class Additive(Score):
         return additive_logits(self.prepare_query(query), prepared_key, self.v)
 
     def fused(
-        self, query, prepared_key, value, *, mask, causal, window, dropout, return_weights
+        self,
+        query,
+        prepared_key,
+        value,
+        *,
+        mask,
+        causal,
+        window,
+        dropout,
+        return_weights,
+        cleared=False,
     ) -> AttentionOutput | None:
         """The blockwise kernel, which fuses the softmax and the weighted sum: without weights
         and without dropout (it never holds the weights to return or drop)."""
@@ -295,6 +318,7 @@ class Additive(Score):
             mask=mask,
             causal=causal,
             window=window,
+            cleared=cleared,
         )
         # tanh saturates: a query with an infinite feature gives finite logits; it propagates
         return AttentionOutput(propagate_nonfinite(context, query), None)

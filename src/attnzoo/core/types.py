@@ -20,7 +20,20 @@ class AttentionOutput(NamedTuple):
 
 class PreparedKey(NamedTuple):
     """Keys after `score.prepare_key`, to reuse across decoding steps (e.g. U_a h for additive
-    attention is computed once per source sentence)."""
+    attention is computed once per source sentence). Made by `prepare_key(..., value=,
+    mask=)`, it also holds the values, keys and values cleared once under the padding `mask`
+    (what `attention()` would otherwise do at every step)."""
 
     tensor: torch.Tensor
     score: nn.Module  # the `attnzoo.core.scores.Score` that prepared it
+    value: torch.Tensor | None = None  # the values, cleared under `mask`
+    mask: torch.Tensor | None = None  # the mask `tensor` and `value` were cleared under
+
+    def index_select(self, index: torch.Tensor) -> PreparedKey:
+        """Batch rows `index` (beam search), every tensor alike."""
+        return PreparedKey(
+            self.tensor.index_select(0, index),
+            self.score,
+            None if self.value is None else self.value.index_select(0, index),
+            None if self.mask is None else self.mask.index_select(0, index),
+        )

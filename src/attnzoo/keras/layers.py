@@ -101,13 +101,30 @@ class SummedTanh(scores.Score):
         return additive_logits(query, prepared_key, self.v)  # (b, i, j)
 
     def fused(
-        self, query, prepared_key, value, *, mask, causal, window, dropout, return_weights
+        self,
+        query,
+        prepared_key,
+        value,
+        *,
+        mask,
+        causal,
+        window,
+        dropout,
+        return_weights,
+        cleared=False,
     ) -> AttentionOutput | None:
         if return_weights or dropout > 0:
             return None
         self._check(query, prepared_key)
         context = additive_attention(
-            query, prepared_key, self.v, value, mask=mask, causal=causal, window=window
+            query,
+            prepared_key,
+            self.v,
+            value,
+            mask=mask,
+            causal=causal,
+            window=window,
+            cleared=cleared,
         )
         return AttentionOutput(context, None)  # (b, i, d_value)
 

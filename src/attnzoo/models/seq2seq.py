@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from attnzoo.core import LocalAttention, PreparedKey, attention, padding_mask, scores
+from attnzoo.core import LocalAttention, PreparedKey, attention, padding_mask, prepare_key, scores
 from attnzoo.core.checks import fail
 
 CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
@@ -186,7 +186,7 @@ class DecoderState:
         )
         keys = self.keys
         if keys is not None:
-            keys = PreparedKey(keys.tensor.index_select(0, index), keys.score)
+            keys = keys.index_select(index)
         return DecoderState(hidden, self.feed.index_select(0, index), self.step, memory, keys)
 
     def advance(self, hidden, feed: torch.Tensor, steps: int) -> DecoderState:
@@ -346,17 +346,19 @@ class AttentionDecoder(Decoder):
         )
 
     def prepare_keys(self, memory):
-        return PreparedKey(self.score.prepare_key(memory.annotations), self.score)
+        """Keys and values, cleared under the padding mask once per sentence."""
+        a = memory.annotations
+        return prepare_key(self.score, a, value=a, mask=memory.mask)
 
     def attend(self, query: torch.Tensor, state: DecoderState, need_weights: bool):
         """query: (b, t, d) -> context (b, t, d_enc), weights (b, t, j) or None."""
-        m = state.memory
+        keys = state.keys
         out = attention(
             query,
-            state.keys,
-            m.annotations,
+            keys,
+            keys.value,
             score=self.score,
-            mask=m.mask,
+            mask=keys.mask,
             return_weights=need_weights,
         )
         return out.context, out.weights
