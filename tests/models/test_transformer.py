@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo import MultiHeadAttention
-from attnzoo.core import sinusoidal_encoding
+from attnzoo.core import CacheError, sinusoidal_encoding
 from attnzoo.decoding import beam_search, greedy
 from attnzoo.models.transformer import (
     POSITIONS,
@@ -520,3 +520,18 @@ def test_checkpoint_of_the_old_layout_loads_and_gives_the_same_outputs():
         torch.testing.assert_close(
             model(source, lengths, target_in).logits, saved(source, lengths, target_in).logits
         )
+
+
+def test_a_reordered_decoding_state_keeps_its_caches_owned():
+    """Beam search reorders the state into a copy: its caches still belong to their layers,
+    so the first layer's cache given to the second layer's attention is refused."""
+    model = make().eval()
+    source, lengths, _, _ = batch()
+    state = model.start(model.encode(source, lengths))
+    _, state = model.decode_step(torch.ones(3, dtype=torch.long), state)
+    moved = state.reorder(torch.tensor([2, 2, 0]))
+    assert moved.self_caches[0].key.shape[0] == 3
+    assert state.self_caches[0].key.shape[0] == 3  # the old state is left as it was
+    x = torch.randn(3, 1, SMALL["d_model"])
+    with pytest.raises(CacheError, match="'cache'"):
+        model.decoder[1].self_attention(x, causal=True, cache=moved.self_caches[0])

@@ -403,11 +403,11 @@ class TransformerOutput:
 
 
 def _reorder_cache(cache: KVCache, index: torch.Tensor) -> KVCache:
-    if cache.key is None:
-        return KVCache(static=cache.static)
-    return KVCache(
-        cache.key.index_select(0, index), cache.value.index_select(0, index), cache.static
-    )
+    """A reordered copy (beam search keeps the old state): the same owner and kind, so the
+    cache still refuses another module (`CacheError`)."""
+    new = replace(cache)
+    new.reorder(index)
+    return new
 
 
 @dataclass
