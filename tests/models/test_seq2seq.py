@@ -411,3 +411,9 @@ def test_old_config_dicts_upgrade_to_the_same_model(old, want):
         assert getattr(config, name) == want.get(name), name
     assert config.attention == want["attention"] and config.hidden == 128
     assert upgrade(fields) == fields  # today's dicts pass through
+
+
+@pytest.mark.parametrize("dropout", [-0.5, 1.0, 1.5, float("nan")])
+def test_dropout_outside_a_probability_is_an_error_naming_it(dropout):
+    with pytest.raises(ValueError, match="'dropout'"):
+        Seq2SeqConfig(dropout=dropout)

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from attnzoo.core import LocalAttention, PreparedKey, attention, padding_mask, prepare_key, scores
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_dropout, fail
 
 CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
 LOCAL = ("local-m", "local-p")  # Luong's local forms (sec. 3.2)
@@ -103,6 +103,7 @@ class Seq2SeqConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or value < 1):
                 fail("Seq2SeqConfig", name, "a positive int", repr(value))
+        check_dropout("Seq2SeqConfig", self.dropout)
 
     def option(self, name: str):
         """The family option `name` (a key of OPTIONS): as given, else its default."""
