@@ -535,3 +535,14 @@ def test_a_reordered_decoding_state_keeps_its_caches_owned():
     x = torch.randn(3, 1, SMALL["d_model"])
     with pytest.raises(CacheError, match="'cache'"):
         model.decoder[1].self_attention(x, causal=True, cache=moved.self_caches[0])
+
+
+@pytest.mark.parametrize("eps", [0, -1e-5, float("inf"), float("nan"), True])
+def test_layer_norm_eps_must_be_positive_and_finite(eps):
+    with pytest.raises(ValueError, match="'layer_norm_eps'"):
+        TransformerConfig(layer_norm_eps=eps)
+
+
+def test_layer_norm_eps_reaches_every_layer_norm():
+    model = make(layer_norm_eps=1e-3, pre_norm=True)
+    assert {m.eps for m in model.modules() if isinstance(m, nn.LayerNorm)} == {1e-3}

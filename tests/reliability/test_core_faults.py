@@ -507,7 +507,7 @@ def test_layer_norm_eps_is_copied_and_the_function_kept():
     ref = _torch_transformer(layer_norm_eps=0.5).eval()  # large: it changes every output
     ours = _convert(ref).eval()
     eps = {m.eps for m in ours.modules() if isinstance(m, nn.LayerNorm)}
-    assert eps == {0.5}
+    assert eps == {0.5} and ours.config.layer_norm_eps == 0.5  # kept in the config too
     x = torch.randn(2, 5, DM) * 0.3  # small variance: eps matters
     with torch.no_grad():
         memory = ref.encoder(x)

@@ -69,6 +69,7 @@ class TransformerConfig:
     final_norm: bool = False  # LayerNorm after each stack also when post-LN (pre-LN: always)
     positions: str = "sinusoidal"  # sinusoidal | learned
     tie_embeddings: bool = True  # target embedding = pre-softmax weight (sec. 3.4)
+    layer_norm_eps: float = 1e-5  # epsilon of every LayerNorm (torch's default)
 
     def __post_init__(self):
         for name in ("d_model", "heads", "layers_enc", "layers_dec", "d_ff"):
@@ -87,6 +88,9 @@ class TransformerConfig:
                 "TransformerConfig", "positions", f"one of {list(POSITIONS)}", repr(self.positions)
             )
         check_dropout("TransformerConfig", self.dropout)
+        eps = self.layer_norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 < eps < math.inf:
+            fail("TransformerConfig", "layer_norm_eps", "a positive finite float", eps)
 
     @property
     def use_final_norm(self) -> bool:
@@ -135,9 +139,9 @@ class Residual(nn.Module):
     pre_norm x + Dropout(Sublayer(LayerNorm(x))). Call `input(x)` for the sub-layer's input,
     then `add(x, sublayer_output)`."""
 
-    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool, eps: float = 1e-5):
         super().__init__()
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = nn.LayerNorm(d_model, eps=eps)
         self.drop = nn.Dropout(dropout)
         self.pre_norm = pre_norm
 
@@ -156,8 +160,8 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.self_attention = MultiHeadAttention(c.d_model, c.heads, "scaled_dot")
         self.feed_forward = FeedForward(c.d_model, c.d_ff)
-        self.attention_residual = Residual(c.d_model, c.dropout, c.pre_norm)
-        self.ffn_residual = Residual(c.d_model, c.dropout, c.pre_norm)
+        self.attention_residual = Residual(c.d_model, c.dropout, c.pre_norm, c.layer_norm_eps)
+        self.ffn_residual = Residual(c.d_model, c.dropout, c.pre_norm, c.layer_norm_eps)
 
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool = False
@@ -179,13 +183,15 @@ class DecoderLayer(nn.Module):
     def __init__(self, c: TransformerConfig, cross: bool = True):
         super().__init__()
         self.self_attention = MultiHeadAttention(c.d_model, c.heads, "scaled_dot")
-        self.self_residual = Residual(c.d_model, c.dropout, c.pre_norm)
+        self.self_residual = Residual(c.d_model, c.dropout, c.pre_norm, c.layer_norm_eps)
         self.cross_attention = (
             MultiHeadAttention(c.d_model, c.heads, "scaled_dot") if cross else None
         )
-        self.cross_residual = Residual(c.d_model, c.dropout, c.pre_norm) if cross else None
+        self.cross_residual = (
+            Residual(c.d_model, c.dropout, c.pre_norm, c.layer_norm_eps) if cross else None
+        )
         self.feed_forward = FeedForward(c.d_model, c.d_ff)
-        self.ffn_residual = Residual(c.d_model, c.dropout, c.pre_norm)
+        self.ffn_residual = Residual(c.d_model, c.dropout, c.pre_norm, c.layer_norm_eps)
 
     def forward(
         self,
@@ -481,8 +487,12 @@ class Transformer(nn.Module):
         self.target_embed = Embedder(target_vocab, c, max_target_len)
         self.encoder = nn.ModuleList(EncoderLayer(c) for _ in range(c.layers_enc))
         self.decoder = nn.ModuleList(DecoderLayer(c) for _ in range(c.layers_dec))
-        self.encoder_norm = nn.LayerNorm(c.d_model) if c.use_final_norm else None
-        self.decoder_norm = nn.LayerNorm(c.d_model) if c.use_final_norm else None
+        self.encoder_norm = (
+            nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.use_final_norm else None
+        )
+        self.decoder_norm = (
+            nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.use_final_norm else None
+        )
         self.output = nn.Linear(c.d_model, target_vocab)
         _init_linear(self)
         if c.tie_embeddings:
@@ -674,6 +684,7 @@ class Transformer(nn.Module):
             final_norm=module.encoder.norm is not None,
             positions=positions,
             tie_embeddings=output is None,
+            layer_norm_eps=settings["layer_norm_eps"],
         )
         weight = module.encoder.layers[0].linear1.weight
         new = cls(
@@ -710,9 +721,6 @@ class Transformer(nn.Module):
             if module.encoder.norm is not None:
                 new.encoder_norm.load_state_dict(module.encoder.norm.state_dict())
                 new.decoder_norm.load_state_dict(module.decoder.norm.state_dict())
-            for norm in new.modules():  # torch's layer_norm_eps: no config field holds it
-                if isinstance(norm, nn.LayerNorm):
-                    norm.eps = settings["layer_norm_eps"]
             if output is not None:
                 new.output.weight.copy_(output.weight)
                 if output.bias is not None:
@@ -763,7 +771,7 @@ class TransformerLM(nn.Module):
         c = self.config = config
         self.embed = Embedder(vocab, c, max_len)
         self.layers = nn.ModuleList(DecoderLayer(c, cross=False) for _ in range(c.layers_dec))
-        self.norm = nn.LayerNorm(c.d_model) if c.use_final_norm else None
+        self.norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.use_final_norm else None
         self.output = nn.Linear(c.d_model, vocab)
         _init_linear(self)
         if c.tie_embeddings:
