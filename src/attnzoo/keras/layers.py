@@ -23,6 +23,8 @@ Note:
 
 from __future__ import annotations
 
+import abc
+
 import torch
 from torch import nn
 
@@ -132,7 +134,7 @@ class SummedTanh(scores.Score):
 # 3. The list-input layers (Keras's Attention protocol) ---------------------------------------
 
 
-class _ListInputAttention(keras.layers.Layer):
+class _ListInputAttention(keras.layers.Layer, abc.ABC):
     """The call protocol of `keras.layers.Attention`: inputs `[query, value]` or
     `[query, value, key]`, `mask=[query_mask, value_mask]`; subclasses give `_attend`.
 
@@ -206,8 +208,9 @@ class _ListInputAttention(keras.layers.Layer):
             return context
         return context, out.weights.squeeze(1) if step else out.weights
 
+    @abc.abstractmethod
     def _attend(self, query, key, value, **options) -> AttentionOutput:
-        raise NotImplementedError
+        """The layer's attention of query over key and value (`attnzoo.attention`)."""
 
     def compute_mask(self, inputs, mask=None):
         if mask is None or mask[0] is None:
@@ -333,8 +336,9 @@ class _CoreScoreAttention(_ListInputAttention):
     runs the score with the variables' current values (so saving, loading, `set_weights` and
     Keras's optimisers see only Keras variables)."""
 
+    @abc.abstractmethod
     def make_score(self, d_query: int, d_key: int) -> scores.Score:
-        raise NotImplementedError
+        """The core score this layer runs, for these feature sizes."""
 
     def build_weights(self, d_query, d_key):
         score = self.make_score(d_query, d_key)
