@@ -1,5 +1,3 @@
-import threading
-
 import pytest
 import torch
 from hypothesis import given
@@ -129,32 +127,3 @@ def test_bfloat16_runs_close_to_float32():
     low = additive_attention(*(t.bfloat16() for t in (a, b, v, val)))
     assert low.dtype == torch.bfloat16
     torch.testing.assert_close(low.float(), ref, rtol=0.05, atol=0.05)
-
-
-def test_threads_do_not_share_a_workspace(monkeypatch):
-    """Two threads running the blockwise kernel at once each get their own scratch buffer
-    (PERF.md: a shared one corrupts both results)."""
-    monkeypatch.setattr(additive, "BLOCK_ELEMENTS", 4096)  # many blocks: many interleavings
-    g = torch.Generator().manual_seed(0)
-    problems = [
-        tuple(torch.randn(*s, generator=g) for s in ((2, 64, 16), (2, 48, 16), (16,), (2, 48, 3)))
-        for _ in range(2)
-    ]
-    expected = [additive_attention(*p, causal=True) for p in problems]
-    results: list[list[torch.Tensor]] = [[], []]
-    start = threading.Barrier(2)
-
-    def work(k):
-        start.wait()
-        for _ in range(20):
-            results[k].append(additive_attention(*problems[k], causal=True))
-
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for k in range(2):
-        assert len(results[k]) == 20
-        for got in results[k]:
-            torch.testing.assert_close(got, expected[k])
