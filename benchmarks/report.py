@@ -151,7 +151,8 @@ def attention_tables() -> None:
         body += [
             "",
             "attention()'s own cost per call over a direct 4-D SDPA call (scaled_dot, forward "
-            "under no_grad, 1 thread, the thread's CPU time; medians of interleaved samples; "
+            "under no_grad, 1 thread, the thread's CPU time; own cost = the median of per-round "
+            "differences from SDPA in interleaved samples, the other columns medians; "
             "`python benchmarks/bench_attention.py --overhead`, results/attention_overhead.json, "
             f"fp32 matmul at {gflops} GFLOP/s on one thread before and after the rows, against "
             "120-148 on a quiet machine (PERF.md): the microseconds scale with that):",
