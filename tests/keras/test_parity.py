@@ -121,13 +121,31 @@ def test_additive_attention_fused_path_is_taken(monkeypatch):
     """Without weights and dropout the layer runs the fused kernel (never the (b, i, j, d)
     broadcast), which is what its memory depends on."""
     calls = []
-    fused = ak.layers.additive_attention
+    fused = attnzoo.scores.additive_attention  # what scores.Additive.fused calls
     monkeypatch.setattr(
-        ak.layers, "additive_attention", lambda *a, **k: calls.append(1) or fused(*a, **k)
+        attnzoo.scores, "additive_attention", lambda *a, **k: calls.append(1) or fused(*a, **k)
     )
     layer = ak.AdditiveAttention()
     layer(list(_inputs()))
     assert calls
+
+
+def test_additive_attention_propagates_an_infinite_query():
+    """tanh saturates an infinite query feature into finite logits: the context is made
+    non-finite instead (scores.Additive's rule, which SummedTanh inherits)."""
+    query, value, key = (t.detach() for t in _inputs())
+    query[0, 1, 0] = float("inf")
+    out = ak.AdditiveAttention()([query, value, key])
+    assert not torch.isfinite(out[0, 1]).any()
+    assert torch.isfinite(out[1]).all()
+
+
+def test_summed_tanh_names_a_wrong_size():
+    score = ak.SummedTanh(torch.ones(4))
+    with pytest.raises(ValueError, match="'key' expected last dimension 4"):
+        score.prepare_key(torch.ones(1, 2, 3))
+    with pytest.raises(ValueError, match="'query' expected last dimension 4"):
+        score.prepare_query(torch.ones(1, 2, 3))
 
 
 def _keras_mha(**kwargs):

@@ -30,7 +30,6 @@ from torch import nn
 
 import keras
 from attnzoo.core import attention, scores
-from attnzoo.core.additive import additive_attention, additive_logits
 from attnzoo.core.checks import fail
 from attnzoo.core.types import AttentionOutput
 
@@ -72,63 +71,33 @@ def _check_choice(layer: str, name: str, value, choices) -> str:
 # 2. The additive score of Keras (and of Bahdanau on projected inputs) ------------------------
 
 
-class SummedTanh(scores.Score):
+class SummedTanh(scores.Additive):
     """e_ij = sum_d v_d tanh(q_id + k_jd): Bahdanau's additive score v^T tanh(W_a s_i + U_a h_j)
     on inputs already projected, which is Keras's `AdditiveAttention` score
     `reduce_sum(scale * tanh(query + key))` with v = its `scale` (so d_hidden = d).
 
+    `scores.Additive` with identity projections: its logits and its blockwise kernel (memory
+    O(length), non-finite queries propagated) are this score's too.
+
     Args:
         v: (d,) tensor, the weight of each tanh unit (a Keras variable's value, read per call).
-    Note:
-        Runs on the blockwise kernel of `attnzoo.core.additive` (memory O(length)) when neither
-        weights nor dropout are asked for; otherwise on the plain path with blockwise logits.
     """
 
     def __init__(self, v: torch.Tensor):
-        super().__init__()
+        scores.Score.__init__(self)  # no W_a, U_a: the inputs come projected
         self.v = v
 
-    def _check(self, query, key):
+    def _identity(self, argument: str, x: torch.Tensor) -> torch.Tensor:
         d = self.v.shape[-1]
-        if query.shape[-1] != d or key.shape[-1] != d:
-            fail(
-                "SummedTanh",
-                "query/key",
-                f"last dimension {d} (that of v)",
-                f"query {query.shape[-1]}, key {key.shape[-1]}",
-            )
+        if x.shape[-1] != d:
+            fail("SummedTanh", argument, f"last dimension {d} (that of v)", x.shape[-1])
+        return x
 
-    def logits(self, query, prepared_key):
-        self._check(query, prepared_key)
-        return additive_logits(query, prepared_key, self.v)  # (b, i, j)
+    def prepare_key(self, key):
+        return self._identity("key", key)
 
-    def fused(
-        self,
-        query,
-        prepared_key,
-        value,
-        *,
-        mask,
-        causal,
-        window,
-        dropout,
-        return_weights,
-        cleared=False,
-    ) -> AttentionOutput | None:
-        if return_weights or dropout > 0:
-            return None
-        self._check(query, prepared_key)
-        context = additive_attention(
-            query,
-            prepared_key,
-            self.v,
-            value,
-            mask=mask,
-            causal=causal,
-            window=window,
-            cleared=cleared,
-        )
-        return AttentionOutput(context, None)  # (b, i, d_value)
+    def prepare_query(self, query):
+        return self._identity("query", query)
 
 
 # 3. The list-input layers (Keras's Attention protocol) ---------------------------------------
