@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +245,370 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
     for row in cells:
         table.add_row(*row)
     Console(file=sys.stdout, width=160).print(table)
+
+
+# 4. The driver --------------------------------------------------------------------------------
+#
+# A benchmark script declares a `Bench`: its experiments (per budget), the worker that runs one
+# experiment for one seed in a fresh process, the targets (data: id, key, comparison,
+# threshold) and the tables the docs show; it ends with `drive(BENCH)`. The driver runs the
+# (experiment, seed) pairs that have no current row, merges them with the earlier rows of the
+# JSON (a row is current when its params and budget are the experiment's), summarises every
+# numeric metric over seeds (mean, std, n), evaluates each target once on the mean and writes
+# one JSON with no absolute paths in it.
+
+BUDGETS = ("smoke", "full")
+ROOT = Path(__file__).resolve().parent.parent
+OPS = {"<=": float.__le__, ">=": float.__ge__, "<": float.__lt__, ">": float.__gt__}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One row of a benchmark: `params` (JSON) go to the worker once per seed.
+
+    `seeds`: how many seeds (0, 1, ...) it runs; a trained comparison takes >= 3 (5 where one
+    run takes <= 5 min); `--seeds` overrides it for experiments with more than one.
+    `minutes`: CPU-minutes one seed takes at this budget (`attnzoo repro --list`).
+    `unit`: experiments sharing a unit (the sides of a matched comparison) are prepared
+    together by `Bench.prepare` and re-run together: a re-run of one side re-runs every side.
+    """
+
+    id: str
+    group: str
+    params: Mapping[str, Any]
+    seeds: int = 1
+    minutes: float = 0.0
+    unit: str = ""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A claim checked on the mean over seeds of `summary[id][key]`: `mean <op> threshold`."""
+
+    name: str
+    id: str
+    key: str
+    op: str
+    threshold: float
+    source: str = ""  # where the target comes from (an issue, a paper's table)
+
+    def evaluate(self, summary: Mapping[str, Any]) -> dict[str, Any]:
+        stat = summary.get(self.id, {}).get("metrics", {}).get(self.key)
+        row = {**asdict(self), "mean": None, "std": None, "n": 0, "met": False}
+        if stat is None:
+            return {**row, "verdict": "not measured"}
+        values = [float(v) for v in stat["values"]]
+        met = OPS[self.op](float(stat["mean"]), float(self.threshold))
+        every = all(OPS[self.op](v, float(self.threshold)) for v in values)
+        return {
+            **row,
+            **{k: stat[k] for k in ("mean", "std", "n", "min", "max")},
+            "met": met,
+            "every_seed_met": every,
+            "verdict": ("met" if every else "met on the mean, not by every seed")
+            if met
+            else "not met",
+        }
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: `key` is a metric (dotted for nested ones), `params.NAME` or `id`."""
+
+    header: str
+    key: str
+    digits: int = 2
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows: the experiments of `groups` (in declaration order), or of `ids` when given."""
+
+    name: str
+    columns: Sequence[Column]
+    groups: Sequence[str] = ()
+    ids: Sequence[str] = ()
+
+
+@dataclass
+class Context:
+    """What a worker gets beside its params."""
+
+    id: str
+    seed: int
+    budget: str
+    run_dir: Path  # runs/bench/<bench>/<id>/seed<k> (or the --runs folder's)
+    extra: dict = field(default_factory=dict)  # `Bench.prepare`'s values for this experiment
+
+
+@dataclass
+class Bench:
+    name: str  # results/<name>.json
+    script: str  # the script's __file__
+    experiments: Callable[[str], list[Experiment]]  # budget -> experiments
+    worker: Callable[[Mapping[str, Any], Context], dict[str, Any]]
+    targets: Sequence[Target] = ()
+    tables: Sequence[Table] = ()
+    # unit's experiments (with budget) -> {id: extra}; run in a fresh process before the unit
+    prepare: Callable[[list[Experiment], str], dict[str, dict]] | None = None
+    # summary -> {derived id: {key: value}}: metrics computed across experiments (ratios)
+    derive: Callable[[dict[str, Any]], dict[str, dict[str, float]]] | None = None
+    threads: int = 1  # torch threads per worker
+    jobs: int = 2  # workers at once
+
+
+def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of nested dicts, keys joined with "." (bools and None left out)."""
+    flat: dict[str, float] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, name + "."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[name] = float(value)
+    return flat
+
+
+def summarise(values: Sequence[float]) -> dict[str, Any]:
+    n = len(values)
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if n > 1 else None,
+        "min": min(values),
+        "max": max(values),
+        "n": n,
+        "values": list(values),
+    }
+
+
+def summary_of(rows: Sequence[Mapping[str, Any]], experiments: Sequence[Experiment]) -> dict:
+    """Per experiment: its ok seeds and every numeric metric's mean/std/min/max over them."""
+    summary = {}
+    for e in experiments:
+        ok = [r for r in rows if r["id"] == e.id and r.get("status") == STATUS_OK]
+        flats = [flatten(r["metrics"]) for r in ok]
+        keys = sorted(set().union(*flats)) if flats else []
+        summary[e.id] = {
+            "group": e.group,
+            "params": dict(e.params),
+            "seeds": [r["seed"] for r in ok],
+            "failed": [r["seed"] for r in rows if r["id"] == e.id and r not in ok],
+            "metrics": {k: summarise([f[k] for f in flats if k in f]) for k in keys},
+        }
+    return summary
+
+
+def relative_paths(value: Any, base: Path = ROOT) -> Any:
+    """`value` with every path under `base` made relative to it; any other absolute path is an
+    error (results JSON is shared: no machine's paths in it)."""
+    if isinstance(value, Mapping):
+        return {k: relative_paths(v, base) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [relative_paths(v, base) for v in value]
+    if isinstance(value, str) and value.startswith("/"):
+        if not Path(value).is_relative_to(base):
+            raise ValueError(f"absolute path {value!r} in a result: write it relative to {base}")
+        return str(Path(value).relative_to(base))
+    return value
+
+
+def format_stat(stat: Mapping[str, Any] | None, digits: int = 2) -> str:
+    """ "mean ± std" over seeds (the mean alone for one seed); "-" when not measured."""
+    if stat is None:
+        return "-"
+    mean = f"{stat['mean']:.{digits}f}"
+    return mean if stat.get("std") is None else f"{mean} ± {stat['std']:.{digits}f}"
+
+
+def cell(entry: Mapping[str, Any], column: Column, experiment_id: str) -> str:
+    if column.key == "id":
+        return experiment_id
+    if column.key.startswith("params."):
+        value = entry["params"].get(column.key.split(".", 1)[1])
+        return format_number(value) if not isinstance(value, list) else ",".join(map(str, value))
+    return format_stat(entry["metrics"].get(column.key), column.digits)
+
+
+def render_table(table: Table, data: Mapping[str, Any]) -> str:
+    """A markdown table of the summary in `data` (a results JSON), with each row's n (seeds)."""
+    summary = data["summary"]
+    ids = list(table.ids) or [i for i, e in summary.items() if e["group"] in table.groups]
+    header = [c.header for c in table.columns] + ["n"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for i in ids:
+        entry = summary[i]
+        cells = [cell(entry, c, i) for c in table.columns] + [str(len(entry["seeds"]))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _seeds(e: Experiment, override: int | None) -> int:
+    return override if override and e.seeds > 1 else e.seeds
+
+
+def _current(row: Mapping[str, Any], e: Experiment, budget: str) -> bool:
+    return (
+        row.get("status") == STATUS_OK
+        and row.get("budget") == budget
+        and row.get("params") == json.loads(json.dumps(dict(e.params)))
+    )
+
+
+def _worker_env(threads: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(THREAD_ENV_PREFIXES)}
+    return {**env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def _run_child(bench: Bench, flag: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    command = [sys.executable, bench.script, flag, json.dumps(payload, default=str)]
+    env = _worker_env(bench.threads)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+    except OSError as error:
+        return {"status": STATUS_ERROR, "error": str(error)}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX) and done.returncode == 0:
+            return {"status": STATUS_OK, **json.loads(line[len(RESULT_PREFIX) :])}
+    tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+    oom = done.returncode < 0 or any(m in done.stderr.lower() for m in _OOM_MESSAGES)
+    return {
+        "status": STATUS_OOM if oom else STATUS_ERROR,
+        "error": tail or f"exit {done.returncode}",
+    }
+
+
+def _in_child(bench: Bench, flag: str, payload: Mapping[str, Any]) -> None:
+    """The child side of `_run_child`: one worker call, or one unit's `prepare`."""
+    import torch
+
+    torch.set_num_threads(bench.threads)
+    if flag == "--worker":
+        ctx = Context(**{**payload["ctx"], "run_dir": Path(payload["ctx"]["run_dir"])})
+        emit_result({"metrics": bench.worker(payload["params"], ctx)})
+    else:
+        found = bench.experiments(payload["budget"])
+        unit = [e for e in found if e.id in payload["ids"]]
+        emit_result({"extra": bench.prepare(unit, payload["budget"])})
+
+
+def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | None:
+    """The command line every benchmark script has (see `--help`)."""
+    import argparse
+    import fnmatch
+    from concurrent.futures import ThreadPoolExecutor
+
+    parser = argparse.ArgumentParser(description=f"benchmark {bench.name!r}")
+    parser.add_argument("--budget", choices=BUDGETS, default="full")
+    parser.add_argument("--seeds", type=int, help="seeds per trained experiment")
+    parser.add_argument("--only", nargs="*", default=[], help="ids or groups (globs) to run")
+    parser.add_argument("--rerun", action="store_true", help="re-run rows already current")
+    parser.add_argument("--jobs", type=int, default=bench.jobs)
+    parser.add_argument("--results", type=Path, help="results folder (smoke: runs/smoke)")
+    parser.add_argument("--runs", type=Path, help="run folders (default beside --results)")
+    parser.add_argument("--list", action="store_true", help="experiments and CPU-minutes, JSON")
+    for flag in ("--worker", "--prepare"):
+        parser.add_argument(flag, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker or args.prepare:
+        flag = "--worker" if args.worker else "--prepare"
+        return _in_child(bench, flag, json.loads(args.worker or args.prepare))
+    if args.seeds is not None and args.seeds < 1:
+        parser.error(f"--seeds: expected a count >= 1, got {args.seeds}")
+    experiments = bench.experiments(args.budget)
+    if args.list:
+        seeds = {e.id: _seeds(e, args.seeds) for e in experiments}
+        listing = [{**asdict(e), "seeds": seeds[e.id]} for e in experiments]
+        minutes = sum(e.minutes * seeds[e.id] for e in experiments)
+        print(json.dumps({"bench": bench.name, "minutes": minutes, "experiments": listing}))
+        return None
+    # full: results/ and runs/bench/ of the repository; smoke (or --results): one folder
+    smoke = ROOT / "runs/smoke"
+    results = args.results or (ROOT / "benchmarks/results" if args.budget == "full" else smoke)
+    results = results.resolve()
+    base = ROOT if results.is_relative_to(ROOT) else results  # JSON paths are relative to it
+    runs = args.runs or (
+        ROOT / "runs/bench" if results == ROOT / "benchmarks/results" else results / "runs"
+    )
+    path = results / f"{bench.name}.json"
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    rows = [r for r in earlier.get("rows", []) if r.get("budget") == args.budget]
+
+    def selected(e: Experiment) -> bool:
+        return not args.only or any(fnmatch.fnmatch(e.id, p) or e.group == p for p in args.only)
+
+    # What to run: (experiment, seed) pairs without a current row (all of them with --rerun);
+    # a unit re-runs whole when any of its pairs does.
+    todo = []
+    for e in filter(selected, experiments):
+        for seed in range(_seeds(e, args.seeds)):
+            done = [
+                r
+                for r in rows
+                if r["id"] == e.id and r["seed"] == seed and _current(r, e, args.budget)
+            ]
+            if args.rerun or not done:
+                todo.append((e, seed))
+    units = {e.unit for e, _ in todo if e.unit}
+    for e in experiments:
+        for seed in range(_seeds(e, args.seeds)):
+            if e.unit in units and (e, seed) not in todo:
+                todo.append((e, seed))
+    calibrations = dict(earlier.get("calibrations", {}))
+    extra: dict[str, dict] = {}
+    for unit in sorted(units):
+        ids = [e.id for e in experiments if e.unit == unit]
+        if bench.prepare is None:
+            break
+        print(f"[{bench.name}] preparing {unit}: {', '.join(ids)}", flush=True)
+        prepared = _run_child(bench, "--prepare", {"ids": ids, "budget": args.budget})
+        if prepared["status"] != STATUS_OK:
+            raise SystemExit(f"[{bench.name}] preparing {unit} failed: {prepared['error']}")
+        extra.update(prepared["extra"])
+        calibrations[unit] = prepared["extra"]
+    redone = {(e.id, seed) for e, seed in todo}
+    rows = [r for r in rows if (r["id"], r["seed"]) not in redone]
+
+    def run_one(item: tuple[Experiment, int]) -> dict[str, Any]:
+        e, seed = item
+        ctx = dict(id=e.id, seed=seed, budget=args.budget, extra=extra.get(e.id, {}))
+        ctx["run_dir"] = str(runs / bench.name / e.id / f"seed{seed}")
+        start = time.perf_counter()
+        result = _run_child(bench, "--worker", {"params": dict(e.params), "ctx": ctx})
+        seconds = time.perf_counter() - start
+        print(
+            f"[{bench.name}] {e.id} seed {seed}: {result['status']} ({seconds:.0f} s)", flush=True
+        )
+        row = {"id": e.id, "group": e.group, "seed": seed, "budget": args.budget}
+        row.update(params=dict(e.params), extra=ctx["extra"], seconds=seconds, metrics={})
+        row.update(result)
+        return row
+
+    print(f"[{bench.name}] {len(todo)} runs to do, {args.jobs} at a time", flush=True)
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        rows += list(pool.map(run_one, todo))
+    order = {e.id: i for i, e in enumerate(experiments)}
+    rows = sorted((r for r in rows if r["id"] in order), key=lambda r: (order[r["id"]], r["seed"]))
+    summary = summary_of(rows, experiments)
+    if bench.derive is not None:
+        for i, metrics in bench.derive(summary).items():
+            flat = flatten(metrics)
+            entry = {"group": "derived", "params": {}, "seeds": [0], "failed": []}
+            summary[i] = {**entry, "metrics": {k: summarise([v]) for k, v in flat.items()}}
+    data = {
+        "bench": bench.name,
+        "budget": args.budget,
+        "machine": machine_info(),
+        "calibrations": calibrations,
+        "rows": rows,
+        "summary": summary,
+        "targets": [t.evaluate(summary) for t in bench.targets],
+    }
+    write_json(path, relative_paths(data, base))
+    for table in bench.tables:
+        print(f"\n{bench.name}: {table.name}\n{render_table(table, data)}")
+    for t in data["targets"]:
+        print(f"target {t['name']}: {t['verdict']} (mean {t['mean']}, n={t['n']})")
+    failed = [r for r in rows if r.get("status") != STATUS_OK]
+    for r in failed:
+        print(f"[{bench.name}] FAILED {r['id']} seed {r['seed']}: {r.get('error')}", flush=True)
+    return data

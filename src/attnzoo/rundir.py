@@ -51,9 +51,15 @@ RESUMABLE = (
 )
 
 # What a run writes in its directory (`overwrite` clears these, and refuses anything else)
-
-# What a run writes in its directory (`overwrite` clears these, and refuses anything else)
-RUN_FILES = ("config.json", "metrics.jsonl", "final.json", "checkpoints", "figures")
+RUN_FILES = (
+    "config.json",
+    "metrics.jsonl",
+    "final.json",
+    "timing.json",
+    "checkpoints",
+    "figures",
+    "explore.html",
+)
 
 
 def _check_names(model: str, task: str) -> None:

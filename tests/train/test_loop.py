@@ -148,6 +148,10 @@ def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
     assert json.loads((full / "final.json").read_text()) == json.loads(
         (killed / "final.json").read_text()
     )
+    # timing.json describes each process's own share: the resumed one ran only the rest
+    timing = {d: json.loads((d / "timing.json").read_text()) for d in (full, killed)}
+    assert timing[full]["steps_run"] == 60 and timing[killed]["steps_run"] == 59 - saved
+    assert all(t["train_seconds"] > 0 and t["eval_seconds"] > 0 for t in timing.values())
 
 
 @pytest.mark.skipif(

@@ -151,8 +151,11 @@ def train(
     """Train `model` on `task` on `config.device` (the model is moved there); returns the
     final evaluation metrics and the device they were computed on (`"device"`).
 
-    With `run_dir`, writes metrics.jsonl, final.json and checkpoints/ there; `resume`
-    continues from a checkpoint (True: the newest intact one, `checkpoint.resume_point`; or the
+    With `run_dir`, writes metrics.jsonl, final.json, timing.json and checkpoints/ there;
+    timing.json holds the seconds this process spent training (`train_seconds`, evaluations
+    during training excluded and counted in `eval_seconds_during`) and in the final evaluation
+    (`eval_seconds`), kept apart from final.json so that a resumed run's final.json still equals
+    an uninterrupted one's. `resume` continues from a checkpoint (True: the newest intact one, `checkpoint.resume_point`; or the
     folder given) to the same result as an uninterrupted run.
     """
     device = resolve_device(config.device)
@@ -195,6 +198,7 @@ def train(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
     bar = _progress(progress and env.main, config.steps, start)
+    loop_start, eval_during = time.perf_counter(), 0.0
     window_losses, window_items, window_start = [], 0, time.perf_counter()
     for step in range(start, config.steps):
         model.train()
@@ -227,7 +231,9 @@ def train(
                 "items_per_s": stats[1].item() / max(elapsed, 1e-9),
             }
             if config.eval_every and (step + 1) % config.eval_every == 0 and not last:
+                eval_start = time.perf_counter()
                 record.update(_evaluate(task, model))
+                eval_during += time.perf_counter() - eval_start
             if env.main and metrics_path is not None:
                 _append(metrics_path, json.dumps(record) + "\n")
             bar.update(step + 1, record)
@@ -241,9 +247,19 @@ def train(
         if env.world > 1 and (step + 1) % config.checkpoint_every == 0:
             dist.barrier()
     bar.close()
+    eval_start = time.perf_counter()
     final = {**_evaluate(task, model), "device": str(device)}
+    timing = {
+        "train_seconds": eval_start - loop_start - eval_during,
+        "eval_seconds_during": eval_during,
+        "eval_seconds": time.perf_counter() - eval_start,
+        "steps_run": config.steps - start,
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+    }
     if env.main and run_dir is not None:
         atomic_write_json(Path(run_dir) / "final.json", final)
+        atomic_write_json(Path(run_dir) / "timing.json", timing)
     if env.world > 1:
         dist.barrier()
     return final
