@@ -320,6 +320,12 @@ class Column:
     digits: int = 2
 
 
+def columns(spec: str, digits: int = 2) -> list[Column]:
+    """Columns from "header=key; header=key" (every one to `digits` places)."""
+    pairs = [item.rsplit("=", 1) for item in spec.split(";")]
+    return [Column(header.strip(), key.strip(), digits) for header, key in pairs]
+
+
 @dataclass(frozen=True)
 class Table:
     """Rows: the experiments of `groups` (in declaration order), or of `ids` when given."""
@@ -353,6 +359,9 @@ class Bench:
     prepare: Callable[[list[Experiment], str], dict[str, dict]] | None = None
     # summary -> {derived id: {key: value}}: metrics computed across experiments (ratios)
     derive: Callable[[dict[str, Any]], dict[str, dict[str, float]]] | None = None
+    # (results JSON, folder) -> the docs figures it drew there from the JSON (and run dirs
+    # where they exist; a figure whose run dirs are absent is left as it is)
+    figures: Callable[[dict, Path], list[Path]] | None = None
     threads: int = 1  # torch threads per worker
     jobs: int = 2  # workers at once
 
@@ -388,12 +397,16 @@ def summary_of(rows: Sequence[Mapping[str, Any]], experiments: Sequence[Experime
         ok = [r for r in rows if r["id"] == e.id and r.get("status") == STATUS_OK]
         flats = [flatten(r["metrics"]) for r in ok]
         keys = sorted(set().union(*flats)) if flats else []
+        # string metrics (a scorer's signature) kept where every seed agrees
+        texts = [{k: v for k, v in r["metrics"].items() if isinstance(v, str)} for r in ok]
+        same = {k: v for k, v in (texts or [{}])[0].items() if all(t.get(k) == v for t in texts)}
         summary[e.id] = {
             "group": e.group,
             "params": dict(e.params),
             "seeds": [r["seed"] for r in ok],
             "failed": [r["seed"] for r in rows if r["id"] == e.id and r not in ok],
             "metrics": {k: summarise([f[k] for f in flats if k in f]) for k in keys},
+            "text": same,
         }
     return summary
 
@@ -432,7 +445,8 @@ def cell(entry: Mapping[str, Any], column: Column, experiment_id: str) -> str:
 def render_table(table: Table, data: Mapping[str, Any]) -> str:
     """A markdown table of the summary in `data` (a results JSON), with each row's n (seeds)."""
     summary = data["summary"]
-    ids = list(table.ids) or [i for i, e in summary.items() if e["group"] in table.groups]
+    ids = [i for i in table.ids if i in summary]  # a budget may leave experiments out
+    ids = ids or [i for i, e in summary.items() if e["group"] in table.groups]
     header = [c.header for c in table.columns] + ["n"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for i in ids:
@@ -592,7 +606,7 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     if bench.derive is not None:
         for i, metrics in bench.derive(summary).items():
             flat = flatten(metrics)
-            entry = {"group": "derived", "params": {}, "seeds": [0], "failed": []}
+            entry = {"group": "derived", "params": {}, "seeds": [0], "failed": [], "text": {}}
             summary[i] = {**entry, "metrics": {k: summarise([v]) for k, v in flat.items()}}
     data = {
         "bench": bench.name,
@@ -612,3 +626,120 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     for r in failed:
         print(f"[{bench.name}] FAILED {r['id']} seed {r['seed']}: {r.get('error')}", flush=True)
     return data
+
+
+# 5. Trained benchmarks ------------------------------------------------------------------------
+#
+# A trained benchmark's worker trains through the library's one loop (`attnzoo.runs.run_train`)
+# in its run dir, or adopts the finished run already there (the headline runs may have been
+# started with the CLI into exactly those dirs), and reads its timings from timing.json.
+
+
+def resolved_config(sets: Sequence[str], model: str, task: str, seed: int) -> dict:
+    """`attnzoo train MODEL --task TASK --set ...` for one seed, one thread, on the CPU."""
+    from attnzoo import runs
+
+    extra = [f"train.seed={seed}", "train.threads=1", "train.device=cpu"]
+    return runs.apply_overrides(runs.default_config(model, task), [*sets, *extra])
+
+
+def train_worker(
+    sets: Sequence[str], model: str, task: str, ctx: Context, *, curve: str = "", figures: int = 1
+) -> tuple[dict[str, Any], dict, Any, Any]:
+    """Train (or reuse) one run in `ctx.run_dir`: (metrics, config, task, model in eval mode).
+
+    1. Resolve the config (`resolved_config`).
+    2. A run dir holding final.json and timing.json whose config.json equals it is reused
+       (loaded, not trained); otherwise `run_train` trains it from scratch there.
+    3. The task's figures are written when the run has none.
+    4. Metrics: final.json's, the minutes from timing.json, steps, batch, parameter count and,
+       with `curve`, that metric's learning curve from metrics.jsonl (per evaluation step).
+    """
+    from attnzoo import runs
+
+    config = resolved_config(sets, model, task, ctx.seed)
+    out = Path(ctx.run_dir)
+    files = {name: out / f"{name}.json" for name in ("config", "final", "timing")}
+    reused = all(f.exists() for f in files.values()) and json.loads(
+        files["config"].read_text()
+    ) == json.loads(json.dumps(config))
+    if reused:
+        _, built_task, built_model = runs.load_run(out, device="cpu")
+    else:
+        built_task, built_model, _ = runs.run_train(config, out, overwrite=True, progress=False)
+    built_model.eval()
+    if not list((out / "figures").glob("*.png")):
+        runs.write_figures(out, built_task, built_model, count=figures)
+    timing = json.loads(files["timing"].read_text())
+    metrics = {
+        **json.loads(files["final"].read_text()),
+        "train_minutes": timing["train_seconds"] / 60,
+        "eval_minutes": timing["eval_seconds"] / 60,
+        "eval_minutes_during": timing["eval_seconds_during"] / 60,
+        "steps": config["train"]["steps"],
+        "steps_run": timing["steps_run"],
+        "batch_size": config["train"]["batch_size"],
+        "params": sum(p.numel() for p in built_model.parameters()),
+        "reused_run": reused,
+    }
+    if curve:
+        logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        points = [(r["step"] + 1, r[curve]) for r in logged if curve in r]
+        points.append((config["train"]["steps"], metrics[curve]))
+        metrics["curve"] = [{"step": s, curve: v} for s, v in points]
+    return metrics, config, built_task, built_model
+
+
+def bench_run_dir(bench: str, experiment_id: str, seed: int = 0) -> Path:
+    """Where a full-budget run of the repository lives (the driver's default `--runs`)."""
+    return ROOT / "runs" / "bench" / bench / experiment_id / f"seed{seed}"
+
+
+def copy_run_figures(pairs: Mapping[str, Path], folder: Path) -> list[Path]:
+    """Copy each existing run figure to folder/NAME; a figure whose run is absent is left as it
+    is (the committed one stays)."""
+    import shutil
+
+    copied = []
+    for name, source in pairs.items():
+        if source.exists():
+            copied.append(Path(shutil.copyfile(source, Path(folder) / name)))
+    return copied
+
+
+def draw_seeds(
+    path: Path,
+    groups: Mapping[str, Sequence[tuple[Sequence[float], Sequence[float]]]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    symlog: float = 0.0,
+) -> Path:
+    """Per group (label -> one (xs, ys) per seed): the mean over seeds at each x with markers,
+    and the band from the lowest to the highest seed; 800 px wide."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import EngFormatter, MaxNLocator
+
+    fig = Figure(figsize=(8, 4.5), dpi=100)
+    ax = fig.add_subplot()
+    for label, series in groups.items():
+        xs = sorted(set().union(*(x for x, _ in series)))
+        at = [[dict(zip(x, y, strict=True)).get(v) for x, y in series] for v in xs]
+        at = [[a for a in values if a is not None] for values in at]
+        mean = [statistics.fmean(a) for a in at]
+        line = ax.plot(xs, mean, marker="o", label=f"{label} (n={len(series)})")[0]
+        if len(series) > 1:
+            ax.fill_between(
+                xs, [min(a) for a in at], [max(a) for a in at], alpha=0.2, color=line.get_color()
+            )
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=8))
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+    if symlog:
+        ax.set_yscale("symlog", linthresh=symlog)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    return Path(path)

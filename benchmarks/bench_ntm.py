@@ -1,103 +1,70 @@
 """Neural Turing Machine experiments (Graves et al. 2014) at the scale this CPU allows.
 
 1. "tasks": `ntm` and its `lstm` baseline (similar parameter count) trained on `bit_copy`
-   (lengths 1-20), `repeat_copy` and `associative_recall` with the same loop and config as
-   `attnzoo train MODEL --task T`, one fresh process with one torch thread per run. Every row
-   records the held-out bit errors per sequence at the training lengths and at longer lengths
-   (generalisation: copy is tested at 10 to 80 after training on 1-20), the learning curve
-   (bit errors against sequences seen), and the budget.
+   (lengths 1-20), `repeat_copy` and `associative_recall` with the config of
+   `attnzoo train MODEL --task T`, one seed per run, one torch thread. Every run records the
+   held-out bit errors per sequence at the training lengths and at longer lengths (copy is
+   tested at 10 to 80 after training on 1-20) and its learning curve.
 2. "throughput": training sequences per second of the batched NTM (one forward/backward and
-   update per batch) against the per-sample implementation pytorch-ntm uses (batch 1, one
-   update per sequence), same model and sequences, timed interleaved in one process.
+   update per batch) against the per-sample loop pytorch-ntm uses (batch 1, one update per
+   sequence), same model and sequences, timed interleaved in one process.
 
-    python benchmarks/bench_ntm.py [--quick] [--only tasks|throughput] [--task T ...]
+    python benchmarks/bench_ntm.py [--budget smoke|full] [--seeds N] [--only ID|GROUP ...]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import (
-    emit_result,
-    machine_info,
+    Bench,
+    Column,
+    Context,
+    Experiment,
+    Table,
+    Target,
+    bench_run_dir,
+    copy_run_figures,
+    draw_seeds,
+    drive,
     median,
-    print_table,
-    run_spec,
     time_interleaved,
-    write_json,
+    train_worker,
 )
 
-RESULTS = Path(__file__).parent / "results" / "ntm.json"
-RUNS = Path(__file__).parent.parent / "runs" / "bench"
 COPY_LENGTHS = (10, 20, 30, 40, 50, 60, 80)
 TARGET_ERRORS = 0.1  # bit errors per sequence on lengths 1-20 (issue 5)
+PER_LENGTH = "task.n_test_per_length=256"  # standard error of a length's mean well below 0.5
+TASKS = {  # task -> (test lengths beyond training, CPU-minutes per seed: ntm, lstm)
+    "bit_copy": (COPY_LENGTHS, (9.0, 0.6)),
+    "repeat_copy": ((15, 20), (19.0, 1.3)),
+    "associative_recall": ((8, 10, 12), (9.2, 0.5)),
+}
+SMOKE = ["train.steps=4", "train.batch_size=4", "train.eval_every=2", "train.log_every=2"]
+SMOKE += ["train.checkpoint_every=2"]
 
 
-def experiments(quick: bool) -> list[dict]:
-    rows = []
-    for task, extra in (
-        ("bit_copy", [f"task.test_lengths={','.join(map(str, COPY_LENGTHS))}"]),
-        ("repeat_copy", ["task.test_lengths=15,20"]),
-        ("associative_recall", ["task.test_lengths=8,10,12"]),
-    ):
-        for model in ("ntm", "lstm"):
-            sets = [*extra, "train.eval_every=250"]
-            if quick:
-                sets += ["train.steps=4", "train.batch_size=4", "train.eval_every=2"]
-                sets += ["task.n_test_per_length=2", "train.checkpoint_every=2"]
-            rows.append(
-                dict(experiment="tasks", name=f"{task}-{model}", model=model, task=task, sets=sets)
-            )
-    return rows
+def experiments(budget: str) -> list[Experiment]:
+    found = []
+    for task, (lengths, minutes) in TASKS.items():
+        if budget == "smoke" and task != "bit_copy":
+            continue
+        sets = [f"task.test_lengths={','.join(map(str, lengths))}", "train.eval_every=250"]
+        sets.append("task.n_test_per_length=2" if budget == "smoke" else PER_LENGTH)
+        for model, cost in zip(("ntm", "lstm"), minutes, strict=True):
+            params = {"model": model, "task": task, "sets": sets + SMOKE * (budget == "smoke")}
+            seeds = 2 if budget == "smoke" else 3 if cost > 5 else 5
+            found.append(Experiment(f"{task}-{model}", "tasks", params, seeds, cost))
+    throughput = {"length": 20, "batch": 32, "repeats": 7}
+    if budget == "smoke":
+        throughput = {"length": 3, "batch": 4, "repeats": 2}
+    found.append(Experiment("throughput", "throughput", throughput, minutes=1.0))
+    return found
 
 
-def worker(spec: dict) -> dict:
-    """Train one run in this process; its final scores and learning curve."""
-    import torch
-
-    from attnzoo import runs
-
-    torch.set_num_threads(1)
-    config = runs.apply_overrides(
-        runs.default_config(spec["model"], spec["task"]),
-        [*spec["sets"], "train.threads=1", "train.device=cpu"],
-    )
-    out = Path(spec.get("runs", RUNS)) / f"ntm-{spec['name']}"
-    start = time.perf_counter()
-    task, model, final = runs.run_train(config, out, overwrite=True, progress=False)
-    minutes = (time.perf_counter() - start) / 60
-    runs.write_figures(out, task, model, count=3)
-    batch = config["train"]["batch_size"]
-    curve = [
-        {"sequences": (r["step"] + 1) * batch, "bit_errors": r["bit_errors"]}
-        for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-        if "bit_errors" in r
-    ]
-    curve.append({"sequences": config["train"]["steps"] * batch, "bit_errors": final["bit_errors"]})
-    reached = next((c["sequences"] for c in curve if c["bit_errors"] < TARGET_ERRORS), None)
-    return {
-        **{k: spec[k] for k in ("experiment", "name", "model", "task")},
-        "overrides": spec["sets"],
-        "steps": config["train"]["steps"],
-        "batch_size": batch,
-        "sequences": config["train"]["steps"] * batch,
-        "train_minutes": minutes,
-        "params": sum(p.numel() for p in model.parameters()),
-        "train_lengths": [config["task"]["min_len"], config["task"]["max_len"]],
-        "curve": curve,
-        "sequences_to_target": reached,
-        "run_dir": str(out),
-        **final,
-    }
-
-
-def throughput(quick: bool, length: int = 20, batch: int = 32, repeats: int = 7) -> dict:
+def throughput(length: int, batch: int, repeats: int) -> dict:
     """Sequences/s of one batched update of `batch` sequences against `batch` updates of one
     sequence each (pytorch-ntm's loop), same NTM weights and the same sequences."""
     import torch
@@ -105,11 +72,7 @@ def throughput(quick: bool, length: int = 20, batch: int = 32, repeats: int = 7)
     from attnzoo import runs
     from attnzoo.tasks.bits import generate
 
-    torch.set_num_threads(1)
-    if quick:
-        length, batch, repeats = 3, 4, 2
-    config = runs.default_config("ntm", "bit_copy")
-    task, model = runs.build(config)
+    task, model = runs.build(runs.default_config("ntm", "bit_copy"))
     data = generate(task.config, batch, length, torch.Generator().manual_seed(0))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -126,71 +89,121 @@ def throughput(quick: bool, length: int = 20, batch: int = 32, repeats: int = 7)
         repeats=repeats,
     )
     per = {k: batch / median(v) for k, v in times.items()}
-    return {
-        "experiment": "throughput",
-        "name": "throughput",
-        "length": length,
-        "batch_size": batch,
-        "sequences_per_s": per,
-        "speedup": per["batched"] / per["per_sample"],
-        "status": "ok",
-    }
+    return {"sequences_per_s": per, "speedup": per["batched"] / per["per_sample"]}
 
 
-def run_one(spec: dict) -> dict:
-    return run_spec(__file__, spec)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few steps each (smoke test)")
-    parser.add_argument("--only", choices=["tasks", "throughput"])
-    parser.add_argument("--task", nargs="*", help="tasks to (re)run; other rows are kept")
-    parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--runs", type=Path, default=RUNS)
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        emit_result(worker(json.loads(args.worker)))
-        return
-    rows = []
-    if args.only in (None, "tasks"):
-        specs = [
-            {**s, "runs": str(args.runs)}
-            for s in experiments(args.quick)
-            if not args.task or s["task"] in args.task
-        ]
-        with ThreadPoolExecutor(args.jobs) as pool:
-            rows += list(pool.map(run_one, specs))
-    if args.only in (None, "throughput"):
-        rows.append(throughput(args.quick))
-    if args.out.exists() and (args.only or args.task):  # keep the rows not re-run
-        redone = {r["name"] for r in rows}
-        kept = [r for r in json.loads(args.out.read_text())["rows"] if r["name"] not in redone]
-        rows = kept + rows
-    write_json(args.out, {"machine": machine_info(), "quick": args.quick, "rows": rows})
-    print_table(
-        "NTM runs",
-        ["name", "status", "bit errors 1-20", "len 40", "sequences", "to < 0.1", "min"],
-        [
-            [
-                r["name"],
-                r.get("status"),
-                r.get("bit_errors"),
-                r.get("bit_errors_len40"),
-                r.get("sequences"),
-                r.get("sequences_to_target"),
-                r.get("train_minutes"),
-            ]
-            for r in rows
-            if r.get("experiment") == "tasks"
-        ],
+def worker(params: dict, ctx: Context) -> dict:
+    if "model" not in params:
+        return throughput(**params)
+    metrics, config, _, _ = train_worker(
+        params["sets"], params["model"], params["task"], ctx, curve="bit_errors", figures=3
     )
-    for r in rows:
-        if r.get("experiment") == "throughput":
-            print(f"throughput: {r['sequences_per_s']} sequences/s, speedup {r['speedup']:.2f}x")
+    batch = config["train"]["batch_size"]
+    for point in metrics["curve"]:
+        point["sequences"] = point["step"] * batch
+    reached = [c["sequences"] for c in metrics["curve"] if c["bit_errors"] < TARGET_ERRORS]
+    metrics["reached_target"] = float(bool(reached))
+    if reached:  # absent when never reached: a mean over the seeds that did would flatter
+        metrics["sequences_to_target"] = reached[0]
+    metrics["sequences"] = config["train"]["steps"] * batch
+    metrics["exact_pct"] = 100 * metrics["exact"]
+    return metrics
 
+
+def derive(summary: dict) -> dict:
+    """NTM bit errors over the LSTM's at copy length 40 (means over seeds)."""
+    ntm, lstm = (summary.get(f"bit_copy-{m}", {}).get("metrics", {}) for m in ("ntm", "lstm"))
+    key = "bit_errors_len40"
+    if key not in ntm or key not in lstm or not lstm[key]["mean"]:
+        return {}
+    return {"copy-ratio": {"len40_ntm_over_lstm": ntm[key]["mean"] / lstm[key]["mean"]}}
+
+
+def figures(data: dict, folder: Path) -> list[Path]:
+    """The copy learning curve (every seed, from the JSON) and the NTM's memory figures (from
+    seed 0's run dir, when it exists)."""
+    groups: dict[str, list] = {}
+    for row in data["rows"]:
+        if row["id"].startswith("bit_copy-") and row.get("status") == "ok":
+            curve = row["metrics"]["curve"]
+            series = ([c["sequences"] for c in curve], [c["bit_errors"] for c in curve])
+            groups.setdefault(f"{row['params']['model']}", []).append(series)
+    drawn = []
+    if groups:
+        path = Path(folder) / "ntm_copy_curve.png"
+        kwargs = dict(xlabel="training sequences", title="copy: learning curve (lengths 1-20)")
+        ylabel = "bit errors per sequence (mean, band: min-max over seeds)"
+        drawn.append(draw_seeds(path, groups, ylabel=ylabel, symlog=0.1, **kwargs))
+    run = bench_run_dir("ntm", "bit_copy-ntm") / "figures"
+    shown = {f"ntm_memory_copy_len{n}.png": run / f"memory_copy_len{n}.png" for n in (20, 80)}
+    return drawn + copy_run_figures(shown, folder)
+
+
+def _columns(*pairs: tuple[str, str], digits: int = 2) -> list[Column]:
+    return [Column(header, key, digits) for header, key in pairs]
+
+
+BENCH = Bench(
+    "ntm",
+    __file__,
+    experiments,
+    worker,
+    targets=[
+        Target(
+            "copy: sequences until < 0.1 bit errors on lengths 1-20",
+            "bit_copy-ntm",
+            "sequences_to_target",
+            "<=",
+            50000,
+            "issue 5",
+        ),
+        Target("copy: share of seeds reaching < 0.1", "bit_copy-ntm", "reached_target", ">=", 1.0),
+        Target(
+            "copy length 40: NTM errors / LSTM errors",
+            "copy-ratio",
+            "len40_ntm_over_lstm",
+            "<",
+            0.25,
+            "issue 5",
+        ),
+        Target(
+            "training sequences/s: batched / per-sample (batch 1)",
+            "throughput",
+            "speedup",
+            ">=",
+            5.0,
+            "issue 5",
+        ),
+    ],
+    tables=[
+        Table(
+            "tasks",
+            _columns(("task", "params.task"), ("model", "params.model"))
+            + _columns(("params", "params"), ("steps", "steps"), ("batch", "batch_size"), digits=0)
+            + _columns(("train min", "train_minutes"), digits=1)
+            + _columns(("bit errors (train lengths)", "bit_errors"), ("exact %", "exact_pct"))
+            + _columns(("sequences to < 0.1", "sequences_to_target"), digits=0),
+            groups=["tasks"],
+        ),
+        Table(
+            "copy_lengths",
+            _columns(("model", "params.model"))
+            + _columns(*((f"len {n}", f"bit_errors_len{n}") for n in (1, *COPY_LENGTHS))),
+            ids=["bit_copy-ntm", "bit_copy-lstm"],
+        ),
+        Table(
+            "throughput",
+            _columns(
+                ("batched (seq/s)", "sequences_per_s.batched"),
+                ("per sample, pytorch-ntm's loop (seq/s)", "sequences_per_s.per_sample"),
+                ("speedup", "speedup"),
+            ),
+            groups=["throughput"],
+        ),
+    ],
+    derive=derive,
+    figures=figures,
+)
 
 if __name__ == "__main__":
-    main()
+    drive(BENCH)
