@@ -353,6 +353,9 @@ class Bench:
     prepare: Callable[[list[Experiment], str], dict[str, dict]] | None = None
     # summary -> {derived id: {key: value}}: metrics computed across experiments (ratios)
     derive: Callable[[dict[str, Any]], dict[str, dict[str, float]]] | None = None
+    # (results JSON, folder) -> the docs figures it drew there from the JSON (and run dirs
+    # where they exist; a figure whose run dirs are absent is left as it is)
+    figures: Callable[[dict, Path], list[Path]] | None = None
     threads: int = 1  # torch threads per worker
     jobs: int = 2  # workers at once
 
