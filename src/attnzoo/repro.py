@@ -83,9 +83,15 @@ def listing(root: Path, seeds: int | None = None) -> list[dict]:
 
 
 def repro(
-    page: str, *, budget: str = "full", seeds: int | None = None, root: Path | None = None
+    page: str,
+    *,
+    budget: str = "full",
+    seeds: int | None = None,
+    root: Path | None = None,
+    out: Path | None = None,
 ) -> Path:
-    """Run the page's benchmarks at `budget`, then render it; returns the page written."""
+    """Run the page's benchmarks at `budget`, then render it; returns the page written. A smoke
+    run writes its results, runs and page under `out` (default runs/smoke/PAGE)."""
     root = root or find_checkout()
     if budget not in BUDGETS:
         fail("attnzoo repro", "--budget", f"one of {list(BUDGETS)}", repr(budget))
