@@ -55,8 +55,6 @@ def cmd_repro(args) -> None:
             table.add_row(row["page"], ", ".join(row["benches"]), f"{row['cpu_minutes']:.0f}")
         console.print(table)
         return
-    if args.page is None:
-        raise UsageError("attnzoo repro: needs PAGE or --list (see `attnzoo repro --list`)")
     out = Path(args.out) if args.out else None
     path = repro.repro(args.page, budget=args.budget, seeds=args.seeds, out=out)
     console.print(f"wrote {path}")
@@ -198,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
         if args.command == "train":
             _check_train_args(args)
+        if args.command == "repro" and args.page is None and not args.list:
+            raise UsageError("attnzoo repro: needs PAGE or --list (see `attnzoo repro --list`)")
     except UsageError as err:
         print(f"attnzoo: error: {err}", file=sys.stderr)
         return 2

@@ -97,11 +97,11 @@ def repro(
         fail("attnzoo repro", "--budget", f"one of {list(BUDGETS)}", repr(budget))
     if seeds is not None and seeds < 1:
         fail("attnzoo repro", "--seeds", "a count >= 1", seeds)
+    if out is not None and budget != "smoke":
+        fail("attnzoo repro", "--out", "only with --budget smoke (full writes docs/)", str(out))
     known = pages(root)
     if page not in known:
         fail("attnzoo repro", "PAGE", f"one of {sorted(known)}", repr(page))
-    if out is not None and budget != "smoke":
-        fail("attnzoo repro", "--out", "only with --budget smoke (full writes docs/)", str(out))
     smoke = Path(out or root / "runs" / "smoke" / page).resolve()
     results = ["--results", str(smoke)] if budget == "smoke" else []
     for script in dict.fromkeys(known[page].values()):
