@@ -268,7 +268,7 @@ class PointingTask:
     def figures(self, model, folder: Path, count: int = 3) -> list[Path]:
         """figures/pointer.png (+ pointer_1.png ...): the pointer distribution at every
         output step over the inputs, beside the output drawn (tour, hull or sorted values)
-        with the true output dashed."""
+        with the true output as a light band under it."""
         from attnzoo.viz import pointer_figure
 
         points, truth = self.test_set(self.config.sizes[0])
