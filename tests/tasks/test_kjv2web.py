@@ -106,3 +106,14 @@ def test_missing_bible_dependency_names_the_install_command(monkeypatch):
         kjv2web.verse_pairs.cache_clear()
     assert info.value.name == "pythonbible"
     assert INSTALL_HINT in str(info.value)
+
+
+def test_registry_task_scores_every_test_verse():
+    """Issue 11 asks for >= 2,000 held-out sentences; the test split has n_test (1,000), so
+    evaluation scores all of it rather than a prefix."""
+    from attnzoo.tasks.registry import TASKS
+
+    spec = TASKS["kjv2web"]
+    config = spec.default_config()
+    task = spec.build(config, seed=0, eval_config=spec.eval_config())
+    assert len(task.examples()) == len(task.splits.test) == config.n_test
