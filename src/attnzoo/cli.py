@@ -1,4 +1,4 @@
-"""`attnzoo ...`: demo, train, eval, plot, list.
+"""`attnzoo ...`: demo, train, eval, plot, list, repro.
 
 Wrong input (a command line, a `--set`, a run directory's damaged file, a path that cannot be
 written) prints one line `attnzoo: error: ...` naming the argument or the file, what was expected
@@ -41,6 +41,23 @@ def cmd_list(args) -> None:
         for name, spec in registry.items():
             table.add_row(name, spec.description)
         console.print(table)
+
+
+def cmd_repro(args) -> None:
+    """`attnzoo repro PAGE` or `attnzoo repro --list` (attnzoo.repro)."""
+    from attnzoo import repro
+
+    if args.list:
+        table = Table(title="docs pages (attnzoo repro PAGE --budget full)")
+        for column in ("page", "benchmarks", "CPU-minutes"):
+            table.add_column(column)
+        for row in repro.listing(repro.find_checkout(), args.seeds):
+            table.add_row(row["page"], ", ".join(row["benches"]), f"{row['cpu_minutes']:.0f}")
+        console.print(table)
+        return
+    out = Path(args.out) if args.out else None
+    path = repro.repro(args.page, budget=args.budget, seeds=args.seeds, out=out)
+    console.print(f"wrote {path}")
 
 
 def cmd_train(args) -> None:
@@ -142,6 +159,13 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
         sp.set_defaults(func=func)
     sub.add_parser("list", help="models and tasks").set_defaults(func=cmd_list)
+    repro = sub.add_parser("repro", help="re-run the benchmarks behind a docs page, regenerate it")
+    repro.add_argument("page", nargs="?", help="a docs page (see --list)")
+    repro.add_argument("--budget", choices=("smoke", "full"), default="full")
+    repro.add_argument("--seeds", type=int, default=None, help="seeds per trained experiment")
+    repro.add_argument("--list", action="store_true", help="pages and their full CPU-minutes")
+    repro.add_argument("--out", default=None, help="smoke only: folder (default runs/smoke/PAGE)")
+    repro.set_defaults(func=cmd_repro)
     return p
 
 
@@ -172,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
         if args.command == "train":
             _check_train_args(args)
+        if args.command == "repro" and args.page is None and not args.list:
+            raise UsageError("attnzoo repro: needs PAGE or --list (see `attnzoo repro --list`)")
     except UsageError as err:
         print(f"attnzoo: error: {err}", file=sys.stderr)
         return 2

@@ -49,7 +49,10 @@ class BitsConfig:
         test_lengths: extra held-out lengths, reported as `bit_errors_len{L}`.
         min_repeats, max_repeats: repeat counts of repeat_copy (the paper: 1-10).
         item_len: vectors per item of associative_recall (the paper: 3).
-        n_test_per_length: held-out sequences per length.
+        n_test_per_length: held-out sequences per length; the mean bit errors at one
+            length have standard error sd / sqrt(n_test_per_length), sd being the spread
+            of a sequence's bit errors (an untrained model's, ~Binomial(bits L, 1/2), has
+            sd sqrt(bits L) / 2: 6.3 bits at L = 20).
         seed: the held-out set (the training batches follow `train.seed`).
     """
 
@@ -61,7 +64,7 @@ class BitsConfig:
     min_repeats: int = 1
     max_repeats: int = 10
     item_len: int = 3
-    n_test_per_length: int = 16
+    n_test_per_length: int = 256
     seed: int = 0
 
     def __post_init__(self):
