@@ -20,12 +20,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import (
     Bench,
-    Column,
     Context,
     Experiment,
     Table,
     Target,
     bench_run_dir,
+    columns,
     copy_run_figures,
     draw_seeds,
     drive,
@@ -106,6 +106,8 @@ def worker(params: dict, ctx: Context) -> dict:
     if reached:  # absent when never reached: a mean over the seeds that did would flatter
         metrics["sequences_to_target"] = reached[0]
     metrics["sequences"] = config["train"]["steps"] * batch
+    metrics["target_bit_errors"] = TARGET_ERRORS
+    metrics["n_test_per_length"] = config["task"]["n_test_per_length"]
     metrics["exact_pct"] = 100 * metrics["exact"]
     return metrics
 
@@ -139,67 +141,55 @@ def figures(data: dict, folder: Path) -> list[Path]:
     return drawn + copy_run_figures(shown, folder)
 
 
-def _columns(*pairs: tuple[str, str], digits: int = 2) -> list[Column]:
-    return [Column(header, key, digits) for header, key in pairs]
-
-
+TARGETS = [  # name, id, key, op, threshold: issue 5's
+    (
+        "copy: training sequences until the target bit errors",
+        "bit_copy-ntm",
+        "sequences_to_target",
+        "<=",
+        50000,
+    ),
+    (
+        "copy: share of seeds reaching the target bit errors",
+        "bit_copy-ntm",
+        "reached_target",
+        ">=",
+        1.0,
+    ),
+    (
+        "copy, length 40: NTM bit errors / LSTM bit errors",
+        "copy-ratio",
+        "len40_ntm_over_lstm",
+        "<",
+        0.25,
+    ),
+    ("training sequences/s: batched / per sample", "throughput", "speedup", ">=", 5.0),
+]
+TASK_COLUMNS = columns("task=params.task; model=params.model", 0)
+TASK_COLUMNS += columns(
+    "params=params; steps=steps; batch=batch_size; held-out per length=n_test_per_length", 0
+)
+TASK_COLUMNS += columns("train min=train_minutes", 1)
+TASK_COLUMNS += columns("bit errors (train lengths)=bit_errors; exact %=exact_pct")
+TASK_COLUMNS += columns("sequences to target=sequences_to_target", 0)
+LENGTH_COLUMNS = "; ".join(f"len{n}=bit_errors_len{n}" for n in (1, *COPY_LENGTHS))
+THROUGHPUT = (
+    "batched (seq/s)=sequences_per_s.batched; per sample (seq/s)=sequences_per_s.per_sample"
+)
 BENCH = Bench(
     "ntm",
     __file__,
     experiments,
     worker,
-    targets=[
-        Target(
-            "copy: sequences until < 0.1 bit errors on lengths 1-20",
-            "bit_copy-ntm",
-            "sequences_to_target",
-            "<=",
-            50000,
-            "issue 5",
-        ),
-        Target("copy: share of seeds reaching < 0.1", "bit_copy-ntm", "reached_target", ">=", 1.0),
-        Target(
-            "copy length 40: NTM errors / LSTM errors",
-            "copy-ratio",
-            "len40_ntm_over_lstm",
-            "<",
-            0.25,
-            "issue 5",
-        ),
-        Target(
-            "training sequences/s: batched / per-sample (batch 1)",
-            "throughput",
-            "speedup",
-            ">=",
-            5.0,
-            "issue 5",
-        ),
-    ],
+    targets=[Target(*t, source="issue 5") for t in TARGETS],
     tables=[
-        Table(
-            "tasks",
-            _columns(("task", "params.task"), ("model", "params.model"))
-            + _columns(("params", "params"), ("steps", "steps"), ("batch", "batch_size"), digits=0)
-            + _columns(("train min", "train_minutes"), digits=1)
-            + _columns(("bit errors (train lengths)", "bit_errors"), ("exact %", "exact_pct"))
-            + _columns(("sequences to < 0.1", "sequences_to_target"), digits=0),
-            groups=["tasks"],
-        ),
+        Table("tasks", TASK_COLUMNS, ["tasks"]),
         Table(
             "copy_lengths",
-            _columns(("model", "params.model"))
-            + _columns(*((f"len {n}", f"bit_errors_len{n}") for n in (1, *COPY_LENGTHS))),
+            columns("model=params.model") + columns(LENGTH_COLUMNS),
             ids=["bit_copy-ntm", "bit_copy-lstm"],
         ),
-        Table(
-            "throughput",
-            _columns(
-                ("batched (seq/s)", "sequences_per_s.batched"),
-                ("per sample, pytorch-ntm's loop (seq/s)", "sequences_per_s.per_sample"),
-                ("speedup", "speedup"),
-            ),
-            groups=["throughput"],
-        ),
+        Table("throughput", columns(THROUGHPUT + "; speedup=speedup"), ["throughput"]),
     ],
     derive=derive,
     figures=figures,

@@ -22,12 +22,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import (
     Bench,
-    Column,
     Context,
     Experiment,
     Table,
     Target,
     bench_run_dir,
+    columns,
     copy_run_figures,
     drive,
     train_worker,
@@ -37,7 +37,7 @@ BEAM = 5
 # id -> (overrides, CPU-minutes per seed in the earlier single-seed runs, task)
 RUNS = {
     "sort_numbers": (
-        ["train.steps=2000", "task.test_sizes=5,10,15", "task.n_test=2000"],
+        ["train.steps=2000", "task.test_sizes=5,10,15", "task.n_test=10000"],
         12.5,
         "sort_numbers",
     ),
@@ -48,12 +48,12 @@ RUNS = {
         "tsp",
     ),
     "tsp-n10": (
-        ["train.steps=8000", "train.log_every=100", "train.eval_every=2000", "task.n_test=2000"],
+        ["train.steps=8000", "train.log_every=100", "train.eval_every=2000", "task.n_test=10000"],
         49.1,
         "tsp",
     ),
     "tsp-n10-reinforce": (
-        ["task.objective=reinforce", "train.steps=3000", "train.lr=5e-4", "task.n_test=2000"],
+        ["task.objective=reinforce", "train.steps=3000", "train.lr=5e-4", "task.n_test=10000"],
         21.1,
         "tsp",
     ),
@@ -93,7 +93,7 @@ def worker(params: dict, ctx: Context) -> dict:
     metrics[f"beam{BEAM}"] = beam
     if "gap_pct" in beam:
         metrics["best_gap_pct"] = min(metrics["gap_pct"], beam["gap_pct"])
-    metrics["n_test"] = config["task"]["n_test"]
+    metrics["n_test"], metrics["beam_size"] = config["task"]["n_test"], BEAM
     return {k: v for k, v in metrics.items() if v is not None}
 
 
@@ -108,84 +108,38 @@ def figures(data: dict, folder: Path) -> list[Path]:
     return copy_run_figures(pairs, folder)
 
 
-def _columns(*pairs: tuple[str, str], digits: int = 2) -> list[Column]:
-    return [Column(header, key, digits) for header, key in pairs]
-
-
-RUN_COLUMNS = _columns(
-    ("steps", "steps"), ("batch", "batch_size"), ("held-out", "n_test"), digits=0
+TARGETS = [  # name, id, key, op, threshold: issue 5's
+    ("TSP n5: gap to optimal % (best of greedy, beam)", "tsp-n5", "best_gap_pct", "<=", 0.5),
+    ("TSP n10: gap to optimal % (best of greedy, beam)", "tsp-n10", "best_gap_pct", "<=", 2.0),
+    ("convex hull n10: accuracy %", "convex_hull-n10", "accuracy", ">=", 85.0),
+    ("convex hull n10: area coverage %", "convex_hull-n10", "area_coverage", ">=", 99.0),
+]
+RUN = columns("steps=steps; batch=batch_size; held-out=n_test", 0)
+RUN += columns("train min=train_minutes", 1)
+B = f"beam{BEAM}"
+TOURS = f"our optimal=optimal; ours greedy=tour_length; ours beam={B}.tour_length"
+HULL = f"accuracy % greedy=accuracy; accuracy % beam={B}.accuracy; area % greedy=area_coverage"
+HULL += f"; area % beam={B}.area_coverage; no simple polygon % greedy (ours)=fail_rate"
+SORT = "; ".join(
+    f"n{n} greedy=exact_match_n{n}; n{n} beam={B}.exact_match_n{n}" for n in (5, 10, 15)
 )
-RUN_COLUMNS += _columns(("train min", "train_minutes"), digits=1)
 BENCH = Bench(
     "pointer",
     __file__,
     experiments,
     worker,
-    targets=[
-        Target(
-            "TSP n5: gap to optimal % (best of greedy, beam 5)",
-            "tsp-n5",
-            "best_gap_pct",
-            "<=",
-            0.5,
-            "issue 5",
-        ),
-        Target(
-            "TSP n10: gap to optimal % (best of greedy, beam 5)",
-            "tsp-n10",
-            "best_gap_pct",
-            "<=",
-            2.0,
-            "issue 5",
-        ),
-        Target(
-            "convex hull n=10: accuracy %", "convex_hull-n10", "accuracy", ">=", 85.0, "issue 5"
-        ),
-        Target(
-            "convex hull n=10: area coverage %",
-            "convex_hull-n10",
-            "area_coverage",
-            ">=",
-            99.0,
-            "issue 5",
-        ),
-    ],
+    targets=[Target(*t, source="issue 5") for t in TARGETS],
     tables=[
         Table(
             "tsp",
-            _columns(("run", "id"))
-            + _columns(("our optimal", "optimal"), ("ours greedy", "tour_length"), digits=3)
-            + _columns((f"ours beam {BEAM}", f"beam{BEAM}.tour_length"), digits=3)
-            + _columns(
-                ("gap % (greedy)", "gap_pct"), (f"gap % (beam {BEAM})", f"beam{BEAM}.gap_pct")
-            )
-            + RUN_COLUMNS,
-            groups=["tsp"],
+            columns("run=id")
+            + columns(TOURS, 3)
+            + columns(f"gap % greedy=gap_pct; gap % beam={B}.gap_pct")
+            + RUN,
+            ["tsp"],
         ),
-        Table(
-            "hull",
-            _columns(
-                ("accuracy % greedy", "accuracy"),
-                (f"accuracy % beam {BEAM}", f"beam{BEAM}.accuracy"),
-            )
-            + _columns(
-                ("area % greedy", "area_coverage"),
-                (f"area % beam {BEAM}", f"beam{BEAM}.area_coverage"),
-            )
-            + _columns(("no simple polygon % greedy (ours)", "fail_rate"))
-            + RUN_COLUMNS,
-            groups=["convex"],
-        ),
-        Table(
-            "sort",
-            [
-                Column(f"n={n} {d}", f"{p}exact_match_n{n}", 1)
-                for n in (5, 10, 15)
-                for d, p in (("greedy", ""), (f"beam {BEAM}", f"beam{BEAM}."))
-            ]
-            + RUN_COLUMNS,
-            groups=["sort"],
-        ),
+        Table("hull", columns(HULL) + RUN, ["convex"]),
+        Table("sort", columns(SORT, 1) + RUN, ["sort"]),
     ],
     derive=derive,
     figures=figures,

@@ -13,8 +13,8 @@ Transformer, and the Transformer against Bahdanau at equal size and wall clock.
    parameter count; `prepare` times both sides' training steps interleaved in one fresh
    process and gives each side budget / (its seconds per step) steps, for every seed.
 
-Every run trains through `attnzoo.runs.run_train` (one thread, one seed per run); BLEU is
-sacrebleu's (its signature is recorded beside the score).
+Runs train through `attnzoo.runs.run_train` (one thread, one seed each); BLEU is sacrebleu's,
+its signature recorded beside the score.
 
     python benchmarks/bench_seq2seq.py [--budget smoke|full] [--seeds N] [--only ID|GROUP ...]
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+from fnmatch import fnmatch
 from itertools import pairwise
 from pathlib import Path
 
@@ -59,19 +60,9 @@ KJV = ["train.batch_size=48", "task.n_test=2000", "eval.limit=2000"]
 WHOLE = ["task.n_test=2000"]  # dates and numbers: the whole test split
 # CPU-minutes per seed below: the earlier single-seed runs' (benchmarks/results/seq2seq.json).
 DECODER_TASKS = {"dates": (1000, 2.6), "numbers": (1500, 4.4)}  # steps, minutes
+REVERSE = ["task.min_len=4", "task.max_len=40", "train.batch_size=32", "eval.limit=2000"]
 LENGTH = {  # task -> (overrides, bucket edges with >= 50 held-out sentences each, minutes)
-    "reverse": (
-        [
-            "task.min_len=4",
-            "task.max_len=40",
-            "train.batch_size=32",
-            "train.steps=3000",
-            *WHOLE,
-            "eval.limit=2000",
-        ],
-        [4, 10, 20, 30, 41],
-        16.4,
-    ),
+    "reverse": ([*REVERSE, "train.steps=3000", *WHOLE], [4, 10, 20, 30, 41], 16.4),
     "kjv2web": ([*KJV, "train.steps=1500"], [1, 20, 30, 40, 50, 61], 17.0),
 }
 TRANSFORMER = {  # task -> (overrides, minutes); model transformer, on kjv_lm transformer-lm
@@ -84,22 +75,13 @@ TRANSFORMER = {  # task -> (overrides, minutes); model transformer, on kjv_lm tr
     "kjv_lm": ([], 7.6),
 }
 MATCHED = {"dates": (3, WHOLE), "numbers": (3, WHOLE), "kjv2web": (15, KJV)}  # minutes, sets
-CALIBRATION = {
-    "steps_per_call": 10,
-    "rounds": 5,
-}  # steps per timed call, interleaved calls per side
+# steps per timed call, interleaved calls per side
+CALIBRATION = {"steps_per_call": 10, "rounds": 5}
 SMALL = ["train.steps=6", "task.n_train=400", "task.n_valid=20", "task.n_test=60", "eval.limit=60"]
-RNN_SMALL, TRANSFORMER_SMALL = ["model.hidden=16", "model.embed_dim=8"], ["model.d_model=16"]
-SMOKE = {  # the smoke budget's experiments, their model sizes small
-    "decoders-dates-encdec": RNN_SMALL,
-    "decoders-dates-bahdanau": RNN_SMALL,
-    "decoders-dates-luong-local-p": RNN_SMALL,
-    "length-reverse-encdec": RNN_SMALL,
-    "length-reverse-bahdanau": RNN_SMALL,
-    "transformer-copy": TRANSFORMER_SMALL,
-    "matched-dates-bahdanau": RNN_SMALL,
-    "matched-dates-transformer": TRANSFORMER_SMALL,
-}
+SMALL_MODEL = {"transformer": ["model.d_model=16"], "rnn": ["model.hidden=16", "model.embed_dim=8"]}
+# the smoke budget's experiments (globs), at small sizes
+SMOKE = ("decoders-dates-[eb]*", "decoders-dates-luong-local-p", "length-reverse-[eb]*")
+SMOKE += ("transformer-copy", "matched-dates-*")
 
 
 def experiments(budget: str) -> list[Experiment]:
@@ -127,9 +109,10 @@ def experiments(budget: str) -> list[Experiment]:
     for id, group, name, model, task, sets, minutes, more in rows:
         unit, seeds = id.rsplit("-", 1)[0] if group == "matched" else "", 3 if minutes > 5 else 5
         if budget == "smoke":
-            if id not in SMOKE:
+            if not any(fnmatch(id, pattern) for pattern in SMOKE):
                 continue
-            sets, seeds, minutes = [*sets, *SMALL, *SMOKE[id]], 1, 0.2
+            small = SMALL_MODEL["transformer" if "transformer" in model else "rnn"]
+            sets, seeds, minutes = [*sets, *SMALL, *small], 1, 0.2
             more = {**more, **({"budget_minutes": 0.05} if unit else {})}
         params = {"name": name, "model": model, "task": task, "sets": sets, **more}
         found.append(Experiment(id, group, params, seeds, minutes, unit))
@@ -138,9 +121,9 @@ def experiments(budget: str) -> list[Experiment]:
 
 def sized(params: dict, reference: list[str]) -> list[str]:
     """Overrides that bring the model's parameter count nearest Bahdanau's (with the overrides
-    `reference`) on the task: an
-    RNN's hidden width; the Transformer's d_model (over multiples of `heads`, d_ff = 4 d_model,
-    the paper's ratio), then its d_ff (the count is linear in d_ff: solved from the slope)."""
+    `reference`) on the task: an RNN's hidden width; the Transformer's d_model (over multiples
+    of `heads`, d_ff = 4 d_model, the paper's ratio), then its d_ff (the count is linear in
+    d_ff: solved from the slope)."""
     from attnzoo import runs
     from attnzoo.models.registry import MODELS
 
@@ -205,12 +188,8 @@ def prepare(unit: list[Experiment], budget: str) -> dict[str, dict]:
     for e in unit:
         seconds = median(times[e.id]) / CALIBRATION["steps_per_call"]
         steps = max(1, int(60 * e.params["budget_minutes"] / seconds))
-        prepared[e.id] = {
-            "sets": [*sizes[e.id], f"train.steps={steps}"],
-            "sec_per_step": seconds,
-            "load_average": load,
-            **CALIBRATION,
-        }
+        sets = [*sizes[e.id], f"train.steps={steps}"]
+        prepared[e.id] = {"sets": sets, "sec_per_step": seconds, "load_average": load}
     return prepared
 
 
