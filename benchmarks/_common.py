@@ -611,7 +611,7 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     data = {
         "bench": bench.name,
         "budget": args.budget,
-        "machine": machine_info(),
+        "machine": machine_info(threads_per_run=bench.threads, parallel_runs=args.jobs),
         "calibrations": calibrations,
         "rows": rows,
         "summary": summary,

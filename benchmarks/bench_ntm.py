@@ -133,9 +133,9 @@ def figures(data: dict, folder: Path) -> list[Path]:
     drawn = []
     if groups:
         path = Path(folder) / "ntm_copy_curve.png"
-        kwargs = dict(xlabel="training sequences", title="copy: learning curve (lengths 1-20)")
-        ylabel = "bit errors per sequence (mean, band: min-max over seeds)"
-        drawn.append(draw_seeds(path, groups, ylabel=ylabel, symlog=0.1, **kwargs))
+        title = "copy: learning curve on lengths 1-20 (mean over seeds; band: min to max)"
+        labels = dict(xlabel="training sequences", ylabel="bit errors per sequence", title=title)
+        drawn.append(draw_seeds(path, groups, symlog=0.1, **labels))
     run = bench_run_dir("ntm", "bit_copy-ntm") / "figures"
     shown = {f"ntm_memory_copy_len{n}.png": run / f"memory_copy_len{n}.png" for n in (20, 80)}
     return drawn + copy_run_figures(shown, folder)

@@ -64,9 +64,9 @@ SMOKE += ["model.attn_hidden=16", "train.checkpoint_every=2"]
 # transcriptions): Vinyals 2015 (arXiv 1506.03134v2) Table 2 average tour lengths and Table 1
 # convex hull n = 50 (accuracy %, area coverage %).
 PAPER = {
-    "tsp-n5": {"optimal": 2.12, "ptr_net": 2.12},
-    "tsp-n10": {"optimal": 2.87, "ptr_net": 2.88},
-    "convex_hull-n50": {"accuracy": 72.6, "area": 99.9, "lstm_attention_accuracy": 38.9},
+    "tsp-n5": {"n": 5, "optimal": 2.12, "ptr_net": 2.12},
+    "tsp-n10": {"n": 10, "optimal": 2.87, "ptr_net": 2.88},
+    "convex_hull-n50": {"n": 50, "accuracy": 72.6, "area": 99.9},
 }
 
 
