@@ -611,7 +611,7 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     data = {
         "bench": bench.name,
         "budget": args.budget,
-        "machine": machine_info(threads_per_run=bench.threads, parallel_runs=args.jobs),
+        "machine": machine_info(threads_per_run=bench.threads),
         "calibrations": calibrations,
         "rows": rows,
         "summary": summary,
@@ -739,7 +739,7 @@ def draw_seeds(
         ax.set_yscale("symlog", linthresh=symlog)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=len(groups), frameon=False)
     fig.tight_layout()
     fig.savefig(path)
     return Path(path)

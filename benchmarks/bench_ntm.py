@@ -118,7 +118,8 @@ def derive(summary: dict) -> dict:
     key = "bit_errors_len40"
     if key not in ntm or key not in lstm or not lstm[key]["mean"]:
         return {}
-    return {"copy-ratio": {"len40_ntm_over_lstm": ntm[key]["mean"] / lstm[key]["mean"]}}
+    ratio = ntm[key]["mean"] / lstm[key]["mean"]
+    return {"copy-ratio": {"len40_ntm_over_lstm": ratio, "length": 40}}
 
 
 def figures(data: dict, folder: Path) -> list[Path]:

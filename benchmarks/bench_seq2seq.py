@@ -268,7 +268,10 @@ def figures(data: dict, folder: Path) -> list[Path]:
                 ys = [b[key] * (100 if key == "exact_match" else 1) for b in kept]
                 groups.setdefault(row["params"]["name"], []).append((xs, ys))
         if groups:
-            labels = dict(xlabel="source length (tokens, bucket middle)", ylabel=key)
+            labels = dict(
+                xlabel="source length (tokens, bucket middle)",
+                ylabel={"bleu": "BLEU"}.get(key, "exact match %"),
+            )
             title = f"{task}: score against source length (buckets of >= 50 sentences)"
             drawn.append(
                 draw_seeds(Path(folder) / f"length_{task}.png", groups, title=title, **labels)
