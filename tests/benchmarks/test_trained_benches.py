@@ -1,0 +1,82 @@
+"""The trained benchmarks' declarations (bench_ntm, bench_pointer, bench_seq2seq) and the
+worker helper they share (`_common.train_worker`): the headline experiments keep the ids and
+overrides their run dirs were trained with, every trained comparison has enough seeds, a
+matched comparison is one unit, and a finished run is adopted, not trained again."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+import _common
+import bench_ntm
+import bench_pointer
+import bench_seq2seq
+
+BENCHES = (bench_ntm, bench_pointer, bench_seq2seq)
+HEADLINE = {  # (bench, id) -> overrides: the CLI runs adopted as they are
+    ("ntm", "bit_copy-ntm"): [
+        "task.test_lengths=10,20,30,40,50,60,80",
+        "train.eval_every=250",
+        "task.n_test_per_length=256",
+    ],
+    ("pointer", "convex_hull-n10"): ["train.steps=12000", "task.n_test=5000"],
+    ("pointer", "tsp-n5"): ["task.n_min=5", "task.n_max=5", "train.steps=3000", "task.n_test=2000"],
+}
+
+
+@pytest.mark.parametrize("module", BENCHES, ids=lambda m: m.BENCH.name)
+@pytest.mark.parametrize("budget", _common.BUDGETS)
+def test_experiments_are_unique_and_seeded(module, budget):
+    found = module.BENCH.experiments(budget)
+    assert found and len({e.id for e in found}) == len(found)
+    for e in found:
+        json.dumps(e.params)  # params go to the worker and the JSON as they are
+        if budget == "full" and "sets" in e.params:
+            assert e.seeds >= (5 if e.minutes <= 5 else 3), e.id
+            assert e.minutes > 0, e.id
+
+
+def test_headline_experiments_are_the_adopted_runs():
+    found = {(m.BENCH.name, e.id): e for m in BENCHES for e in m.BENCH.experiments("full")}
+    for key, sets in HEADLINE.items():
+        assert found[key].params["sets"] == sets and found[key].seeds == 3, key
+    assert found["ntm", "bit_copy-ntm"].params["model"] == "ntm"
+    assert found["pointer", "tsp-n5"].params["task"] == "tsp"
+
+
+def test_matched_sides_form_one_unit_with_one_budget():
+    matched = [e for e in bench_seq2seq.experiments("full") if e.group == "matched"]
+    units: dict[str, list] = {}
+    for e in matched:
+        units.setdefault(e.unit, []).append(e)
+    assert len(units) == 3
+    for sides in units.values():
+        assert sorted(e.params["model"] for e in sides) == ["bahdanau", "transformer"]
+        assert len({e.params["budget_minutes"] for e in sides}) == 1
+        assert len({e.seeds for e in sides}) == 1
+
+
+def test_tables_and_targets_name_declared_experiments():
+    for module in BENCHES:
+        bench = module.BENCH
+        ids = {e.id for e in bench.experiments("full")}
+        derived = set(bench.derive(_common.summary_of([], bench.experiments("full"))))
+        for table in bench.tables:
+            assert set(table.ids) <= ids, table.name
+        for target in bench.targets:
+            assert target.id in ids | derived | {"copy-ratio", "matched-kjv2web"}, target.name
+
+
+def test_train_worker_trains_once_then_adopts_the_run(tmp_path):
+    sets = ["train.steps=2", "train.batch_size=2", "task.test_lengths=3"]
+    sets += ["task.n_test_per_length=2", "train.checkpoint_every=2", "model.controller_size=8"]
+    ctx = _common.Context(id="x", seed=1, budget="smoke", run_dir=tmp_path / "seed1")
+    first, config, _, _ = _common.train_worker(sets, "ntm", "bit_copy", ctx, curve="bit_errors")
+    assert not first["reused_run"] and config["train"]["seed"] == 1
+    assert first["steps_run"] == 2 and first["train_minutes"] > 0 and first["curve"]
+    assert list((tmp_path / "seed1" / "figures").glob("*.png"))
+    again, *_ = _common.train_worker(sets, "ntm", "bit_copy", ctx, curve="bit_errors")
+    assert again["reused_run"] and {**again, "reused_run": False} == first
