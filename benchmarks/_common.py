@@ -311,6 +311,16 @@ class Target:
         }
 
 
+def targets(source: str, *specs: str) -> list[Target]:
+    """Targets from "name | id | key op threshold" specs, all from `source`."""
+    found = []
+    for spec in specs:
+        name, experiment_id, claim = (part.strip() for part in spec.split("|"))
+        key, op, threshold = claim.split()
+        found.append(Target(name, experiment_id, key, op, float(threshold), source))
+    return found
+
+
 @dataclass(frozen=True)
 class Column:
     """A table column: `key` is a metric (dotted for nested ones), `params.NAME` or `id`."""

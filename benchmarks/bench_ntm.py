@@ -18,21 +18,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import (
-    Bench,
-    Context,
-    Experiment,
-    Table,
-    Target,
-    bench_run_dir,
-    columns,
-    copy_run_figures,
-    draw_seeds,
-    drive,
-    median,
-    time_interleaved,
-    train_worker,
-)
+import _common as C
+from _common import Bench, Experiment, Table, columns, drive, targets
 
 COPY_LENGTHS = (10, 20, 30, 40, 50, 60, 80)
 TARGET_ERRORS = 0.1  # bit errors per sequence on lengths 1-20 (issue 5)
@@ -84,18 +71,18 @@ def throughput(length: int, batch: int, repeats: int) -> dict:
         optimizer.zero_grad(set_to_none=True)
 
     singles = [type(data)(*(t[i : i + 1] for t in data)) for i in range(batch)]
-    times = time_interleaved(
+    times = C.time_interleaved(
         {"batched": lambda: update(data), "per_sample": lambda: [update(s) for s in singles]},
         repeats=repeats,
     )
-    per = {k: batch / median(v) for k, v in times.items()}
+    per = {k: batch / C.median(v) for k, v in times.items()}
     return {"sequences_per_s": per, "speedup": per["batched"] / per["per_sample"]}
 
 
-def worker(params: dict, ctx: Context) -> dict:
+def worker(params: dict, ctx: C.Context) -> dict:
     if "model" not in params:
         return throughput(**params)
-    metrics, config, _, _ = train_worker(
+    metrics, config, _, _ = C.train_worker(
         params["sets"], params["model"], params["task"], ctx, curve="bit_errors", figures=3
     )
     batch = config["train"]["batch_size"]
@@ -136,36 +123,19 @@ def figures(data: dict, folder: Path) -> list[Path]:
         path = Path(folder) / "ntm_copy_curve.png"
         title = "copy: learning curve on lengths 1-20 (mean over seeds; band: min to max)"
         labels = dict(xlabel="training sequences", ylabel="bit errors per sequence", title=title)
-        drawn.append(draw_seeds(path, groups, symlog=0.1, **labels))
-    run = bench_run_dir("ntm", "bit_copy-ntm") / "figures"
+        drawn.append(C.draw_seeds(path, groups, symlog=0.1, **labels))
+    run = C.bench_run_dir("ntm", "bit_copy-ntm") / "figures"
     shown = {f"ntm_memory_copy_len{n}.png": run / f"memory_copy_len{n}.png" for n in (20, 80)}
-    return drawn + copy_run_figures(shown, folder)
+    return drawn + C.copy_run_figures(shown, folder)
 
 
-TARGETS = [  # name, id, key, op, threshold: issue 5's
-    (
-        "copy: training sequences until the target bit errors",
-        "bit_copy-ntm",
-        "sequences_to_target",
-        "<=",
-        50000,
-    ),
-    (
-        "copy: share of seeds reaching the target bit errors",
-        "bit_copy-ntm",
-        "reached_target",
-        ">=",
-        1.0,
-    ),
-    (
-        "copy, length 40: NTM bit errors / LSTM bit errors",
-        "copy-ratio",
-        "len40_ntm_over_lstm",
-        "<",
-        0.25,
-    ),
-    ("training sequences/s: batched / per sample", "throughput", "speedup", ">=", 5.0),
-]
+TARGETS = targets(
+    "issue 5",
+    "copy: sequences until the target bit errors | bit_copy-ntm | sequences_to_target <= 50000",
+    "copy: share of seeds reaching the target bit errors | bit_copy-ntm | reached_target >= 1",
+    "copy, length 40: NTM bit errors / LSTM bit errors | copy-ratio | len40_ntm_over_lstm < 0.25",
+    "training sequences/s: batched / per sample | throughput | speedup >= 5",
+)
 TASK_COLUMNS = columns("task=params.task; model=params.model", 0)
 TASK_COLUMNS += columns(
     "params=params; steps=steps; batch=batch_size; held-out per length=n_test_per_length", 0
@@ -173,28 +143,17 @@ TASK_COLUMNS += columns(
 TASK_COLUMNS += columns("train min=train_minutes", 1)
 TASK_COLUMNS += columns("bit errors (train lengths)=bit_errors; exact %=exact_pct")
 TASK_COLUMNS += columns("sequences to target=sequences_to_target", 0)
+COPY = ["bit_copy-ntm", "bit_copy-lstm"]
 LENGTH_COLUMNS = "; ".join(f"len{n}=bit_errors_len{n}" for n in (1, *COPY_LENGTHS))
 THROUGHPUT = (
     "batched (seq/s)=sequences_per_s.batched; per sample (seq/s)=sequences_per_s.per_sample"
 )
-BENCH = Bench(
-    "ntm",
-    __file__,
-    experiments,
-    worker,
-    targets=[Target(*t, source="issue 5") for t in TARGETS],
-    tables=[
-        Table("tasks", TASK_COLUMNS, ["tasks"]),
-        Table(
-            "copy_lengths",
-            columns("model=params.model") + columns(LENGTH_COLUMNS),
-            ids=["bit_copy-ntm", "bit_copy-lstm"],
-        ),
-        Table("throughput", columns(THROUGHPUT + "; speedup=speedup"), ["throughput"]),
-    ],
-    derive=derive,
-    figures=figures,
-)
+TABLES = [
+    Table("tasks", TASK_COLUMNS, ["tasks"]),
+    Table("copy_lengths", columns("model=params.model") + columns(LENGTH_COLUMNS), ids=COPY),
+    Table("throughput", columns(THROUGHPUT + "; speedup=speedup"), ["throughput"]),
+]
+BENCH = Bench("ntm", __file__, experiments, worker, TARGETS, TABLES, derive=derive, figures=figures)
 
 if __name__ == "__main__":
     drive(BENCH)

@@ -20,18 +20,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import (
-    Bench,
-    Context,
-    Experiment,
-    Table,
-    Target,
-    bench_run_dir,
-    columns,
-    copy_run_figures,
-    drive,
-    train_worker,
-)
+import _common as C
+from _common import Bench, Experiment, Table, columns, drive, targets
 
 BEAM = 5
 # id -> (overrides, CPU-minutes per seed in the earlier single-seed runs, task)
@@ -79,13 +69,13 @@ def experiments(budget: str) -> list[Experiment]:
     return found
 
 
-def worker(params: dict, ctx: Context) -> dict:
+def worker(params: dict, ctx: C.Context) -> dict:
     """The run's final (greedy) scores, then beam search over valid outputs on the same set."""
     import torch
 
     from attnzoo import runs
 
-    metrics, config, _, model = train_worker(params["sets"], "pointer-net", params["task"], ctx)
+    metrics, config, _, model = C.train_worker(params["sets"], "pointer-net", params["task"], ctx)
     config["eval"]["beam_size"] = BEAM
     task, _ = runs.build(config)
     with torch.no_grad():
@@ -104,16 +94,19 @@ def derive(summary: dict) -> dict:
 def figures(data: dict, folder: Path) -> list[Path]:
     """Seed 0's pointer figure of each run shown, when its run dir exists."""
     shown = ("tsp-n10", "convex_hull-n10", "sort_numbers")
-    pairs = {f"pointer_{i}.png": bench_run_dir("pointer", i) / "figures/pointer.png" for i in shown}
-    return copy_run_figures(pairs, folder)
+    pairs = {
+        f"pointer_{i}.png": C.bench_run_dir("pointer", i) / "figures/pointer.png" for i in shown
+    }
+    return C.copy_run_figures(pairs, folder)
 
 
-TARGETS = [  # name, id, key, op, threshold: issue 5's
-    ("TSP n5: gap to optimal % (best of greedy, beam)", "tsp-n5", "best_gap_pct", "<=", 0.5),
-    ("TSP n10: gap to optimal % (best of greedy, beam)", "tsp-n10", "best_gap_pct", "<=", 2.0),
-    ("convex hull n10: accuracy %", "convex_hull-n10", "accuracy", ">=", 85.0),
-    ("convex hull n10: area coverage %", "convex_hull-n10", "area_coverage", ">=", 99.0),
-]
+TARGETS = targets(
+    "issue 5",
+    "TSP n5: gap to optimal % (best of greedy, beam) | tsp-n5 | best_gap_pct <= 0.5",
+    "TSP n10: gap to optimal % (best of greedy, beam) | tsp-n10 | best_gap_pct <= 2",
+    "convex hull n10: accuracy % | convex_hull-n10 | accuracy >= 85",
+    "convex hull n10: area coverage % | convex_hull-n10 | area_coverage >= 99",
+)
 RUN = columns("steps=steps; batch=batch_size; held-out=n_test", 0)
 RUN += columns("train min=train_minutes", 1)
 B = f"beam{BEAM}"
@@ -123,26 +116,14 @@ HULL += f"; area % beam={B}.area_coverage; no simple polygon % greedy (ours)=fai
 SORT = "; ".join(
     f"n{n} greedy=exact_match_n{n}; n{n} beam={B}.exact_match_n{n}" for n in (5, 10, 15)
 )
+GAPS = columns(f"gap % greedy=gap_pct; gap % beam={B}.gap_pct")
+TABLES = [
+    Table("tsp", columns("run=id") + columns(TOURS, 3) + GAPS + RUN, ["tsp"]),
+    Table("hull", columns(HULL) + RUN, ["convex"]),
+    Table("sort", columns(SORT, 1) + RUN, ["sort"]),
+]
 BENCH = Bench(
-    "pointer",
-    __file__,
-    experiments,
-    worker,
-    targets=[Target(*t, source="issue 5") for t in TARGETS],
-    tables=[
-        Table(
-            "tsp",
-            columns("run=id")
-            + columns(TOURS, 3)
-            + columns(f"gap % greedy=gap_pct; gap % beam={B}.gap_pct")
-            + RUN,
-            ["tsp"],
-        ),
-        Table("hull", columns(HULL) + RUN, ["convex"]),
-        Table("sort", columns(SORT, 1) + RUN, ["sort"]),
-    ],
-    derive=derive,
-    figures=figures,
+    "pointer", __file__, experiments, worker, TARGETS, TABLES, derive=derive, figures=figures
 )
 
 if __name__ == "__main__":

@@ -28,22 +28,8 @@ from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import (
-    Bench,
-    Context,
-    Experiment,
-    Table,
-    Target,
-    bench_run_dir,
-    columns,
-    copy_run_figures,
-    draw_seeds,
-    drive,
-    median,
-    resolved_config,
-    time_interleaved,
-    train_worker,
-)
+import _common as C
+from _common import Bench, Experiment, Table, columns, drive, targets
 
 LOCAL = ["model.attention=luong-local", "model.window=3"]
 DECODERS = {  # name -> (model, overrides)
@@ -129,9 +115,9 @@ def sized(params: dict, reference: list[str]) -> list[str]:
 
     if params["model"] == "bahdanau":
         return []
-    task, reference = runs.build(resolved_config(reference, "bahdanau", params["task"], 0))
+    task, reference = runs.build(C.resolved_config(reference, "bahdanau", params["task"], 0))
     target = sum(p.numel() for p in reference.parameters())
-    own = resolved_config(params["sets"], params["model"], params["task"], 0)["model"]
+    own = C.resolved_config(params["sets"], params["model"], params["task"], 0)["model"]
     spec = MODELS[params["model"]]
 
     def count(**changes) -> int:
@@ -163,7 +149,7 @@ def prepare(unit: list[Experiment], budget: str) -> dict[str, dict]:
     reference = next(e.params["sets"] for e in unit if e.params["model"] == "bahdanau")
     for e in unit:
         sizes[e.id] = sized(e.params, reference)
-        config = resolved_config(
+        config = C.resolved_config(
             [*e.params["sets"], *sizes[e.id]], e.params["model"], e.params["task"], 0
         )
         task, model = runs.build(config)
@@ -183,23 +169,23 @@ def prepare(unit: list[Experiment], budget: str) -> dict[str, dict]:
 
         calls[e.id] = call
     load = os.getloadavg()[0]
-    times = time_interleaved(calls, repeats=CALIBRATION["rounds"], warmup=1)
+    times = C.time_interleaved(calls, repeats=CALIBRATION["rounds"], warmup=1)
     prepared = {}
     for e in unit:
-        seconds = median(times[e.id]) / CALIBRATION["steps_per_call"]
+        seconds = C.median(times[e.id]) / CALIBRATION["steps_per_call"]
         steps = max(1, int(60 * e.params["budget_minutes"] / seconds))
         sets = [*sizes[e.id], f"train.steps={steps}"]
         prepared[e.id] = {"sets": sets, "sec_per_step": seconds, "load_average": load}
     return prepared
 
 
-def worker(params: dict, ctx: Context) -> dict:
+def worker(params: dict, ctx: C.Context) -> dict:
     import torch
 
     sets = [*params["sets"], *ctx.extra.get("sets", [])]
     if params.get("edges"):  # the length experiment: sized to Bahdanau's parameter count
         sets += sized(params, params["sets"])
-    metrics, config, task, model = train_worker(sets, params["model"], params["task"], ctx)
+    metrics, config, task, model = C.train_worker(sets, params["model"], params["task"], ctx)
     metrics.update({k: v for k, v in config["model"].items() if k in ("hidden", "d_model", "d_ff")})
     for key in ("exact_match", "alignment"):
         if key in metrics:
@@ -274,15 +260,15 @@ def figures(data: dict, folder: Path) -> list[Path]:
             )
             title = f"{task}: score against source length (buckets of >= 50 sentences)"
             drawn.append(
-                draw_seeds(Path(folder) / f"length_{task}.png", groups, title=title, **labels)
+                C.draw_seeds(Path(folder) / f"length_{task}.png", groups, title=title, **labels)
             )
     pairs = {}
     for task in ("dates", "numbers", "reverse", "kjv2web"):
         group = "decoders" if task in ("dates", "numbers") else "length"
         for name in ("bahdanau", "luong-general"):
-            run = bench_run_dir("seq2seq", f"{group}-{task}-{name}")
+            run = C.bench_run_dir("seq2seq", f"{group}-{task}-{name}")
             pairs[f"alignment_{task}_{name}.png"] = run / "figures/alignment.png"
-    return drawn + copy_run_figures(pairs, folder)
+    return drawn + C.copy_run_figures(pairs, folder)
 
 
 NAME = columns("task=params.task; model=params.name")
@@ -309,14 +295,26 @@ MATCHED_COLUMNS += columns(
 MATCHED_COLUMNS += columns("steps=steps; batch=batch_size", 0)
 MATCHED_COLUMNS += columns("budget min=budget_minutes; train min=train_minutes", 1)
 MATCHED_COLUMNS += SCORES[:2]
-TARGETS = [  # name, id, key, op, threshold, source
-    ("Transformer on dates: exact match %", "transformer-dates", "exact_match_pct", ">=", 99.5),
-    (
-        "kjv2web, equal size and wall clock: Transformer BLEU - Bahdanau's",
-        "matched-kjv2web",
-        "gain",
-        ">",
-        0.0,
+TARGETS = targets(
+    "issue 4",
+    "Transformer on dates: exact match % | transformer-dates | exact_match_pct >= 99.5",
+    "kjv2web, equal size and wall clock: Transformer - Bahdanau BLEU | matched-kjv2web | gain > 0",
+)
+TABLES = [
+    Table("decoders", NAME + SCORES[:1] + SCORES[2:] + RUN, ["decoders"]),
+    _length_table("reverse"),
+    _length_table("kjv2web"),
+    Table(
+        "transformer",
+        NAME[:1] + SCORES + RUN,
+        ["transformer"],
+        [f"transformer-{t}" for t in TRANSFORMER if t != "kjv_lm"],
+    ),
+    Table("matched", MATCHED_COLUMNS, ["matched"]),
+    Table(
+        "lm",
+        RUN + columns("held-out chars=n_chars", 0) + columns("bits/char=bits_per_char", 3),
+        ids=["transformer-kjv_lm"],
     ),
 ]
 BENCH = Bench(
@@ -324,24 +322,8 @@ BENCH = Bench(
     __file__,
     experiments,
     worker,
-    targets=[Target(*t, source="issue 4") for t in TARGETS],
-    tables=[
-        Table("decoders", NAME + SCORES[:1] + SCORES[2:] + RUN, ["decoders"]),
-        _length_table("reverse"),
-        _length_table("kjv2web"),
-        Table(
-            "transformer",
-            NAME[:1] + SCORES + RUN,
-            ["transformer"],
-            [f"transformer-{t}" for t in TRANSFORMER if t != "kjv_lm"],
-        ),
-        Table("matched", MATCHED_COLUMNS, ["matched"]),
-        Table(
-            "lm",
-            RUN + columns("held-out chars=n_chars", 0) + columns("bits/char=bits_per_char", 3),
-            ids=["transformer-kjv_lm"],
-        ),
-    ],
+    TARGETS,
+    TABLES,
     prepare=prepare,
     derive=derive,
     figures=figures,
