@@ -10,8 +10,9 @@ Transformer, and the Transformer against Bahdanau at equal size and wall clock.
 3. "transformer": the Transformer's tiny preset on the generated tasks, dates, numbers and
    kjv2web at fixed step budgets, and `transformer-lm` on `kjv_lm` (bits per character).
 4. "matched": per task a unit of two sides, Bahdanau and the Transformer sized to its
-   parameter count; `prepare` times both sides' training steps interleaved in one fresh
-   process and gives each side budget / (its seconds per step) steps, for every seed.
+   parameter count; `prepare` times both sides' training steps with the training loop,
+   alternating, in one fresh process, and gives each side budget / (its seconds per step)
+   steps, for every seed.
 
 Runs train through `attnzoo.runs.run_train` (one thread, one seed each); BLEU is sacrebleu's,
 its signature recorded beside the score.
@@ -21,6 +22,7 @@ its signature recorded beside the score.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from fnmatch import fnmatch
@@ -61,8 +63,7 @@ TRANSFORMER = {  # task -> (overrides, minutes); model transformer, on kjv_lm tr
     "kjv_lm": ([], 7.6),
 }
 MATCHED = {"dates": (3, WHOLE), "numbers": (3, WHOLE), "kjv2web": (15, KJV)}  # minutes, sets
-# steps per timed call, interleaved calls per side
-CALIBRATION = {"steps_per_call": 10, "rounds": 5}
+CALIBRATION = {"steps": 20, "rounds": 3}  # steps per calibration run, timed rounds
 SMALL = ["train.steps=6", "task.n_train=400", "task.n_valid=20", "task.n_test=60", "eval.limit=60"]
 SMALL_MODEL = {"transformer": ["model.d_model=16"], "rnn": ["model.hidden=16", "model.embed_dim=8"]}
 # the smoke budget's experiments (globs), at small sizes
@@ -138,44 +139,34 @@ def sized(params: dict, reference: list[str]) -> list[str]:
 
 
 def prepare(unit: list[Experiment], budget: str) -> dict[str, dict]:
-    """Both sides of a matched unit: their sizes, then their seconds per training step timed
-    in this one process (after a warm-up, calls of CALIBRATION["steps_per_call"] steps alternate
-    between the sides; median), and each side's steps for the unit's wall-clock budget."""
-    import torch
+    """Both sides of a matched unit: their sizes, then their seconds per training step measured
+    by the training loop itself in this one process: rounds of short runs of
+    CALIBRATION["steps"] steps, one per side, the order rotating each round, a first round
+    as warm-up; a side's seconds per step are the median of its runs' timing.json train seconds
+    over steps; its steps are the unit's wall-clock budget over them."""
+    import tempfile
 
     from attnzoo import runs
 
-    sizes, calls = {}, {}
     reference = next(e.params["sets"] for e in unit if e.params["model"] == "bahdanau")
-    for e in unit:
-        sizes[e.id] = sized(e.params, reference)
-        config = C.resolved_config(
-            [*e.params["sets"], *sizes[e.id]], e.params["model"], e.params["task"], 0
-        )
-        task, model = runs.build(config)
-        train = runs.configs(config)["train"]
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay
-        )
-
-        def call(task=task, model=model, optimizer=optimizer, train=train) -> None:
-            model.train()  # the loop's step: batch, loss, backward, clipping, AdamW
-            for step in range(CALIBRATION["steps_per_call"]):
-                loss, count = task.loss(model, task.batch(step, train.batch_size, "cpu"))
-                (loss / count).backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), train.clip)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-
-        calls[e.id] = call
-    load = os.getloadavg()[0]
-    times = C.time_interleaved(calls, repeats=CALIBRATION["rounds"], warmup=1)
+    sizes = {e.id: sized(e.params, reference) for e in unit}
+    seconds: dict[str, list[float]] = {e.id: [] for e in unit}
+    k, load = CALIBRATION["steps"], os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(1 + CALIBRATION["rounds"]):
+            for e in unit[r % len(unit) :] + unit[: r % len(unit)]:
+                sets = [*e.params["sets"], *sizes[e.id], f"train.steps={k}", "eval.limit=1"]
+                config = C.resolved_config(sets, e.params["model"], e.params["task"], 0)
+                runs.run_train(config, Path(tmp) / e.id, overwrite=True, progress=False)
+                timing = json.loads((Path(tmp) / e.id / "timing.json").read_text())
+                seconds[e.id] += [timing["train_seconds"] / k] * (r > 0)
     prepared = {}
     for e in unit:
-        seconds = C.median(times[e.id]) / CALIBRATION["steps_per_call"]
-        steps = max(1, int(60 * e.params["budget_minutes"] / seconds))
+        per_step = C.median(seconds[e.id])
+        steps = max(1, int(60 * e.params["budget_minutes"] / per_step))
         sets = [*sizes[e.id], f"train.steps={steps}"]
-        prepared[e.id] = {"sets": sets, "sec_per_step": seconds, "load_average": load}
+        prepared[e.id] = {"sets": sets, "sec_per_step": per_step, "load_average": load}
+        prepared[e.id]["calibration"] = CALIBRATION
     return prepared
 
 
