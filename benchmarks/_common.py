@@ -311,14 +311,9 @@ class Target:
         }
 
 
-def targets(source: str, *specs: str) -> list[Target]:
-    """Targets from "name | id | key op threshold" specs, all from `source`."""
-    found = []
-    for spec in specs:
-        name, experiment_id, claim = (part.strip() for part in spec.split("|"))
-        key, op, threshold = claim.split()
-        found.append(Target(name, experiment_id, key, op, float(threshold), source))
-    return found
+def targets(source: str, *rows: tuple) -> list[Target]:
+    """Targets from (name, id, key, op, threshold) rows sharing one source."""
+    return [Target(*row, source=source) for row in rows]
 
 
 @dataclass(frozen=True)

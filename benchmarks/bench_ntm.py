@@ -131,10 +131,10 @@ def figures(data: dict, folder: Path) -> list[Path]:
 
 TARGETS = targets(
     "issue 5",
-    "copy: sequences until the target bit errors | bit_copy-ntm | sequences_to_target <= 50000",
-    "copy: share of seeds reaching the target bit errors | bit_copy-ntm | reached_target >= 1",
-    "copy, length 40: NTM bit errors / LSTM bit errors | copy-ratio | len40_ntm_over_lstm < 0.25",
-    "training sequences/s: batched / per sample | throughput | speedup >= 5",
+    ("copy: sequences to target", "bit_copy-ntm", "sequences_to_target", "<=", 50000),
+    ("copy: share of seeds reaching the target", "bit_copy-ntm", "reached_target", ">=", 1),
+    ("copy, length 40: NTM / LSTM bit errors", "copy-ratio", "len40_ntm_over_lstm", "<", 0.25),
+    ("training sequences/s: batched / per sample", "throughput", "speedup", ">=", 5),
 )
 TASK_COLUMNS = columns("task=params.task; model=params.model", 0)
 TASK_COLUMNS += columns(

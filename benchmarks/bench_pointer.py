@@ -102,10 +102,10 @@ def figures(data: dict, folder: Path) -> list[Path]:
 
 TARGETS = targets(
     "issue 5",
-    "TSP n5: gap to optimal % (best of greedy, beam) | tsp-n5 | best_gap_pct <= 0.5",
-    "TSP n10: gap to optimal % (best of greedy, beam) | tsp-n10 | best_gap_pct <= 2",
-    "convex hull n10: accuracy % | convex_hull-n10 | accuracy >= 85",
-    "convex hull n10: area coverage % | convex_hull-n10 | area_coverage >= 99",
+    ("TSP n5: gap to optimal % (best of greedy, beam)", "tsp-n5", "best_gap_pct", "<=", 0.5),
+    ("TSP n10: gap to optimal % (best of greedy, beam)", "tsp-n10", "best_gap_pct", "<=", 2),
+    ("convex hull n10: accuracy %", "convex_hull-n10", "accuracy", ">=", 85),
+    ("convex hull n10: area coverage %", "convex_hull-n10", "area_coverage", ">=", 99),
 )
 RUN = columns("steps=steps; batch=batch_size; held-out=n_test", 0)
 RUN += columns("train min=train_minutes", 1)

@@ -288,8 +288,8 @@ MATCHED_COLUMNS += columns("budget min=budget_minutes; train min=train_minutes",
 MATCHED_COLUMNS += SCORES[:2]
 TARGETS = targets(
     "issue 4",
-    "Transformer on dates: exact match % | transformer-dates | exact_match_pct >= 99.5",
-    "kjv2web, equal size and wall clock: Transformer - Bahdanau BLEU | matched-kjv2web | gain > 0",
+    ("Transformer on dates: exact match %", "transformer-dates", "exact_match_pct", ">=", 99.5),
+    ("kjv2web at equal size and wall clock: BLEU gain", "matched-kjv2web", "gain", ">", 0),
 )
 TABLES = [
     Table("decoders", NAME + SCORES[:1] + SCORES[2:] + RUN, ["decoders"]),
