@@ -633,7 +633,7 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     return data
 
 
-# 5. Trained benchmarks ------------------------------------------------------------------------
+# 6. Trained benchmarks ------------------------------------------------------------------------
 #
 # A trained benchmark's worker trains through the library's one loop (`attnzoo.runs.run_train`)
 # in its run dir, or adopts the finished run already there (the headline runs may have been

@@ -240,6 +240,8 @@ def figures(data: dict, folder: Path) -> list[Path]:
         for row in data["rows"]:
             if row["group"] == f"length-{task}" and row.get("status") == "ok":
                 kept = [b for b in row["metrics"]["by_length"] if b["n"] >= 50]
+                if not kept:
+                    continue
                 key = "bleu" if "bleu" in kept[0] else "exact_match"
                 xs = [(b["min_len"] + b["max_len"]) / 2 for b in kept]
                 ys = [b[key] * (100 if key == "exact_match" else 1) for b in kept]
