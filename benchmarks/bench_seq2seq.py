@@ -1,21 +1,15 @@
-"""Seq2seq experiments: every decoder on every task, score against source length, the
-Transformer, and the Transformer against Bahdanau at equal size and wall clock.
+"""Seq2seq experiments (one run per seed through `attnzoo.runs.run_train`, one thread).
 
-1. "decoders": each decoder (no attention, Bahdanau, Luong global dot/general/concat,
-   local-m, local-p, the SimpleRNN lecture model) on dates and numbers: exact match and
-   alignment score (share of output tokens whose attention argmax falls in the true span).
-2. "length": no attention vs Bahdanau vs Luong at (nearly) equal parameter count (`sized`)
-   and equal step budget, scored per source-length bucket (Bahdanau 2015 Fig. 2), on the
-   generated `reverse` task (lengths 4-40) and on kjv2web (BLEU, a small CPU budget).
-3. "transformer": the Transformer's tiny preset on the generated tasks, dates, numbers and
-   kjv2web at fixed step budgets, and `transformer-lm` on `kjv_lm` (bits per character).
-4. "matched": per task a unit of two sides, Bahdanau and the Transformer sized to its
-   parameter count; `prepare` times both sides' training steps with the training loop,
-   alternating, in one fresh process, and gives each side budget / (its seconds per step)
-   steps, for every seed.
-
-Runs train through `attnzoo.runs.run_train` (one thread, one seed each); BLEU is sacrebleu's,
-its signature recorded beside the score.
+1. "decoders": every decoder (no attention, Bahdanau, Luong dot/general/concat, local-m,
+   local-p, the SimpleRNN lecture model) on dates and numbers: exact match and alignment (share
+   of output tokens whose attention argmax falls in the true span).
+2. "length-TASK": no attention, Bahdanau and Luong at (nearly) equal parameter count (`sized`)
+   and steps, scored per source-length bucket (Bahdanau 2015 Fig. 2) on reverse and kjv2web.
+3. "transformer": the tiny preset on the generated tasks, dates, numbers and kjv2web, and
+   `transformer-lm` on `kjv_lm` (bits per character).
+4. "matched": per task a unit, Bahdanau and the Transformer sized to its parameter count, each
+   trained for the unit's wall-clock budget over its seconds per step (`prepare`).
+BLEU is sacrebleu's; its signature is recorded beside the score.
 
     python benchmarks/bench_seq2seq.py [--budget smoke|full] [--seeds N] [--only ID|GROUP ...]
 """
