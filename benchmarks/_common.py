@@ -416,6 +416,25 @@ def summary_of(rows: Sequence[Mapping[str, Any]], experiments: Sequence[Experime
     return summary
 
 
+def by_seed(summary: Mapping[str, Any], experiment_id: str, key: str) -> dict[int, float]:
+    """{seed: value} of one metric of one experiment (empty when a seed lacks it)."""
+    entry = summary.get(experiment_id, {})
+    stat = entry.get("metrics", {}).get(key)
+    if stat is None or len(stat["values"]) != len(entry["seeds"]):
+        return {}
+    return dict(zip(entry["seeds"], stat["values"], strict=True))
+
+
+def derived_entry(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """A summary entry of `Bench.derive`'s metrics: each a number, or a list of values paired by
+    seed (`by_seed`), summarised over them (n = the pairs)."""
+    flat = {**flatten(metrics), **{k: v for k, v in metrics.items() if isinstance(v, list)}}
+    stats = {k: summarise(v if isinstance(v, list) else [v]) for k, v in flat.items() if v != []}
+    n = max((stat["n"] for stat in stats.values()), default=1)
+    entry = {"group": "derived", "params": {}, "seeds": list(range(n)), "failed": [], "text": {}}
+    return {**entry, "metrics": stats}
+
+
 def relative_paths(value: Any, base: Path = ROOT) -> Any:
     """`value` with every path under `base` made relative to it; any other absolute path is an
     error (results JSON is shared: no machine's paths in it)."""
@@ -610,9 +629,7 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     summary = summary_of(rows, experiments)
     if bench.derive is not None:
         for i, metrics in bench.derive(summary).items():
-            flat = flatten(metrics)
-            entry = {"group": "derived", "params": {}, "seeds": [0], "failed": [], "text": {}}
-            summary[i] = {**entry, "metrics": {k: summarise([v]) for k, v in flat.items()}}
+            summary[i] = derived_entry(metrics)
     data = {
         "bench": bench.name,
         "budget": args.budget,

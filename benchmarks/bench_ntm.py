@@ -100,13 +100,10 @@ def worker(params: dict, ctx: C.Context) -> dict:
 
 
 def derive(summary: dict) -> dict:
-    """NTM bit errors over the LSTM's at copy length 40 (means over seeds)."""
-    ntm, lstm = (summary.get(f"bit_copy-{m}", {}).get("metrics", {}) for m in ("ntm", "lstm"))
-    key = "bit_errors_len40"
-    if key not in ntm or key not in lstm or not lstm[key]["mean"]:
-        return {}
-    ratio = ntm[key]["mean"] / lstm[key]["mean"]
-    return {"copy-ratio": {"len40_ntm_over_lstm": ratio, "length": 40}}
+    """NTM bit errors over the LSTM's at copy length 40, per seed both ran."""
+    ntm, lstm = (C.by_seed(summary, f"bit_copy-{m}", "bit_errors_len40") for m in ("ntm", "lstm"))
+    ratio = [ntm[k] / lstm[k] for k in sorted(ntm.keys() & lstm.keys()) if lstm[k]]
+    return {"copy-ratio": {"len40_ntm_over_lstm": ratio, "length": 40}} if ratio else {}
 
 
 def figures(data: dict, folder: Path) -> list[Path]:

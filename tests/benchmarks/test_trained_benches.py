@@ -80,3 +80,24 @@ def test_train_worker_trains_once_then_adopts_the_run(tmp_path):
     assert list((tmp_path / "seed1" / "figures").glob("*.png"))
     again, *_ = _common.train_worker(sets, "ntm", "bit_copy", ctx, curve="bit_errors")
     assert again["reused_run"] and {**again, "reused_run": False} == first
+
+
+def test_matched_derive_pairs_the_sides_by_seed():
+    rows = []
+    for seed, (bahdanau, transformer) in enumerate([(50.0, 52.0), (51.0, 50.0), (49.0, 0.0)]):
+        for model, bleu in (("bahdanau", bahdanau), ("transformer", transformer)):
+            metrics = {"bleu": bleu, "train_minutes": 10.0 + seed}
+            status = "ok" if (model, seed) != ("transformer", 2) else "error"
+            rows.append(
+                {
+                    "id": f"matched-kjv2web-{model}",
+                    "seed": seed,
+                    "status": status,
+                    "metrics": metrics,
+                }
+            )
+    experiments = bench_seq2seq.experiments("full")
+    derived = bench_seq2seq.derive(_common.summary_of(rows, experiments))["matched-kjv2web"]
+    assert derived == {"gain": [2.0, -1.0], "train_minutes_ratio": [1.0, 1.0]}
+    entry = _common.derived_entry(derived)
+    assert entry["metrics"]["gain"]["mean"] == 0.5 and len(entry["seeds"]) == 2
