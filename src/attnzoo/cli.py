@@ -92,13 +92,14 @@ EXPLORE_EXAMPLES = 20  # held-out examples on an explorer page unless --examples
 
 def cmd_explore(args) -> None:
     """Write the run's explorer page (--out, default DIR/explore.html) and print its path;
-    --out is checked before the run is loaded."""
+    DIR's config and --out are checked before the run is loaded."""
     from attnzoo import runs
     from attnzoo.core.checks import fail
 
     out = Path(args.out) if args.out else Path(args.dir) / runs.EXPLORER
     if args.examples < 1:
         fail("attnzoo explore", "--examples", "a positive int", args.examples)
+    runs.read_config(Path(args.dir))
     runs.check_explorer_out(out)
     config, task, model = runs.load_run(Path(args.dir), device=args.device)
     heading = f"{config['model_name']} on {config['task_name']}: {args.dir}"
@@ -174,7 +175,7 @@ def parser() -> argparse.ArgumentParser:
     explore = sub.add_parser(
         "explore", help="write a run's attention explorer (one self-contained HTML page)"
     )
-    explore.add_argument("dir")
+    explore.add_argument("dir", metavar="DIR", help="a run directory")
     explore.add_argument(
         "--examples",
         type=int,

@@ -52,8 +52,9 @@ RESUMABLE = (
 
 # What a run writes in its directory (`overwrite` clears these, and refuses anything else)
 
+EXPLORER = "explore.html"  # the explorer page's default name in a run (`attnzoo explore`)
 # What a run writes in its directory (`overwrite` clears these, and refuses anything else)
-RUN_FILES = ("config.json", "metrics.jsonl", "final.json", "checkpoints", "figures")
+RUN_FILES = ("config.json", "metrics.jsonl", "final.json", "checkpoints", "figures", EXPLORER)
 
 
 def _check_names(model: str, task: str) -> None:

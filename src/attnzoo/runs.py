@@ -17,6 +17,7 @@ import torch
 from attnzoo.core.checks import fail
 from attnzoo.models.registry import MODELS
 from attnzoo.rundir import (  # noqa: F401  (the config half of this module's public API)
+    EXPLORER,
     RESUMABLE,
     apply_overrides,
     check_out,
@@ -128,9 +129,6 @@ def write_figures(run_dir: Path, task, model, *, count: int = 3) -> list[Path]:
         fig.savefig(figures / "loss.png", dpi=110)
         written.append(figures / "loss.png")
     return written
-
-
-EXPLORER = "explore.html"  # the explorer page's default name in a run directory
 
 
 def check_explorer_out(out: Path) -> None:
