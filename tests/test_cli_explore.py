@@ -54,3 +54,14 @@ def test_wrong_inputs_are_one_line_errors(run, tmp_path, capsys):
     one_line_error(capsys, ["explore", str(tmp_path / "nothing")], "'DIR'", "no such directory")
     one_line_error(capsys, ["explore", str(run), "--device", "tpu"], "tpu")
     one_line_error(capsys, ["explore"], "DIR")
+
+
+def test_demo_writes_its_explorer_and_prints_its_path(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--no-progress", *sets(["train.steps=4"])]) == 0
+    printed = capsys.readouterr().out
+    page = out / "explore.html"
+    assert page.stat().st_size > 1000 and "attention explorer" in printed
+    assert str(page) in printed.replace("\n", "")
+    # it runs again: the page is one of the run's files that the demo replaces
+    assert main(["demo", "--out", str(out), "--no-progress", *sets(["train.steps=4"])]) == 0
