@@ -210,6 +210,9 @@ def screenshot(page: Path, png: Path) -> None:
     try:
         open_page(browser, page)
         ActionChains(browser).send_keys(*[Keys.ARROW_RIGHT] * 5).perform()
+        column, _ = highlighted(browser)
+        cell = browser.find_element("css selector", f'#cells .cell[data-col="{column}"]')
+        ActionChains(browser).move_to_element(cell).perform()  # the hover readout shows
         browser.save_screenshot(str(png))
     finally:
         browser.quit()

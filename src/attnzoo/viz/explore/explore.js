@@ -191,23 +191,48 @@
     },
   };
 
+  // The matrix on a canvas, with row and column labels where cells are big enough to read.
   function drawMatrix(k, m) {
     const [, , rows, cols] = k.shape;
     const canvas = $("matrix");
     const cell = Math.max(2, Math.min(28, Math.floor(480 / Math.max(rows, cols))));
-    canvas.width = cols * cell;
-    canvas.height = rows * cell;
+    const labelled = cell >= 10;
+    const left = labelled ? 56 : 0, top = labelled ? 48 : 0;
+    canvas.width = left + cols * cell;
+    canvas.height = top + rows * cell;
     const ctx = canvas.getContext("2d");
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(0, 0, canvas.width, canvas.height);
     for (let i = 0; i < rows; i++) {
       for (let j = 0; j < cols; j++) {
         ctx.fillStyle = ink(m[i * cols + j]);
-        ctx.fillRect(j * cell, i * cell, cell, cell);
+        ctx.fillRect(left + j * cell, top + i * cell, cell, cell);
+      }
+    }
+    if (labelled) {
+      ctx.font = Math.min(12, cell - 1) + "px monospace";
+      ctx.textBaseline = "middle";
+      ctx.textAlign = "right";
+      for (let i = 0; i < rows; i++) {
+        ctx.fillStyle = i === state.step ? "#d62728" : "#333";
+        ctx.fillText(label(k.rows[i]).slice(0, 7), left - 4, top + (i + 0.5) * cell);
+      }
+      ctx.fillStyle = "#333";
+      ctx.textAlign = "left";
+      for (let j = 0; j < cols; j++) {
+        ctx.save();
+        ctx.translate(left + (j + 0.5) * cell, top - 4);
+        ctx.rotate(-Math.PI / 2);
+        ctx.fillText(label(k.columns[j]).slice(0, 7), 0, 0);
+        ctx.restore();
       }
     }
     ctx.strokeStyle = "#d62728";
     ctx.lineWidth = 2;
-    ctx.strokeRect(1, state.step * cell + 1, cols * cell - 2, cell - 2);
+    ctx.strokeRect(left + 1, top + state.step * cell + 1, cols * cell - 2, cell - 2);
     canvas.dataset.cell = String(cell);
+    canvas.dataset.left = String(left);
+    canvas.dataset.top = String(top);
   }
 
   function draw() {
@@ -219,7 +244,7 @@
     const m = matrix(k);
     const row = currentRow(k, m);
     $("step").value = String(state.step);
-    $("step-label").textContent = "step " + (state.step + 1) + " / " + k.shape[2] + ": " + label(k.rows[state.step]);
+    $("step-label").textContent = "step " + (state.step + 1) + " / " + k.shape[2] + ": \u201c" + label(k.rows[state.step]) + "\u201d";
     drawCells(k, row);
     LAYOUTS[DATA.layout](k, row);
     drawMatrix(k, m);
@@ -249,7 +274,9 @@
   const cellAt = (ev) => {
     const cell = Number(canvas.dataset.cell);
     const rect = canvas.getBoundingClientRect();
-    return [Math.floor((ev.clientY - rect.top) / cell), Math.floor((ev.clientX - rect.left) / cell)];
+    const x = ev.clientX - rect.left - Number(canvas.dataset.left);
+    const y = ev.clientY - rect.top - Number(canvas.dataset.top);
+    return [Math.floor(y / cell), Math.floor(x / cell)];
   };
   canvas.addEventListener("mousemove", (ev) => {
     const k = kind();
@@ -258,7 +285,11 @@
     if (i < 0 || j < 0 || i >= k.shape[2] || j >= k.shape[3]) return;
     say(label(k.rows[i]) + " \u2192 " + label(k.columns[j]) + ": " + value(matrix(k)[i * k.shape[3] + j]));
   });
-  canvas.addEventListener("click", (ev) => setStep(cellAt(ev)[0]));
+  canvas.addEventListener("click", (ev) => {
+    const k = kind();
+    const [i] = cellAt(ev);
+    if (k && i >= 0 && i < k.shape[2]) setStep(i);
+  });
 
   // ----- start -----
   $("subtitle").textContent = DATA.title + (DATA.note ? ". " + DATA.note : "");
