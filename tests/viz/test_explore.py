@@ -128,3 +128,18 @@ def test_fifty_kjv2web_transformer_examples_stay_under_the_size_bound():
     assert {len(e["attention"]) for e in data["examples"]} == {3}
     size = len(explorer_html(data, heading="kjv2web").encode())
     assert size < MAX_PAGE_BYTES, size
+
+
+def test_the_page_assets_ship_in_the_wheel():
+    """Every file of attnzoo/viz/explore/ matches a package-data glob of pyproject.toml."""
+    import fnmatch
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).resolve().parents[2]
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    globs = project["tool"]["setuptools"]["package-data"]["attnzoo.viz"]
+    assets = sorted((root / "src" / "attnzoo" / "viz" / "explore").iterdir())
+    assert {p.name for p in assets} >= {"explore.html", "explore.js", "explore.css"}
+    for path in assets:
+        assert any(fnmatch.fnmatch(f"explore/{path.name}", g) for g in globs), path.name
