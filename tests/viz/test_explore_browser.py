@@ -166,6 +166,12 @@ def test_steps_heads_and_examples_in_the_browser(browser, pages, tmp_path):
     ActionChains(browser).move_to_element(cell).perform()
     readout = browser.find_element("id", "readout").text
     assert readout.endswith(f"{levels[0, 0, 1, column] / 255:.3f}"), readout
+    # on the focused slider an arrow still moves one step (the page's, not the slider's too)
+    browser.execute_script("document.getElementById('step').focus()")
+    ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform()
+    step = min(2, levels.shape[2] - 1)
+    assert step_of(browser) == step
+    check_row(browser, levels[0, 0, step])
 
     # 2. the Transformer: another head, the mean of heads, another kind, another example
     data = open_page(browser, pages["transformer"])
