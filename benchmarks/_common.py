@@ -471,7 +471,7 @@ def render_table(table: Table, data: Mapping[str, Any]) -> str:
     summary = data["summary"]
     ids = [i for i in table.ids if i in summary]  # a budget may leave experiments out
     ids = ids or [i for i, e in summary.items() if e["group"] in table.groups]
-    header = [c.header for c in table.columns] + ["n"]
+    header = [c.header if isinstance(c, Column) else c[0] for c in table.columns] + ["n"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for i in ids:
         entry = summary[i]
