@@ -31,6 +31,7 @@ from typing import NamedTuple
 import torch
 
 from attnzoo.core.checks import fail
+from attnzoo.core.hard import reinforce_loss
 from attnzoo.tasks import geometry
 from attnzoo.tasks.base import EvalConfig, model_device, require
 
@@ -164,7 +165,8 @@ class PointingTask:
         return nll.masked_fill(~counts, 0.0).sum(), batch.items
 
     def _reinforce(self, model, batch: PointerBatch) -> tuple[torch.Tensor, int]:
-        """sum over the batch of (L(pi) - L(baseline greedy)) * log p(pi)."""
+        """sum over the batch of (L(pi) - L(baseline greedy)) * log p(pi), by the core's
+        `reinforce_loss` with reward -L."""
         policy = getattr(model, "module", model)  # DDP wraps the model
         if self._baseline is None:
             self._baseline = copy.deepcopy(policy).requires_grad_(False)
@@ -174,7 +176,8 @@ class PointingTask:
         sample = model(batch.points, sample=True, generator=g)
         length = geometry.tour_length(batch.points, sample.positions)
         baseline = geometry.tour_length(batch.points, self._baseline.decode(batch.points))
-        loss = ((length - baseline).detach() * sample.log_prob).sum()
+        # reward: minus the tour length; baseline: minus the greedy rollout's (no gradient)
+        loss = reinforce_loss(sample.log_prob, -length, -baseline).total
         if (batch.step + 1) % self.config.baseline_every == 0:
             self._update_baseline(policy, batch.step)
         return loss, batch.items
