@@ -33,7 +33,7 @@ import torch
 from attnzoo.core.checks import fail
 from attnzoo.core.hard import reinforce_loss
 from attnzoo.tasks import geometry
-from attnzoo.tasks.base import EvalConfig, model_device, require
+from attnzoo.tasks.base import EvalConfig, model_device, require, sampling_generator
 
 KINDS = ("sort_numbers", "convex_hull", "tsp")
 OBJECTIVES = ("supervised", "reinforce")
@@ -172,7 +172,7 @@ class PointingTask:
             self._baseline = copy.deepcopy(policy).requires_grad_(False)
             if self._pending:
                 self._baseline.load_state_dict(self._pending)
-        g = _generator(batch.points.device).manual_seed(self.seed * 1_000_003 + batch.step + 7)
+        g = sampling_generator(batch.points.device).manual_seed(self.seed * 1_000_003 + batch.step + 7)
         sample = model(batch.points, sample=True, generator=g)
         length = geometry.tour_length(batch.points, sample.positions)
         baseline = geometry.tour_length(batch.points, self._baseline.decode(batch.points))
@@ -301,12 +301,6 @@ class PointingTask:
             fig.savefig(path, dpi=110)
             written.append(path)
         return written
-
-
-def _generator(device: torch.device) -> torch.Generator:
-    """A generator where sampling on `device` can use it: the device's own on an
-    accelerator, the CPU's on the CPU and on `meta` (which has none)."""
-    return torch.Generator() if device.type in ("cpu", "meta") else torch.Generator(device)
 
 
 def make_task(config: PointingConfig, *, seed: int, eval_config: EvalConfig) -> PointingTask:
