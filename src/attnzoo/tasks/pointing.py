@@ -172,7 +172,9 @@ class PointingTask:
             self._baseline = copy.deepcopy(policy).requires_grad_(False)
             if self._pending:
                 self._baseline.load_state_dict(self._pending)
-        g = sampling_generator(batch.points.device).manual_seed(self.seed * 1_000_003 + batch.step + 7)
+        g = sampling_generator(batch.points.device).manual_seed(
+            self.seed * 1_000_003 + batch.step + 7
+        )
         sample = model(batch.points, sample=True, generator=g)
         length = geometry.tour_length(batch.points, sample.positions)
         baseline = geometry.tour_length(batch.points, self._baseline.decode(batch.points))
