@@ -16,7 +16,6 @@ from attnzoo.tasks.base import EvalConfig, MissingDataDependency, Task
 from attnzoo.tasks.registry import TASKS
 
 
-
 @pytest.fixture(scope="module")
 def digits():
     try:
