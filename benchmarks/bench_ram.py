@@ -10,10 +10,10 @@ process with one torch thread, and reports the test error of one pass with the m
 - cluttered: 60 x 60 with 4 pieces of 8 x 8 clutter, 8 glimpses (Table 2);
 - the FC (2 x 256) and two-layer convnet baselines on each, at the same steps and batch.
 
-`speed` times, in one process and interleaved: the glimpse sensor's two implementations
-(`F.grid_sample` against a gather of clamped indices; batch 128, 3 scales of 12 x 12 on
-60 x 60) and a RAM training step (batch 128, 6 glimpses, 3 scales) against the same model whose
-retina loops over the batch in Python.
+`speed` times, in one process and interleaved: the retinas of 6 glimpses (batch 128, 3 scales
+of 12 x 12 on 60 x 60) by the sensor's two samplers (`F.grid_sample`, a gather of clamped
+indices) and by cropping each patch at full size then pooling; and a RAM training step (batch
+128, 6 glimpses, 3 scales) against the same model whose retina loops over the batch in Python.
 
     python benchmarks/bench_ram.py [--budget smoke|full] [--only GROUP ...] [--seeds N]
 """
@@ -116,34 +116,53 @@ def worker(params, ctx) -> dict:
 
 
 def speed(params) -> dict:
-    """Interleaved timings: the two glimpse sensors; a RAM step batched vs a per-image loop."""
+    """Interleaved timings: 6 glimpses' retinas by each sensor and by cropping every patch at
+    full size then pooling; a RAM step batched vs one whose retina loops over the images."""
     import copy
 
     import torch
+    import torch.nn.functional as F
 
-    from attnzoo.models.ram import RAM, GlimpseSensor, ram_translated
+    from attnzoo.models.ram import RAM, GlimpseSensor, patch_corners, ram_translated
     from attnzoo.tasks.registry import TASKS
 
     class LoopSensor(GlimpseSensor):
         """The same retina, one image at a time (the per-sample Python loop)."""
 
-        def forward(self, images, location):
+        def prepare(self, images):
+            return [images[i : i + 1] for i in range(images.shape[0])]  # filtered per read
+
+        def read(self, prepared, location):
+            parent = super()
             return torch.cat(
                 [
-                    super(LoopSensor, self).forward(images[i : i + 1], location[i : i + 1])
-                    for i in range(images.shape[0])
+                    parent.read(parent.prepare(x), location[i : i + 1])
+                    for i, x in enumerate(prepared)
                 ]
             )
 
+    def crop_then_pool(images, location):  # every patch read at full size, then pooled
+        corners, out = patch_corners(location, 60, 60, 12, 3), []
+        for s in range(3):
+            side, top = 12 * 2**s, corners[:, s].unsqueeze(1).float() + 0.5  # (b, 1, 2)
+            pix = (top + torch.arange(side).view(1, -1, 1)) / 30 - 1  # (b, side, 2): y, x
+            grid = torch.stack(torch.broadcast_tensors(pix[:, None, :, 1], pix[:, :, None, 0]), -1)
+            window = F.grid_sample(images, grid, mode="nearest", align_corners=False)
+            out.append(F.avg_pool2d(window, 2**s))  # (b, 1, 12, 12)
+        return torch.stack(out, 1)
+
+    def retina(sensor, images):  # as RAM reads them: the image filtered once, 6 reads
+        prepared = sensor.prepare(images)
+        return [sensor.read(prepared, w) for w in where]
+
     torch.manual_seed(0)
     repeats, batch = params["repeats"], params["batch"]
-    images, location = torch.rand(batch, 1, 60, 60), torch.rand(batch, 2) * 2.4 - 1.2
+    images, where = torch.rand(batch, 1, 60, 60), torch.rand(6, batch, 2) * 2.4 - 1.2
     sensors = {m: GlimpseSensor(12, 3, m) for m in ("grid", "index")}
-    sensor_times = time_interleaved(
-        {m: (lambda s=s: s(images, location)) for m, s in sensors.items()},
-        repeats=10 * repeats,
-        warmup=3,
-    )
+    retinas = {m: (lambda s=s: retina(s, images)) for m, s in sensors.items()}
+    retinas["crop_then_pool"] = lambda: [crop_then_pool(images, w) for w in where]
+    torch.testing.assert_close(retinas["crop_then_pool"]()[0], retinas["index"]()[0])
+    sensor_times = time_interleaved(retinas, repeats=10 * repeats, warmup=3)
     spec = TASKS["translated_mnist"]
     task = spec.build(spec.default_config(), seed=0, eval_config=spec.eval_config())
     data = task.batch(0, batch, "cpu")
@@ -158,19 +177,17 @@ def speed(params) -> dict:
         optimizer.step()
 
     optimizers = {m: torch.optim.Adam(m.parameters(), lr=1e-4) for m in (batched, looped)}
+    models = {"batched": batched, "loop": looped}
     step_times = time_interleaved(
-        {
-            n: (lambda m=m: step(m, optimizers[m]))
-            for n, m in (("batched", batched), ("loop", looped))
-        },
+        {n: (lambda m=m: step(m, optimizers[m])) for n, m in models.items()},
         repeats=repeats,
         warmup=1,
     )
-    ms = {f"extract_ms_{m}": 1e3 * median(t) for m, t in sensor_times.items()}
+    ms = {f"retina_ms_{m}": 1e3 * median(t) for m, t in sensor_times.items()}
     ms.update({f"step_ms_{n}": 1e3 * median(t) for n, t in step_times.items()})
     return {
         **ms,
-        "extract_index_over_grid": ms["extract_ms_index"] / ms["extract_ms_grid"],
+        "retina_index_over_grid": ms["retina_ms_index"] / ms["retina_ms_grid"],
         "step_speedup": ms["step_ms_loop"] / ms["step_ms_batched"],
         "threads": torch.get_num_threads(),
     }
@@ -194,8 +211,9 @@ TABLES = [
     Table(
         "speed (batch 128; ms, medians, interleaved)",
         [
-            Column("grid_sample ms", "extract_ms_grid", 3),
-            Column("gather ms", "extract_ms_index", 3),
+            Column("6 retinas: grid_sample ms", "retina_ms_grid", 2),
+            Column("gather ms", "retina_ms_index", 2),
+            Column("crop, then pool ms", "retina_ms_crop_then_pool", 2),
             Column("RAM step ms", "step_ms_batched", 1),
             Column("per-image loop step ms", "step_ms_loop", 1),
             Column("speed-up", "step_speedup", 1),

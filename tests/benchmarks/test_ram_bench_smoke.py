@@ -44,7 +44,7 @@ def test_smoke_budget(tmp_path):
     assert "error_mc" not in data["summary"]["mnist-fc"]["metrics"]
     speed = data["summary"]["speed"]["metrics"]
     assert speed["step_speedup"]["mean"] > 1
-    assert {"extract_ms_grid", "extract_ms_index"} <= set(speed)
+    assert {"retina_ms_grid", "retina_ms_index", "retina_ms_crop_then_pool"} <= set(speed)
     assert [t["id"] for t in data["targets"]] == [
         "mnist-g6",
         "translated-g6",

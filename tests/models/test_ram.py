@@ -206,5 +206,9 @@ def test_bad_config_names_the_field(field, value):
 def test_bad_images_are_named():
     with pytest.raises(ValueError, match="RAM: argument 'images'"):
         built()(torch.rand(2, 1, 20, 20))
-    with pytest.raises(ValueError, match="GlimpseSensor: argument 'images, location'"):
+    with pytest.raises(
+        ValueError, match="GlimpseSensor: argument 'location' expected a \\(2, 2\\)"
+    ):
         GlimpseSensor(4, 1)(torch.rand(2, 1, 8, 8), torch.zeros(3, 2))
+    with pytest.raises(ValueError, match="GlimpseSensor: argument 'images'"):
+        GlimpseSensor(4, 1)(torch.rand(1, 8, 8), torch.zeros(1, 2))
