@@ -119,3 +119,28 @@ class ConvNet(nn.Module):
         x = F.max_pool2d(F.relu(self.conv1(images)), 2)  # (b, c, H/2, W/2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)  # (b, 2c, H/4, W/4)
         return ClassifierOutput(torch.log_softmax(self.head(x.flatten(1)), -1))
+
+
+class MultiHeadConvNet(ConvNet):
+    """The DRAM experiments' convnet baseline (Ba 2014, sec. 4.1): the two-layer convnet's
+    features, then one softmax head per label position ("multi_image" interface)."""
+
+    def __init__(
+        self,
+        config: ConvConfig,
+        image_size: tuple[int, int],
+        channels: int,
+        classes: int,
+        labels: int,
+    ):
+        check_size("MultiHeadConvNet", "labels", labels)
+        super().__init__(config, image_size, channels, classes * labels)
+        self.labels, self.classes = labels, classes
+
+    def forward(self, images: torch.Tensor, **_sampling) -> ClassifierOutput:
+        """images (batch, channels, height, width) -> log_probs (batch, labels, classes)."""
+        _check_images("MultiHeadConvNet", images, self.channels, self.image_size)
+        x = F.max_pool2d(F.relu(self.conv1(images)), 2)  # (b, c, H/2, W/2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)  # (b, 2c, H/4, W/4)
+        logits = self.head(x.flatten(1)).view(-1, self.labels, self.classes)  # (b, s, classes)
+        return ClassifierOutput(torch.log_softmax(logits, -1))

@@ -10,7 +10,8 @@ the model offers (documented with the task of that interface, e.g.
 - "lm": `(config, vocab, max_len)`;
 - "pointer": `(config, input_dim, end_token)`;
 - "bits": `(config, input_size, output_size)`;
-- "image": `(config, image_size, channels, classes)`.
+- "image": `(config, image_size, channels, classes)`;
+- "multi_image": `(config, image_size, channels, classes, labels)`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from attnzoo.models import image_baselines, ram, seq2seq, transformer
+from attnzoo.models import dram, image_baselines, ram, seq2seq, transformer
 from attnzoo.models.ntm import NTM, LSTMBaseline, lstm, ntm
 from attnzoo.models.pointer_net import PointerNet, PointerNetConfig
 from attnzoo.models.seq2seq import Seq2Seq, bahdanau, encdec, luong, simple
@@ -29,7 +30,7 @@ class ModelSpec:
     preset: Callable[..., object]  # (**overrides) -> frozen config dataclass
     model_class: type
     description: str
-    interface: str = "seq2seq"  # seq2seq | lm | pointer | bits | image (the module docstring)
+    interface: str = "seq2seq"  # seq2seq | lm | pointer | bits | image | multi_image
     # a config.json "model" section written by an earlier version -> today's fields
     upgrade: Callable[[dict], dict] = lambda fields: fields
 
@@ -124,5 +125,18 @@ MODELS = {
         image_baselines.ConvNet,
         "two-layer convnet classifier (Mnih 2014 baseline)",
         interface="image",
+    ),
+    "dram": ModelSpec(
+        dram.dram,
+        dram.DRAM,
+        "Deep Recurrent Attention Model: context network, two LSTM layers, 3 glimpses per "
+        "label (Ba 2014)",
+        interface="multi_image",
+    ),
+    "convnet-multi": ModelSpec(
+        image_baselines.conv,
+        image_baselines.MultiHeadConvNet,
+        "two-layer convnet with one softmax head per label (Ba 2014 baseline)",
+        interface="multi_image",
     ),
 }

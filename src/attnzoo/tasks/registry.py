@@ -22,7 +22,7 @@ class TaskSpec:
     module: str  # attnzoo.tasks.<module>
     config_class: str
     description: str
-    interface: str  # seq2seq | lm | pointer | bits | image
+    interface: str  # seq2seq | lm | pointer | bits | image | multi_image
     train: dict  # the default budget: TrainConfig fields (sized for a 2-core CPU)
     eval: dict = field(default_factory=dict)  # EvalConfig fields
     defaults: dict = field(default_factory=dict)  # the config's values for this task name
@@ -205,6 +205,31 @@ TASKS = {
                 {"kind": "cluttered"},
                 "translated MNIST with 4 pieces of 8 x 8 clutter from other digits (Mnih 2014)",
             ),
+        )
+    },
+    # Multi-digit MNIST for DRAM and its convnet baseline (Ba 2014, sec. 4.1): untuned budgets
+    **{
+        name: TaskSpec(
+            "multi_mnist",
+            "MultiMnistConfig",
+            text,
+            "multi_image",
+            train=dict(
+                steps=20000,
+                batch_size=64,
+                lr=1e-3,
+                schedule="cosine",
+                warmup=100,
+                clip=5.0,
+                log_every=100,
+                checkpoint_every=1000,
+            ),
+            eval=dict(limit=0),
+            defaults={"kind": kind},
+        )
+        for name, kind, text in (
+            ("multi_mnist", "multi", "read two MNIST digits left to right, then stop (Ba 2014)"),
+            ("mnist_addition", "addition", "the sum of two MNIST digits on one canvas (Ba 2014)"),
         )
     },
 }
