@@ -1,4 +1,4 @@
-"""`attnzoo ...`: demo, train, eval, plot, list, repro.
+"""`attnzoo ...`: demo, train, eval, plot, explore, list, repro.
 
 Wrong input (a command line, a `--set`, a run directory's damaged file, a path that cannot be
 written) prints one line `attnzoo: error: ...` naming the argument or the file, what was expected
@@ -81,15 +81,46 @@ def cmd_train(args) -> None:
     runs.write_figures(out, task, model)
     final = {**final, "train_minutes": (time.perf_counter() - start) / 60}
     console.print(_table(f"{config['model_name']} on {config['task_name']} -> {out}", final))
+    return task, model
 
 
 def cmd_demo(args) -> None:
-    """Bahdanau on dates; prints the result and writes runs/demo/figures/alignment.png. It
-    replaces the run of an earlier demo in its --out (and says so), so it can run again."""
+    """Bahdanau on dates; prints the result and writes runs/demo/figures/alignment.png and
+    the explorer page runs/demo/explore.html. It replaces the run of an earlier demo in its
+    --out (and says so), so it can run again."""
+    from attnzoo import runs
+
     args.model, args.task, args.resume, args.overwrite = "bahdanau", "dates", False, True
     args.out = args.out or "runs/demo"
-    cmd_train(args)
+    task, model = cmd_train(args)
     console.print(f"alignment figure: {Path(args.out) / 'figures' / 'alignment.png'}")
+    page = runs.write_explorer(
+        Path(args.out) / runs.EXPLORER,
+        task,
+        model,
+        count=EXPLORE_EXAMPLES,
+        heading=f"bahdanau on dates: {args.out}",
+    )
+    console.print(f"attention explorer: {page}")
+
+
+EXPLORE_EXAMPLES = 20  # held-out examples on an explorer page unless --examples says
+
+
+def cmd_explore(args) -> None:
+    """Write the run's explorer page (--out, default DIR/explore.html) and print its path;
+    DIR's config and --out are checked before the run is loaded."""
+    from attnzoo import runs
+    from attnzoo.core.checks import fail
+
+    out = Path(args.out) if args.out else Path(args.dir) / runs.EXPLORER
+    if args.examples < 1:
+        fail("attnzoo explore", "--examples", "a positive int", args.examples)
+    runs.read_config(Path(args.dir))
+    runs.check_explorer_out(out)
+    config, task, model = runs.load_run(Path(args.dir), device=args.device)
+    heading = f"{config['model_name']} on {config['task_name']}: {args.dir}"
+    console.print(str(runs.write_explorer(out, task, model, count=args.examples, heading=heading)))
 
 
 def cmd_eval(args) -> None:
@@ -158,6 +189,20 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("dir")
         sp.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
         sp.set_defaults(func=func)
+    explore = sub.add_parser(
+        "explore", help="write a run's attention explorer (one self-contained HTML page)"
+    )
+    explore.add_argument("dir", metavar="DIR", help="a run directory")
+    explore.add_argument(
+        "--examples",
+        type=int,
+        default=EXPLORE_EXAMPLES,
+        metavar="N",
+        help=f"held-out examples on the page (default {EXPLORE_EXAMPLES})",
+    )
+    explore.add_argument("--out", default=None, help="the page to write (default DIR/explore.html)")
+    explore.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    explore.set_defaults(func=cmd_explore)
     sub.add_parser("list", help="models and tasks").set_defaults(func=cmd_list)
     repro = sub.add_parser("repro", help="re-run the benchmarks behind a docs page, regenerate it")
     repro.add_argument("page", nargs="?", help="a docs page (see --list)")
