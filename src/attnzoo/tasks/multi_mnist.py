@@ -29,7 +29,7 @@ import torch
 from attnzoo.core.checks import fail
 from attnzoo.core.hard import hybrid_loss, reinforce_loss, rewards_to_go
 from attnzoo.tasks.base import EvalConfig, check_counts, model_device, sampling_generator
-from attnzoo.tasks.mnist import DIGIT, TRAIN_DIGITS, load_digits
+from attnzoo.tasks.mnist import DIGIT, TRAIN_DIGITS, explore_glimpses, load_digits
 
 KINDS = ("multi", "addition")
 END = 10  # the end-of-sequence class of `multi`
@@ -208,6 +208,20 @@ class MultiMnistTask:
         if sampled:
             metrics["error_mc"] = 100.0 * wrong_mc / n
         return metrics
+
+    @torch.no_grad()
+    def explore(self, model: torch.nn.Module, count: int) -> dict:
+        """The explorer's data (`attnzoo.tasks.base.Task.explore`, layout "image"): the first
+        `count` test images with the glimpses of the mean-location pass."""
+        images, labels = self.held_out("test")
+        c = self.config
+        return explore_glimpses(
+            model,
+            images[:count],
+            [" ".join(map(str, y.tolist())) for y in labels[:count]],
+            lambda log_probs: " ".join(map(str, log_probs.argmax(-1).tolist())),
+            f"{c.kind} MNIST, {c.digits} digits on {c.canvas} x {c.canvas}: test images",
+        )
 
     @torch.no_grad()
     def figures(self, model: torch.nn.Module, folder: Path, count: int = 3) -> list[Path]:
