@@ -53,3 +53,25 @@ def test_smoke_budget(tmp_path):
     ]
     figures = tmp_path / "runs" / "ram" / "mnist-g6" / "seed0" / "figures"
     assert (figures / "glimpses_wrong.png").exists()
+
+
+@pytest.mark.slow
+def test_dram_smoke_budget(tmp_path):
+    dram = BENCH.parent / "bench_dram.py"
+    r = subprocess.run(
+        [sys.executable, dram, "--budget", "smoke", "--results", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=ENV,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads((tmp_path / "dram.json").read_text())
+    assert {r["id"] for r in data["rows"] if r["status"] == "ok"} == {
+        "multi-dram",
+        "multi-convnet-multi",
+    }
+    assert {"error", "label_error"} <= set(data["summary"]["multi-dram"]["metrics"])
+    assert (
+        tmp_path / "runs" / "dram" / "multi-dram" / "seed0" / "figures" / "glimpses.png"
+    ).exists()
