@@ -100,7 +100,7 @@ class DRAMGlimpse(nn.Module):
             nn.ReLU(),
         )
 
-    def forward(self, prepared: list[torch.Tensor], location: torch.Tensor) -> torch.Tensor:
+    def forward(self, prepared: torch.Tensor, location: torch.Tensor) -> torch.Tensor:
         retina = self.sensor.read(prepared, location).flatten(1)  # (b, k c g g)
         return self.what(retina) * self.where(location)  # (b, hidden)
 

@@ -28,11 +28,12 @@ Note:
       `learn_std`.
     - A glimpse's patches are placed at whole pixels (the centre is rounded); anything outside
       the image reads as zero. The sensor box-filters the image once per scale for all the
-      glimpses (`GlimpseSensor.prepare`) and reads g x g samples per patch; it samples by
-      `F.grid_sample` (`method="grid"`, the default) or by one gather of clamped indices
-      (`method="index"`): the same patches. Measured side by side (`benchmarks/bench_ram.py`,
-      6 retinas at batch 128, 3 scales of 12 x 12 on 60 x 60, one loaded CPU thread): grid
-      17.6 ms, index 18.2 ms, and cropping each patch at full size then pooling it 19.6 ms.
+      glimpses (`GlimpseSensor.prepare`) and reads g x g entries per patch (`read`), by one
+      `F.grid_sample` (`method="grid"`, the default) or one gather of clamped indices
+      (`method="index"`): the same patches. `benchmarks/bench_ram.py` times both beside
+      cropping each patch at full size and pooling it; on the 2-core CPU of this project the
+      three are within noise of each other (batch 128, 3 scales of 12 x 12 on 60 x 60), and
+      the batched step beats a per-image retina loop by far more than any of them differ.
     - `core="lstm"` swaps the rectifier core for an LSTM cell (the paper's choice for the
       dynamic game environment).
 """
@@ -148,73 +149,84 @@ class GlimpseSensor(nn.Module):
         patches (batch, scales, channels, patch, patch)."""
         return self.read(self.prepare(images), location)
 
-    def prepare(self, images: torch.Tensor) -> list[torch.Tensor]:
-        """Per scale s, the image box-filtered by f = 2^s, zeros outside:
-        (batch, channels, height + f - 1, width + f - 1), entry [u, v] the mean of the image's
-        pixels [u - f + 1, u] x [v - f + 1, v]."""
+    def prepare(self, images: torch.Tensor) -> torch.Tensor:
+        """images (batch, channels, H, W) -> the pyramid (batch, scales, channels, H + F - 1,
+        W + F - 1), F = 2^(scales - 1): scale s is the image box-filtered by f = 2^s, entry
+        [u, v] the mean of the image's pixels [u - f + 1, u] x [v - f + 1, v] (zeros outside,
+        and past H + f - 1, W + f - 1)."""
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
             got = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images)
             fail("GlimpseSensor", "images", "a (batch, channels, height, width) tensor", got)
-        out = [images]
+        big = 2 ** (self.scales - 1)
+        levels = [images]
         for s in range(1, self.scales):
             # a 2f box is the mean of four f boxes f apart (~6x faster than a stride-1 pool)
             f = 2 ** (s - 1)
-            q = F.pad(out[-1], (f,) * 4)  # (b, c, H + 3f - 1, W + 3f - 1)
-            corners = q[..., f:, f:] + q[..., :-f, f:] + q[..., f:, :-f] + q[..., :-f, :-f]
-            out.append(corners / 4)  # (b, c, H + 2f - 1, W + 2f - 1)
-        return out
+            q = F.pad(levels[-1], (f,) * 4)  # (b, c, H + 3f - 1, W + 3f - 1)
+            boxes = q[..., f:, f:] + q[..., :-f, f:] + q[..., f:, :-f] + q[..., :-f, :-f]
+            levels.append(boxes / 4)  # (b, c, H + 2f - 1, W + 2f - 1)
+        grow = [big - level.shape[-1] + images.shape[-1] - 1 for level in levels]
+        return torch.stack([F.pad(x, (0, e, 0, e)) for x, e in zip(levels, grow, strict=True)], 1)
 
-    def read(self, prepared: list[torch.Tensor], location: torch.Tensor) -> torch.Tensor:
-        """`prepare`'s filtered images and location (batch, 2) -> (batch, scales, channels,
-        patch, patch)."""
-        images = prepared[0]
-        if location.shape != (images.shape[0], 2):
+    def read(self, pyramid: torch.Tensor, location: torch.Tensor) -> torch.Tensor:
+        """`prepare`'s pyramid and location (batch, 2) -> (batch, scales, channels, patch,
+        patch): scale s's patch is g x g entries of its level, f = 2^s apart."""
+        b, k, _, tall, wide = pyramid.shape
+        if location.shape != (b, 2):
             fail(
                 "GlimpseSensor",
                 "location",
-                f"a ({images.shape[0]}, 2) tensor beside images {tuple(images.shape)}",
+                f"a ({b}, 2) tensor beside a pyramid of {b} images",
                 tuple(location.shape),
             )
-        height, width = images.shape[-2:]
-        corners = patch_corners(location, height, width, self.patch, self.scales)  # (b, k, 2)
-        sample = self._index if self.method == "index" else self._grid
+        big = 2 ** (k - 1)
+        height, width = tall - big + 1, wide - big + 1
+        corners = patch_corners(location, height, width, self.patch, k)  # (b, k, 2)
+        f = 2 ** torch.arange(k, device=location.device).view(1, k, 1)  # (1, k, 1)
         steps = torch.arange(self.patch, device=location.device)  # (g,)
-        out = []
-        for s, filtered in enumerate(prepared):
-            f = 2**s
-            # the filtered entry of the block whose top-left pixel is corner + f * step
-            start = corners[:, s] + (f - 1)  # (b, 2)
-            rows = start[:, 0:1] + f * steps  # (b, g)
-            cols = start[:, 1:2] + f * steps  # (b, g)
-            out.append(sample(filtered, rows, cols))  # (b, c, g, g)
-        return torch.stack(out, 1)  # (b, k, c, g, g)
+        # the level's entry of the f x f block whose top-left pixel is corner + f * step
+        start = corners + (f - 1)  # (b, k, 2)
+        rows = start[..., 0:1] + f * steps  # (b, k, g)
+        cols = start[..., 1:2] + f * steps  # (b, k, g)
+        sample = self._index if self.method == "index" else self._grid
+        return sample(pyramid, rows, cols)  # (b, k, c, g, g)
 
     @staticmethod
-    def _index(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """images (b, c, H, W), rows (b, g), cols (b, g) -> (b, c, g, g); outside: 0."""
-        b, c, height, width = images.shape
-        inside_r = (rows >= 0) & (rows < height)  # (b, g)
-        inside_c = (cols >= 0) & (cols < width)  # (b, g)
-        inside = inside_r.unsqueeze(-1) & inside_c.unsqueeze(1)  # (b, g, g)
-        r = rows.clamp(0, height - 1).unsqueeze(-1)  # (b, g, 1)
-        flat = (r * width + cols.clamp(0, width - 1).unsqueeze(1)).view(b, 1, -1)  # (b, 1, g g)
-        window = images.flatten(2).gather(2, flat.expand(-1, c, -1))  # (b, c, g g)
-        window = window.view(b, c, rows.shape[1], cols.shape[1])  # (b, c, g, g)
-        return window * inside.unsqueeze(1).to(window.dtype)
+    def _index(pyramid: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """One gather over every level: pyramid (b, k, c, H', W'), rows and cols (b, k, g) ->
+        (b, k, c, g, g); entries outside the level are 0."""
+        b, k, c, tall, wide = pyramid.shape
+        g = rows.shape[-1]
+        inside_r = (rows >= 0) & (rows < tall)  # (b, k, g)
+        inside_c = (cols >= 0) & (cols < wide)  # (b, k, g)
+        inside = inside_r.unsqueeze(-1) & inside_c.unsqueeze(-2)  # (b, k, g, g)
+        level = torch.arange(k, device=rows.device).view(1, k, 1, 1) * (tall * wide)
+        r = rows.clamp(0, tall - 1).unsqueeze(-1) * wide  # (b, k, g, 1)
+        flat = level + r + cols.clamp(0, wide - 1).unsqueeze(-2)  # (b, k, g, g)
+        source = pyramid.transpose(1, 2).reshape(b, c, k * tall * wide)  # (b, c, k H' W')
+        window = source.gather(2, flat.view(b, 1, -1).expand(-1, c, -1))  # (b, c, k g g)
+        window = window.view(b, c, k, g, g).transpose(1, 2)  # (b, k, c, g, g)
+        return window * inside.unsqueeze(2).to(window.dtype)
 
     @staticmethod
-    def _grid(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """The same samples by `F.grid_sample` at the pixel centres (align_corners=False)."""
-        height, width = images.shape[-2:]
-        y = (rows.to(images.dtype) + 0.5) * (2 / height) - 1  # (b, g)
-        x = (cols.to(images.dtype) + 0.5) * (2 / width) - 1  # (b, g)
-        g_r, g_c = rows.shape[1], cols.shape[1]
+    def _grid(pyramid: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """The same samples by one `F.grid_sample` over the levels as a batch, nearest at the
+        entries' centres (align_corners=False), zeros outside."""
+        b, k, c, tall, wide = pyramid.shape
+        g = rows.shape[-1]
+        y = (rows.to(pyramid.dtype) + 0.5) * (2 / tall) - 1  # (b, k, g)
+        x = (cols.to(pyramid.dtype) + 0.5) * (2 / wide) - 1  # (b, k, g)
         grid = torch.stack(
-            [x.unsqueeze(1).expand(-1, g_r, -1), y.unsqueeze(2).expand(-1, -1, g_c)], -1
-        )  # (b, g, g, 2): (x, y)
-        return F.grid_sample(
-            images, grid, mode="nearest", padding_mode="zeros", align_corners=False
-        )  # (b, c, g, g)
+            [x.unsqueeze(-2).expand(-1, -1, g, -1), y.unsqueeze(-1).expand(-1, -1, -1, g)], -1
+        )  # (b, k, g, g, 2): (x, y)
+        window = F.grid_sample(
+            pyramid.reshape(b * k, c, tall, wide),
+            grid.view(b * k, g, g, 2),
+            mode="nearest",
+            padding_mode="zeros",
+            align_corners=False,
+        )  # (b k, c, g, g)
+        return window.view(b, k, c, g, g)
 
 
 class GlimpseNetwork(nn.Module):
@@ -229,7 +241,7 @@ class GlimpseNetwork(nn.Module):
         self.what_out = nn.Linear(c.glimpse_hidden, c.hidden)
         self.where_out = nn.Linear(c.glimpse_hidden, c.hidden)
 
-    def forward(self, prepared: list[torch.Tensor], location: torch.Tensor) -> torch.Tensor:
+    def forward(self, prepared: torch.Tensor, location: torch.Tensor) -> torch.Tensor:
         """`self.sensor.prepare(images)`, location (batch, 2) -> g_t (batch, hidden)."""
         retina = self.sensor.read(prepared, location).flatten(1)  # (b, k c g g)
         h_g = F.relu(self.what(retina))  # (b, glimpse_hidden)
