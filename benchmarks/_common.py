@@ -320,6 +320,7 @@ class Column:
     digits: int = 2
     # "range" or "iqr": `key` names a `spread` metric; the cell is "median (low-high)"
     spread: str = ""
+    sci: bool = False  # scientific notation (a difference near 0)
 
 
 @dataclass(frozen=True)
@@ -446,6 +447,8 @@ def cell(entry: Mapping[str, Any], column: Column, experiment_id: str, item: str
             return "-"
         mid, lo, hi = (f"{s['mean']:.{column.digits}f}" for s in stats)
         return f"{mid} ({lo}-{hi})"
+    if column.sci and key in metrics:
+        return f"{metrics[key]['mean']:.{column.digits}e}"
     return format_stat(metrics.get(key), column.digits)
 
 
@@ -703,9 +706,13 @@ def time_steps(
         out[name] = {"ms": spread(ms), "times_ms": [round(t, 4) for t in ms]}
     for name, ref in (reference or {}).items():
         if name in times and ref in times:
-            ratios = [r / t for r, t in zip(times[ref], times[name], strict=True)]
-            out[name]["ratio"] = spread(ratios)
+            out[name]["ratio"] = per_round(times[ref], times[name])
     return {name: out[name] for name in builders}
+
+
+def per_round(numerator: Sequence[float], denominator: Sequence[float]) -> dict[str, float]:
+    """The spread of the ratios of two implementations' times of the same rounds."""
+    return spread([a / b for a, b in zip(numerator, denominator, strict=True)])
 
 
 def peak_memory(

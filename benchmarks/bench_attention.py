@@ -60,7 +60,13 @@ IMPLS = {
 WEIGHTS = ("attnzoo_weights", "torch_mha_weights", "keras_mha_scores")  # vs attnzoo_weights
 PEERS = {"dot": ["plain", "sdpa", "keras_attention"], "location": ["plain"]}
 PEERS |= {"scaled_dot": ["plain", "sdpa", "keras_attention_scaled"], "additive": ["plain"]}
-PEERS["mha"] = ["attnzoo_weights", "torch_mha", "torch_mha_weights", "keras_mha", "keras_mha_scores"]
+PEERS["mha"] = [
+    "attnzoo_weights",
+    "torch_mha",
+    "torch_mha_weights",
+    "keras_mha",
+    "keras_mha_scores",
+]
 SIZES = {  # the project's sizes; MHA as Vaswani's base model (d_model 512, 8 heads)
     "full": dict(batch=4, d=64, lengths=(128, 512, 2048), h=128, keras_h=64, target=512,
                  mha=(8, 512, 8, (128, 512)), long=(1, 4096), budget_gib=10.0,
@@ -92,7 +98,9 @@ def experiments(budget: str) -> list[Experiment]:
         repeats, warmup = z["repeats"].get(length, (2, 1))
         hidden = f"-h{h}" if h else ""
         params = dict(score=score, mode=mode, batch=batch, length=length, d=d, d_hidden=h)
-        params |= dict(heads=heads, impls=["attnzoo", *(impls or PEERS.get(score, ["plain", "sdpa"]))], tag=tag)
+        params |= dict(
+            heads=heads, impls=["attnzoo", *(impls or PEERS.get(score, ["plain", "sdpa"]))], tag=tag
+        )
         memory = budget == "full" or (tag in ("target", "long") and score == "additive")
         params |= dict(repeats=repeats, warmup=warmup, memory=bool(memory))
         params["budget_gib"] = z["budget_gib"]
@@ -108,7 +116,17 @@ def experiments(budget: str) -> list[Experiment]:
                     add(score, mode, z["batch"], n, z["d"], h, tag=tag if h else "")
             k = "matched" if tag else ""
             if budget == "full" or mode == TRAIN:
-                add("additive", mode, z["batch"], n, z["d"], z["keras_h"], None, k, ["keras_additive"])
+                add(
+                    "additive",
+                    mode,
+                    z["batch"],
+                    n,
+                    z["d"],
+                    z["keras_h"],
+                    None,
+                    k,
+                    ["keras_additive"],
+                )
     add("additive", TRAIN, *z["long"], z["d"], z["h"], None, "long")
     batch, d_model, heads, lengths = z["mha"]
     for n in lengths:
@@ -276,7 +294,9 @@ def derive(summary: dict) -> dict[str, dict]:
         **{key: p.get(key) for key in ("batch", "length", "d_hidden")},
         "time_over_plain": get(a, "impls.plain.ratio.median"),
         "peak_over_plain": get(a, "impls.plain.peak_ratio"),
-        "peak_over_keras": div(get(a, "impls.attnzoo.peak_mib"), get(k, "impls.keras_additive.peak_mib")),  # fmt: skip
+        "peak_over_keras": div(
+            get(a, "impls.attnzoo.peak_mib"), get(k, "impls.keras_additive.peak_mib")
+        ),  # fmt: skip
         "matched_time_over_keras": get(k, "impls.keras_additive.ratio.median"),
         "gtanh_per_s": p and div(p["batch"] * p["length"] ** 2 * p["d_hidden"] / 1e9, tanh_ms),
         "long_peak_gib": div(get(long, "impls.attnzoo.peak_mib"), 1024),
