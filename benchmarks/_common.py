@@ -311,6 +311,11 @@ class Target:
         }
 
 
+def targets(source: str, *rows: tuple) -> list[Target]:
+    """Targets from (name, id, key, op, threshold) rows sharing one source."""
+    return [Target(*row, source=source) for row in rows]
+
+
 @dataclass(frozen=True)
 class Column:
     """A table column: `key` is a metric (dotted for nested ones), `params.NAME` or `id`."""
@@ -328,7 +333,7 @@ class Table:
     """Rows: the experiments of `groups` (in declaration order), or of `ids` when given."""
 
     name: str
-    columns: Sequence[Column]
+    columns: Sequence[Column | tuple]  # a tuple: Column's fields in order
     groups: Sequence[str] = ()
     ids: Sequence[str] = ()
     # a metric holding one dict per item (e.g. per implementation): then a row per item, the
@@ -463,15 +468,15 @@ def render_table(table: Table, data: Mapping[str, Any]) -> str:
     """A markdown table of the summary in `data` (a results JSON), with each row's n (seeds)."""
     summary = data["summary"]
     ids = list(table.ids) or [i for i, e in summary.items() if e["group"] in table.groups]
-    header = [c.header for c in table.columns] + ["n"]
+    header = [c.header if isinstance(c, Column) else c[0] for c in table.columns] + ["n"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for i in ids:
         entry = summary[i]
         n = str(len(entry["seeds"]))
         for item, status in (_items(table, data, i) if table.each else {"": STATUS_OK}).items():
+            columns = [c if isinstance(c, Column) else Column(*c) for c in table.columns]
             columns = [
-                replace(c, key=c.key.replace("each.", f"{table.each}.{item}.", 1))
-                for c in table.columns
+                replace(c, key=c.key.replace("each.", f"{table.each}.{item}.", 1)) for c in columns
             ]
             cells = [cell(entry, c, i, item) for c in columns]
             if status != STATUS_OK:  # e.g. "OOM" in its metric columns

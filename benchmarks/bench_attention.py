@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import _common
 import attnzoo
-from _common import GIB, MIB, Bench, Column, Experiment, Table, Target, drive, extreme
-from _common import grad_step, peak_memory, time_steps
+from _common import GIB, MIB, Bench, Experiment, Table, drive, extreme, targets
 from attnzoo import scores
 
 FWD, TRAIN = "fwd", "fwd+bwd"
@@ -60,20 +60,15 @@ IMPLS = {
 WEIGHTS = ("attnzoo_weights", "torch_mha_weights", "keras_mha_scores")  # vs attnzoo_weights
 PEERS = {"dot": ["plain", "sdpa", "keras_attention"], "location": ["plain"]}
 PEERS |= {"scaled_dot": ["plain", "sdpa", "keras_attention_scaled"], "additive": ["plain"]}
-PEERS["mha"] = [
-    "attnzoo_weights",
-    "torch_mha",
-    "torch_mha_weights",
-    "keras_mha",
-    "keras_mha_scores",
-]
-SIZES = {  # the project's sizes; MHA as Vaswani's base model (d_model 512, 8 heads)
-    "full": dict(batch=4, d=64, lengths=(128, 512, 2048), h=128, keras_h=64, target=512,
-                 mha=(8, 512, 8, (128, 512)), long=(1, 4096), budget_gib=10.0,
-                 # (repeats, warm-up): a fused additive fwd+bwd takes tens of seconds at 2048
-                 repeats={128: (30, 3), 512: (12, 2), 2048: (3, 1), 4096: (1, 0)}),
-    "smoke": dict(batch=2, d=16, lengths=(64,), h=32, keras_h=16, target=64,
-                  mha=(2, 32, 4, (32,)), long=(1, 256), budget_gib=1 / 32, repeats={}),
+PEERS["mha"] = ["attnzoo_weights", "torch_mha", "torch_mha_weights", "keras_mha"]
+PEERS["mha"] += ["keras_mha_scores"]
+# batch, d, lengths, d_hidden, Keras's d_hidden (= d), target length, MHA (batch, d_model,
+# heads, lengths) as Vaswani's base model, long additive (batch, length), memory budget GiB,
+# (repeats, warm-up) by length: a fused additive fwd+bwd takes tens of seconds at 2048
+SIZES = {
+    "full": (4, 64, (128, 512, 2048), 128, 64, 512, (8, 512, 8, (128, 512)), (1, 4096), 10.0,
+             {128: (30, 3), 512: (12, 2), 2048: (3, 1), 4096: (1, 0)}),
+    "smoke": (2, 16, (64,), 32, 16, 64, (2, 32, 4, (32,)), (1, 256), 1 / 32, {}),
 }  # fmt: skip
 METHOD = {
     "dtype": "float32",
@@ -92,46 +87,34 @@ METHOD = {
 
 
 def experiments(budget: str) -> list[Experiment]:
-    z, out = SIZES[budget], []
+    batch, d, lengths, h, keras_h, target, mha, long, budget_gib, repeats = SIZES[budget]
+    full, out = budget == "full", []
 
     def add(score, mode, batch, length, d, h=None, heads=None, tag="", impls=()):
-        repeats, warmup = z["repeats"].get(length, (2, 1))
-        hidden = f"-h{h}" if h else ""
+        peers = impls or PEERS.get(score, ["plain", "sdpa"])
         params = dict(score=score, mode=mode, batch=batch, length=length, d=d, d_hidden=h)
-        params |= dict(
-            heads=heads, impls=["attnzoo", *(impls or PEERS.get(score, ["plain", "sdpa"]))], tag=tag
-        )
-        memory = budget == "full" or (tag in ("target", "long") and score == "additive")
-        params |= dict(repeats=repeats, warmup=warmup, memory=bool(memory))
-        params["budget_gib"] = z["budget_gib"]
+        params |= dict(heads=heads, impls=["attnzoo", *peers], tag=tag, budget_gib=budget_gib)
+        params |= dict(zip(("repeats", "warmup"), repeats.get(length, (2, 1)), strict=True))
+        # the smoke run measures the memory of what the additive targets read
+        params["memory"] = full or (tag in ("target", "long") and score == "additive")
+        hidden = f"-h{h}" if h else ""
         group = "long" if tag == "long" else score
         out.append(Experiment(f"{score}{hidden}-{mode}-L{length}", group, params))
 
-    for n in z["lengths"]:
-        tag = "target" if n == z["target"] else ""
+    for n in lengths:
+        tag = "target" if n == target else ""
         for mode in (FWD, TRAIN):
             for score in SCORES:  # the smoke run: every path once, and the fwd target
-                h = z["h"] if score == "additive" else None
-                if budget == "full" or mode == TRAIN or h:
-                    add(score, mode, z["batch"], n, z["d"], h, tag=tag if h else "")
-            k = "matched" if tag else ""
-            if budget == "full" or mode == TRAIN:
-                add(
-                    "additive",
-                    mode,
-                    z["batch"],
-                    n,
-                    z["d"],
-                    z["keras_h"],
-                    None,
-                    k,
-                    ["keras_additive"],
-                )
-    add("additive", TRAIN, *z["long"], z["d"], z["h"], None, "long")
-    batch, d_model, heads, lengths = z["mha"]
-    for n in lengths:
-        for mode in (FWD, TRAIN) if budget == "full" else (TRAIN,):
-            add("mha", mode, batch, n, d_model, None, heads, "target" * (n == max(lengths)))
+                additive = score == "additive"
+                if full or mode == TRAIN or additive:
+                    add(score, mode, batch, n, d, h if additive else None, tag=tag * additive)
+            if full or mode == TRAIN:
+                matched = "matched" * bool(tag)
+                add("additive", mode, batch, n, d, keras_h, None, matched, ["keras_additive"])
+    add("additive", TRAIN, *long, d, h, None, "long")
+    for n in mha[3]:
+        for mode in (FWD, TRAIN) if full else (TRAIN,):
+            add("mha", mode, mha[0], n, mha[1], None, mha[2], "target" * (n == max(mha[3])))
     return out
 
 
@@ -204,8 +187,11 @@ def _score(s: dict, train: bool):
 
         return sdpa, leaves, shape
     layers = _keras().layers
-    layer = layers.AdditiveAttention() if impl == "keras_additive" else layers.Attention(
-        use_scale=impl == "keras_attention_scaled")  # fmt: skip
+    layer = (
+        layers.AdditiveAttention()
+        if impl == "keras_additive"
+        else layers.Attention(use_scale=impl == "keras_attention_scaled")
+    )
     with torch.no_grad():
         layer([q[:1, :2], v[:1, :2], k[:1, :2]])  # builds the weights
     if impl == "keras_attention_scaled":
@@ -237,7 +223,7 @@ def build_step(spec: dict):
     """One call of one implementation (spec: an experiment's params and "impl")."""
     torch.manual_seed(0)
     train = spec["mode"] == TRAIN
-    return grad_step(*(_mha if spec["score"] == "mha" else _score)(spec, train), train)
+    return _common.grad_step(*(_mha if spec["score"] == "mha" else _score)(spec, train), train)
 
 
 def worker(params: dict, ctx) -> dict:
@@ -247,8 +233,9 @@ def worker(params: dict, ctx) -> dict:
     reference = {i: "attnzoo_weights" if i in WEIGHTS else "attnzoo" for i in fits}
     reference = {i: ref for i, ref in reference.items() if ref != i and ref in fits}
     builders = {impl: partial(build_step, spec) for impl, spec in fits.items()}
-    timed = time_steps(builders, repeats=params["repeats"], warmup=params["warmup"],
-                       reference=reference)  # fmt: skip
+    timed = _common.time_steps(
+        builders, repeats=params["repeats"], warmup=params["warmup"], reference=reference
+    )
     impls = {}
     for impl, spec in specs.items():
         mib = estimate_bytes(spec) / MIB
@@ -256,7 +243,7 @@ def worker(params: dict, ctx) -> dict:
         impls[impl] = {"status": "ok", "estimate_mib": round(mib, 1), **timed.get(impl, oom)}
         if params["memory"] and impls[impl]["status"] == "ok":
             warm = {**spec, "length": WARM_LENGTH}
-            impls[impl].update(peak_memory(BENCH, spec, warm, budget + GIB))
+            impls[impl].update(_common.peak_memory(BENCH, spec, warm, budget + GIB))
     for impl, ref in reference.items():
         if impls[impl].get("peak_mib") and impls[ref].get("peak_mib") is not None:
             impls[impl]["peak_ratio"] = impls[ref]["peak_mib"] / impls[impl]["peak_mib"]
@@ -273,7 +260,10 @@ def derive(summary: dict) -> dict[str, dict]:
 
     def find(score: str, tag: str, mode: str = TRAIN) -> str:
         want = (score, tag, mode)
-        return next((i for i, p in params.items() if (p.get("score"), p.get("tag"), p.get("mode")) == want), "")  # fmt: skip
+        return next(
+            (i for i, p in params.items() if (p.get("score"), p.get("tag"), p.get("mode")) == want),
+            "",
+        )
 
     def get(i: str, key: str):
         return summary.get(i, {}).get("metrics", {}).get(key, {}).get("mean")
@@ -286,7 +276,9 @@ def derive(summary: dict) -> dict[str, dict]:
         for mode in (FWD, TRAIN):
             ids = [i for i, p in params.items() if (p.get("score"), p.get("mode")) == (score, mode)]
             key = "impls.sdpa.ratio.median"
-            out[f"{score}-{mode}"] = dict(worst=extreme(summary, ids, key), best=extreme(summary, ids, key, min))  # fmt: skip
+            out[f"{score}-{mode}"] = dict(
+                worst=extreme(summary, ids, key), best=extreme(summary, ids, key, min)
+            )
     a, k, long = find("additive", "target"), find("additive", "matched"), find("additive", "long")
     p, q = params.get(a, {}), params.get(long, {})
     tanh_ms = div(get(find("additive", "target", FWD), "impls.attnzoo.ms.median"), 1e3)
@@ -296,7 +288,7 @@ def derive(summary: dict) -> dict[str, dict]:
         "peak_over_plain": get(a, "impls.plain.peak_ratio"),
         "peak_over_keras": div(
             get(a, "impls.attnzoo.peak_mib"), get(k, "impls.keras_additive.peak_mib")
-        ),  # fmt: skip
+        ),
         "matched_time_over_keras": get(k, "impls.keras_additive.ratio.median"),
         "gtanh_per_s": p and div(p["batch"] * p["length"] ** 2 * p["d_hidden"] / 1e9, tanh_ms),
         "long_peak_gib": div(get(long, "impls.attnzoo.peak_mib"), 1024),
@@ -312,40 +304,32 @@ def derive(summary: dict) -> dict[str, dict]:
     return out
 
 
-SOURCE = "docs/core.md's targets (issue 11 moved them into data)"
-TARGETS = [
-    Target(f"{s} {m}: attnzoo / sdpa time, worst length", f"{s}-{m}", "worst", "<=", 1.1, SOURCE)
-    for s in DOT_FAMILY
-    for m in (FWD, TRAIN)
-] + [
-    Target(f"additive {TRAIN}: attnzoo / {peer} peak memory", "additive", key, "<=", 0.1, SOURCE)
-    for peer, key in (("plain", "peak_over_plain"), ("keras_additive", "peak_over_keras"))
-] + [
-    Target(f"additive {TRAIN}: attnzoo / plain time", "additive", "time_over_plain", "<=", 0.6, SOURCE),
-    Target(f"additive {FWD}: G tanh/s", "additive", "gtanh_per_s", ">=", 1.0, SOURCE),
-    Target(f"additive {TRAIN}, d_hidden = d: attnzoo / keras_additive time (information)",
-           "additive", "matched_time_over_keras", "<", 1.0, SOURCE),
-    Target(f"additive {TRAIN}, long: peak GiB", "additive", "long_peak_gib", "<", 1.5, SOURCE),
-    Target(f"mha {TRAIN}: attnzoo / min(torch_mha, keras_mha) time", "mha",
-           "time_over_best_peer", "<=", 1.0, SOURCE),
-    Target(f"mha {TRAIN} with weights: attnzoo_weights / torch_mha_weights time", "mha",
-           "weights_time_over_torch", "<=", 0.8, SOURCE),
-]  # fmt: skip
-TABLES = [
-    Table("summary", [Column("score, mode", "id"), Column("worst", "worst", 3),
-                      Column("best", "best", 3)], ids=[f"{s}-{m}" for s in DOT_FAMILY for m in (FWD, TRAIN)]),
-    Table("detail", [Column("score", "params.score"), Column("d_hidden", "params.d_hidden"),
-                     Column("batch", "params.batch"), Column("length", "params.length"),
-                     Column("mode", "params.mode"), Column("implementation", "each"),
-                     Column("ms: median (quartiles)", "each.ms", 3, "iqr"),
-                     Column("attnzoo / it: median (range)", "each.ratio", 3, "range"),
-                     Column("peak MiB", "each.peak_mib", 1)],
-          groups=[*SCORES, "long", "mha"], each="impls"),
-]  # fmt: skip
-BENCH = Bench(
-    "attention", __file__, experiments, worker, TARGETS, TABLES, derive=derive, threads=2,
-    jobs={"full": 1, "smoke": 2}, method=METHOD, step=build_step,
+TARGETS = targets(
+    "docs/core.md's targets (issue 11 moved them into data)",
+    *((f"{s} {m}: attnzoo / sdpa time, worst length", f"{s}-{m}", "worst", "<=", 1.1)
+      for s in DOT_FAMILY for m in (FWD, TRAIN)),
+    (f"additive {TRAIN}: attnzoo / plain peak memory", "additive", "peak_over_plain", "<=", 0.1),
+    (f"additive {TRAIN}: attnzoo / keras_additive peak memory", "additive", "peak_over_keras",
+     "<=", 0.1),
+    (f"additive {TRAIN}: attnzoo / plain time", "additive", "time_over_plain", "<=", 0.6),
+    (f"additive {FWD}: G tanh/s", "additive", "gtanh_per_s", ">=", 1.0),
+    (f"additive {TRAIN}, d_hidden = d: attnzoo / keras_additive time (information)", "additive",
+     "matched_time_over_keras", "<", 1.0),
+    (f"additive {TRAIN}, long: peak GiB", "additive", "long_peak_gib", "<", 1.5),
+    (f"mha {TRAIN}: attnzoo / min(torch_mha, keras_mha) time", "mha", "time_over_best_peer",
+     "<=", 1.0),
+    (f"mha {TRAIN} with weights: attnzoo_weights / torch_mha_weights time", "mha",
+     "weights_time_over_torch", "<=", 0.8),
 )  # fmt: skip
+SUMMARY = [("score, mode", "id"), ("worst", "worst", 3), ("best", "best", 3)]
+DETAIL = [("score", "params.score"), ("d_hidden", "params.d_hidden"), ("batch", "params.batch")]
+DETAIL += [("length", "params.length"), ("mode", "params.mode"), ("implementation", "each")]
+DETAIL += [("ms: median (quartiles)", "each.ms", 3, "iqr"), ("peak MiB", "each.peak_mib", 1)]
+DETAIL.insert(-1, ("attnzoo / it: median (range)", "each.ratio", 3, "range"))
+TABLES = [Table("summary", SUMMARY, ids=[f"{s}-{m}" for s in DOT_FAMILY for m in (FWD, TRAIN)])]
+TABLES += [Table("detail", DETAIL, groups=[*SCORES, "long", "mha"], each="impls")]
+BENCH = Bench("attention", __file__, experiments, worker, TARGETS, TABLES, derive=derive,
+              threads=2, jobs={"full": 1, "smoke": 2}, method=METHOD, step=build_step)  # fmt: skip
 
 if __name__ == "__main__":
     drive(BENCH)

@@ -23,8 +23,7 @@ from functools import partial
 
 import torch
 
-from _common import Bench, Column, Experiment, Table, Target, drive, grad_step, peak_memory
-from _common import time_steps
+from _common import Bench, Experiment, Table, drive, grad_step, peak_memory, targets, time_steps
 
 os.environ["KERAS_BACKEND"] = "torch"  # before keras is imported, in this and every worker
 os.environ.setdefault("KERAS_TORCH_DEVICE", "cpu")  # a CPU benchmark, also where CUDA exists
@@ -55,19 +54,35 @@ def experiments(budget: str) -> list[Experiment]:
     for n in lengths:
         run = dict(length=n, repeats=repeats[n], warmup=warmup, target=n == target)
         memory = budget == "full" or n == target
-        out.append(Experiment(f"additive-L{n}", "keras",
-                              dict(layer=ADDITIVE, batch=batch, d=d, heads=None, memory=memory, **run)))  # fmt: skip
-        out.append(Experiment(f"mha-L{n}", "keras",
-                              dict(layer=MHA, batch=mha_batch, d=d_model, heads=heads, memory=budget == "full", **run)))  # fmt: skip
+        out.append(
+            Experiment(
+                f"additive-L{n}",
+                "keras",
+                dict(layer=ADDITIVE, batch=batch, d=d, heads=None, memory=memory, **run),
+            )
+        )
+        out.append(
+            Experiment(
+                f"mha-L{n}",
+                "keras",
+                dict(
+                    layer=MHA,
+                    batch=mha_batch,
+                    d=d_model,
+                    heads=heads,
+                    memory=budget == "full",
+                    **run,
+                ),
+            )
+        )
     return out
 
 
 def build_layer(s: dict):
     """(forward, leaves, output shape) of one side. Keras's layer is built first and attnzoo's
     takes its weights, so both sides compute the same function."""
-    import keras
-
     import attnzoo.keras as ak
+    import keras
 
     torch.manual_seed(0)
     keras.utils.set_random_seed(0)
@@ -101,8 +116,9 @@ def worker(params: dict, ctx) -> dict:
 
     specs = {impl: {**params, "impl": impl} for impl in ("attnzoo", "keras")}
     builders = {impl: partial(build_step, spec) for impl, spec in specs.items()}
-    impls = time_steps(builders, repeats=params["repeats"], warmup=params["warmup"],
-                       reference={"keras": "attnzoo"})  # fmt: skip
+    impls = time_steps(
+        builders, repeats=params["repeats"], warmup=params["warmup"], reference={"keras": "attnzoo"}
+    )
     if params["memory"]:
         for impl, spec in specs.items():
             impls[impl].update(peak_memory(BENCH, spec, {**spec, "length": WARM_LENGTH}))
@@ -118,31 +134,35 @@ def worker(params: dict, ctx) -> dict:
 def derive(summary: dict) -> dict[str, dict]:
     """The targets' values, at the target length whatever the budget's sizes."""
     out = {}
-    for i, e in summary.items():
+    for e in summary.values():
         if e["params"].get("target"):
             name = "additive" if e["params"]["layer"] == ADDITIVE else "mha"
             m = e["metrics"]
-            for key, metric in (("time", "impls.keras.ratio.median"), ("peak", "impls.keras.peak_ratio")):  # fmt: skip
+            for key, metric in (
+                ("time", "impls.keras.ratio.median"),
+                ("peak", "impls.keras.peak_ratio"),
+            ):
                 if metric in m:
                     out.setdefault("target", {})[f"{name}_{key}_ratio"] = m[metric]["mean"]
     return out
 
 
-SOURCE = "docs/keras.md's targets (issue 11 moved them into data)"
-TARGETS = [
-    Target(f"{ADDITIVE} fwd+bwd: time / keras (matched features)", "target", "additive_time_ratio", "<=", 0.5, SOURCE),
-    Target(f"{ADDITIVE} fwd+bwd: peak memory / keras", "target", "additive_peak_ratio", "<=", 0.1, SOURCE),
-    Target(f"{MHA} training step: time / keras", "target", "mha_time_ratio", "<=", 1.0, SOURCE),
-]  # fmt: skip
-TABLE = Table("keras", [
-    Column("layer", "params.layer"), Column("batch", "params.batch"),
-    Column("length", "params.length"), Column("attnzoo ms", "impls.attnzoo.ms.median"),
-    Column("Keras ms", "impls.keras.ms.median"),
-    Column("attnzoo / Keras: median (per-round range)", "impls.keras.ratio", 3, "range"),
-    Column("attnzoo MiB", "impls.attnzoo.peak_mib", 1), Column("Keras MiB", "impls.keras.peak_mib", 1),
-    Column("memory / Keras", "impls.keras.peak_ratio", 3),
-    Column("max abs diff", "max_abs_diff", 1, sci=True)], groups=["keras"])  # fmt: skip
-BENCH = Bench("keras", __file__, experiments, worker, TARGETS, [TABLE], derive=derive, jobs={"full": 1, "smoke": 2}, method=METHOD, step=build_step)  # fmt: skip
+TARGETS = targets(
+    "docs/keras.md's targets (issue 11 moved them into data)",
+    (f"{ADDITIVE} fwd+bwd: time / keras (matched features)", "target", "additive_time_ratio",
+     "<=", 0.5),
+    (f"{ADDITIVE} fwd+bwd: peak memory / keras", "target", "additive_peak_ratio", "<=", 0.1),
+    (f"{MHA} training step: time / keras", "target", "mha_time_ratio", "<=", 1.0),
+)  # fmt: skip
+COLUMNS = [("layer", "params.layer"), ("batch", "params.batch"), ("length", "params.length")]
+COLUMNS += [("attnzoo ms", "impls.attnzoo.ms.median"), ("Keras ms", "impls.keras.ms.median")]
+COLUMNS += [("attnzoo / Keras: median (per-round range)", "impls.keras.ratio", 3, "range")]
+COLUMNS += [("attnzoo MiB", "impls.attnzoo.peak_mib", 1), ("Keras MiB", "impls.keras.peak_mib", 1)]
+COLUMNS += [("memory / Keras", "impls.keras.peak_ratio", 3)]
+COLUMNS += [("max abs diff", "max_abs_diff", 1, "", True)]
+TABLES = [Table("keras", COLUMNS, ["keras"])]
+BENCH = Bench("keras", __file__, experiments, worker, TARGETS, TABLES, derive=derive,
+              jobs={"full": 1, "smoke": 2}, method=METHOD, step=build_step)  # fmt: skip
 
 if __name__ == "__main__":
     drive(BENCH)

@@ -24,8 +24,17 @@ import torch
 import torch.nn.functional as F
 
 import attnzoo
-from _common import Bench, Column, Experiment, Table, Target, drive, extreme, median, spread
-from _common import time_interleaved
+from _common import (
+    Bench,
+    Experiment,
+    Table,
+    drive,
+    extreme,
+    median,
+    spread,
+    targets,
+    time_interleaved,
+)
 
 SIZES = {"full": ((16, 32, 64, 128), 200, 41), "smoke": ((16,), 20, 3)}  # lengths, calls, repeats
 METHOD = {
@@ -46,7 +55,12 @@ def experiments(budget: str) -> list[Experiment]:
 
 def matmul_gflops() -> float:
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    return 2 * 1024**3 / median(time_interleaved({"mm": lambda: a @ b}, repeats=15, warmup=3)["mm"]) / 1e9  # fmt: skip
+    return (
+        2
+        * 1024**3
+        / median(time_interleaved({"mm": lambda: a @ b}, repeats=15, warmup=3)["mm"])
+        / 1e9
+    )
 
 
 def worker(p: dict, ctx) -> dict:
@@ -71,11 +85,16 @@ def worker(p: dict, ctx) -> dict:
 
         return step
 
-    time_interleaved({name: sample(name) for name in calls}, repeats=p["repeats"], warmup=p["warmup"])  # fmt: skip
+    time_interleaved(
+        {name: sample(name) for name in calls}, repeats=p["repeats"], warmup=p["warmup"]
+    )
     us = {name: t[p["warmup"] :] for name, t in cpu.items()}  # its order, our clock
     paired = {name: [a - s for a, s in zip(us[name], us["sdpa"], strict=True)] for name in calls}
     out = {f"{name}_us": spread(t) for name, t in us.items()}
-    out |= {"overhead_us": spread(paired["attnzoo"]), "overhead_4d_us": spread(paired["attnzoo_4d"])}  # fmt: skip
+    out |= {
+        "overhead_us": spread(paired["attnzoo"]),
+        "overhead_4d_us": spread(paired["attnzoo_4d"]),
+    }
     out["ratio"] = out["attnzoo_us"]["median"] / out["sdpa_us"]["median"]
     return {**out, "matmul_gflops": {"before": before, "after": matmul_gflops()}}
 
@@ -86,21 +105,21 @@ def derive(summary: dict) -> dict[str, dict]:
     return {"worst": {key: extreme(summary, ids, f"{key}.median") for key in keys}}
 
 
-SOURCE = "docs/core.md: the cost an RNN decoder pays at every step"
-BENCH = Bench(
-    "attention_overhead", __file__, experiments, worker, derive=derive, jobs=1, method=METHOD,
-    targets=[Target(f"attention() own cost over 4-D sdpa, {name} inputs: us (worst length)",
-                    "worst", key, "<=", 5.0, SOURCE)
-             for name, key in (("3-D", "overhead_us"), ("4-D", "overhead_4d_us"))],
-    tables=[Table("overhead", [
-        Column("batch", "params.batch"), Column("length", "params.length"), Column("d", "params.d"),
-        Column("attnzoo us", "attnzoo_us.median"), Column("sdpa us", "sdpa_us.median"),
-        Column("own cost us: median (quartiles)", "overhead_us", 2, "iqr"),
-        Column("attnzoo / sdpa", "ratio", 3),
-        Column("own cost, 4-D inputs, us", "overhead_4d_us", 2, "iqr"),
-        Column("matmul GFLOP/s before", "matmul_gflops.before", 0),
-        Column("after", "matmul_gflops.after", 0)], groups=["overhead"])],
+TARGETS = targets(
+    "docs/core.md: the cost an RNN decoder pays at every step",
+    *((f"attention() own cost over 4-D sdpa, {inputs} inputs: us (worst length)", "worst", key,
+       "<=", 5.0) for inputs, key in (("3-D", "overhead_us"), ("4-D", "overhead_4d_us"))),
 )  # fmt: skip
+COLUMNS = [("batch", "params.batch"), ("length", "params.length"), ("d", "params.d")]
+COLUMNS += [("attnzoo us", "attnzoo_us.median"), ("sdpa us", "sdpa_us.median")]
+COLUMNS += [("own cost us: median (quartiles)", "overhead_us", 2, "iqr")]
+COLUMNS += [("attnzoo / sdpa", "ratio", 3)]
+COLUMNS += [("own cost, 4-D inputs, us", "overhead_4d_us", 2, "iqr")]
+COLUMNS += [("matmul GFLOP/s before", "matmul_gflops.before", 0)]
+COLUMNS += [("after", "matmul_gflops.after", 0)]
+TABLES = [Table("overhead", COLUMNS, ["overhead"])]
+BENCH = Bench("attention_overhead", __file__, experiments, worker, TARGETS, TABLES,
+              derive=derive, jobs=1, method=METHOD)  # fmt: skip
 
 if __name__ == "__main__":
     drive(BENCH)

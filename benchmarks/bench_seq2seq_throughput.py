@@ -18,14 +18,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from _common import Bench, Column, Experiment, Table, Target, drive, time_steps
+from _common import Bench, Experiment, Table, drive, targets, time_steps
 from attnzoo.models.seq2seq import Seq2Seq, bahdanau
 
 # id -> batch, source length, target length, source vocabulary, target vocabulary, hidden
 SIZES = {
-    "full": {"dates-sized": (64, 30, 11, 60, 20, 128), "kjv2web-sized": (64, 45, 50, 8000, 8000, 256)},
+    "full": {
+        "dates-sized": (64, 30, 11, 60, 20, 128),
+        "kjv2web-sized": (64, 45, 50, 8000, 8000, 256),
+    },
     "smoke": {"dates-sized": (4, 9, 5, 20, 15, 16), "kjv2web-sized": (4, 9, 6, 40, 40, 16)},
-}  # fmt: skip
+}
 METHOD = {
     "ms": "per-step milliseconds over the repeats (median, quartiles, range), the two models "
     "timed in one worker process, interleaved round by round after 2 warm-up steps",
@@ -92,15 +95,22 @@ def experiments(budget: str) -> list[Experiment]:
 
 
 def worker(p: dict, ctx) -> dict:
-    b, j, t, v_src, v_tgt, hidden = (p[k] for k in ("batch", "source_len", "target_len", "source_vocab", "target_vocab", "hidden"))  # fmt: skip
+    b, j, t, v_src, v_tgt, hidden = (
+        p[k]
+        for k in ("batch", "source_len", "target_len", "source_vocab", "target_vocab", "hidden")
+    )
     torch.manual_seed(0)
     ours = Seq2Seq(bahdanau(hidden=hidden, attn_hidden=hidden, embed_dim=hidden // 2), v_src, v_tgt)
     plain = PlainBahdanau(ours)
     source, lengths, target_in, target_out = make_batch(b, j, t, v_src, v_tgt, 0)
     ours.eval()
     with torch.no_grad():  # same weights, same function
-        torch.testing.assert_close(plain(source, lengths, target_in),
-                                   ours(source, lengths, target_in).logits, rtol=1e-4, atol=1e-5)  # fmt: skip
+        torch.testing.assert_close(
+            plain(source, lengths, target_in),
+            ours(source, lengths, target_in).logits,
+            rtol=1e-4,
+            atol=1e-5,
+        )
     ours.train()
     opt = torch.optim.AdamW([*ours.parameters(), *plain.encoder.parameters()], lr=1e-4)
 
@@ -123,20 +133,19 @@ def worker(p: dict, ctx) -> dict:
     return {"impls": impls, "speedup": impls["attnzoo"].pop("ratio")}
 
 
-SOURCE = "docs/seq2seq.md's target (issue 11 moved it into data)"
-BENCH = Bench(
-    "seq2seq_throughput", __file__, experiments, worker, threads=2, jobs={"full": 1, "smoke": 2},
-    method=METHOD,
-    targets=[Target(f"training tokens/s vs plain ({i})", i, "speedup.median", ">=", 2.0, SOURCE)
-             for i in SIZES["full"]],
-    tables=[Table("throughput", [
-        Column("config", "id"), Column("batch", "params.batch"),
-        Column("source length", "params.source_len"), Column("target length", "params.target_len"),
-        Column("hidden", "params.hidden"), Column("target vocabulary", "params.target_vocab"),
-        Column("attnzoo tokens/s", "impls.attnzoo.tokens_per_s", 0),
-        Column("plain tokens/s", "impls.plain.tokens_per_s", 0),
-        Column("speedup: median (per-round range)", "speedup", 2, "range")], groups=["throughput"])],
-)  # fmt: skip
+TARGETS = targets(
+    "docs/seq2seq.md's target (issue 11 moved it into data)",
+    *((f"training tokens/s vs plain ({i})", i, "speedup.median", ">=", 2.0) for i in SIZES["full"]),
+)
+COLUMNS = [("config", "id"), ("batch", "params.batch"), ("source length", "params.source_len")]
+COLUMNS += [("target length", "params.target_len"), ("hidden", "params.hidden")]
+COLUMNS += [("target vocabulary", "params.target_vocab")]
+COLUMNS += [("attnzoo tokens/s", "impls.attnzoo.tokens_per_s", 0)]
+COLUMNS += [("plain tokens/s", "impls.plain.tokens_per_s", 0)]
+COLUMNS += [("speedup: median (per-round range)", "speedup", 2, "range")]
+BENCH = Bench("seq2seq_throughput", __file__, experiments, worker, TARGETS,
+              [Table("throughput", COLUMNS, ["throughput"])], threads=2,
+              jobs={"full": 1, "smoke": 2}, method=METHOD)  # fmt: skip
 
 if __name__ == "__main__":
     drive(BENCH)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from _common import Bench, Column, Experiment, Table, Target, drive, per_round, time_steps
+from _common import Bench, Experiment, Table, drive, per_round, targets, time_steps
 from attnzoo.core import sinusoidal_encoding
 from attnzoo.decoding import greedy
 from attnzoo.models.transformer import Transformer
@@ -140,8 +140,11 @@ def experiments(budget: str) -> list[Experiment]:
     return [
         Experiment("training-dropout0", "training", {**train, "dropout": 0.0}),
         Experiment("training-dropout0.1", "training", {**train, "dropout": 0.1}),
-        *(Experiment(f"decoding-batch{b}", "decoding", {**decode, "decode_batch": b}) for b in (1, 32)),
-    ]  # fmt: skip
+        *(
+            Experiment(f"decoding-batch{b}", "decoding", {**decode, "decode_batch": b})
+            for b in (1, 32)
+        ),
+    ]
 
 
 def training(c: dict) -> dict:
@@ -184,8 +187,12 @@ def training(c: dict) -> dict:
     ratios = {f"vs_{n}": per_round(times[n], times["attnzoo"]) for n in times if n != "attnzoo"}
     if "attnzoo_bf16" in times:
         ratios["bf16_vs_torch"] = per_round(times["torch"], times["attnzoo_bf16"])
-    return {"impls": impls, **ratios, "loss_difference": float((a - b).abs()),
-            **({"x_transformers": missing} if missing else {})}  # fmt: skip
+    return {
+        "impls": impls,
+        **ratios,
+        "loss_difference": float((a - b).abs()),
+        **({"x_transformers": missing} if missing else {}),
+    }
 
 
 def decoding(c: dict) -> dict:
@@ -202,43 +209,51 @@ def decoding(c: dict) -> dict:
         return lambda: greedy(model.decode_step, model.start(memory, cache=cache), batch, **kwargs)
 
     identical = torch.equal(run(True)(), run(False)())
-    impls = time_steps({"cached": lambda: run(True), "uncached": lambda: run(False)},
-                       repeats=c["repeats"], warmup=0, reference={"cached": "uncached"})  # fmt: skip
-    return {"impls": impls, "speedup": impls["cached"].pop("ratio"), "identical_tokens": float(identical)}  # fmt: skip
+    impls = time_steps(
+        {"cached": lambda: run(True), "uncached": lambda: run(False)},
+        repeats=c["repeats"],
+        warmup=0,
+        reference={"cached": "uncached"},
+    )
+    return {
+        "impls": impls,
+        "speedup": impls["cached"].pop("ratio"),
+        "identical_tokens": float(identical),
+    }
 
 
 def worker(params: dict, ctx) -> dict:
     return (training if params["kind"] == "training" else decoding)(params)
 
 
-SOURCE = "docs/transformer.md's targets (issue 11 moved them into data)"
 T0 = "training-dropout0"
-TARGETS = [
-    Target("training tokens/s vs nn.Transformer (fp32)", T0, "vs_torch.median", ">=", 1.0, SOURCE),
-    Target("training tokens/s vs x-transformers (fp32)", T0, "vs_x_transformers.median", ">=", 1.0, SOURCE),
-    Target("bf16 autocast training tokens/s vs nn.Transformer fp32", T0, "bf16_vs_torch.median", ">=", 2.0, SOURCE),
-    Target("cached vs uncached greedy decoding, batch 1", "decoding-batch1", "speedup.median", ">=", 4.0, SOURCE),
-    Target("cached vs uncached greedy decoding, batch 32", "decoding-batch32", "speedup.median", ">=", 15.0, SOURCE),
-]  # fmt: skip
-TABLES = [
-    Table("training", [
-        Column("dropout", "params.dropout"), Column("attnzoo tokens/s", "impls.attnzoo.tokens_per_s", 0),
-        Column("nn.Transformer tokens/s", "impls.torch.tokens_per_s", 0),
-        Column("x-transformers tokens/s", "impls.x_transformers.tokens_per_s", 0),
-        Column("attnzoo / nn.Transformer: median (per-round range)", "vs_torch", 3, "range"),
-        Column("attnzoo / x-transformers", "vs_x_transformers", 3, "range"),
-        Column("loss difference", "loss_difference", 1, sci=True)], groups=["training"]),
-    Table("autocast", [
-        Column("attnzoo bf16 tokens/s", "impls.attnzoo_bf16.tokens_per_s", 0),
-        Column("nn.Transformer fp32 tokens/s", "impls.torch.tokens_per_s", 0),
-        Column("bf16 / fp32: median (per-round range)", "bf16_vs_torch", 2, "range")], ids=[T0]),
-    Table("decoding", [
-        Column("batch", "params.decode_batch"), Column("tokens", "params.steps"),
-        Column("cached ms", "impls.cached.ms.median", 1), Column("uncached ms", "impls.uncached.ms.median", 1),
-        Column("speedup: median (per-round range)", "speedup", 2, "range"),
-        Column("identical tokens (1 = yes)", "identical_tokens", 0)], groups=["decoding"]),
-]  # fmt: skip
-BENCH = Bench("transformer", __file__, experiments, worker, TARGETS, TABLES, threads=1, jobs={"full": 1, "smoke": 2}, method=METHOD)  # fmt: skip
+TARGETS = targets(
+    "docs/transformer.md's targets (issue 11 moved them into data)",
+    ("training tokens/s vs nn.Transformer (fp32)", T0, "vs_torch.median", ">=", 1.0),
+    ("training tokens/s vs x-transformers (fp32)", T0, "vs_x_transformers.median", ">=", 1.0),
+    ("bf16 autocast training tokens/s vs nn.Transformer fp32", T0, "bf16_vs_torch.median", ">=",
+     2.0),
+    *((f"cached vs uncached greedy decoding, batch {b}", f"decoding-batch{b}", "speedup.median",
+       ">=", wanted) for b, wanted in ((1, 4.0), (32, 15.0))),
+)  # fmt: skip
+TRAINING = [("dropout", "params.dropout"), ("attnzoo tokens/s", "impls.attnzoo.tokens_per_s", 0)]
+TRAINING += [("nn.Transformer tokens/s", "impls.torch.tokens_per_s", 0)]
+TRAINING += [("x-transformers tokens/s", "impls.x_transformers.tokens_per_s", 0)]
+TRAINING += [("attnzoo / nn.Transformer: median (per-round range)", "vs_torch", 3, "range")]
+TRAINING += [("attnzoo / x-transformers", "vs_x_transformers", 3, "range")]
+TRAINING += [("loss difference", "loss_difference", 1, "", True)]
+AUTOCAST = [("attnzoo bf16 tokens/s", "impls.attnzoo_bf16.tokens_per_s", 0)]
+AUTOCAST += [("nn.Transformer fp32 tokens/s", "impls.torch.tokens_per_s", 0)]
+AUTOCAST += [("bf16 / fp32: median (per-round range)", "bf16_vs_torch", 2, "range")]
+DECODING = [("batch", "params.decode_batch"), ("tokens", "params.steps")]
+DECODING += [("cached ms", "impls.cached.ms.median", 1)]
+DECODING += [("uncached ms", "impls.uncached.ms.median", 1)]
+DECODING += [("speedup: median (per-round range)", "speedup", 2, "range")]
+DECODING += [("identical tokens (1 = yes)", "identical_tokens", 0)]
+TABLES = [Table("training", TRAINING, ["training"]), Table("autocast", AUTOCAST, ids=[T0])]
+TABLES += [Table("decoding", DECODING, ["decoding"])]
+BENCH = Bench("transformer", __file__, experiments, worker, TARGETS, TABLES, threads=1,
+              jobs={"full": 1, "smoke": 2}, method=METHOD)  # fmt: skip
 
 if __name__ == "__main__":
     drive(BENCH)
