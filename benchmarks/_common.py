@@ -448,8 +448,8 @@ def cell(entry: Mapping[str, Any], column: Column, experiment_id: str, item: str
     if column.spread:
         low, high = ("min", "max") if column.spread == "range" else ("q1", "q3")
         stats = [metrics.get(f"{key}.{k}") for k in ("median", low, high)]
-        if None in stats:
-            return "-"
+        if None in stats:  # the median alone where the spread was not recorded
+            return format_stat(stats[0], column.digits)
         mid, lo, hi = (f"{s['mean']:.{column.digits}f}" for s in stats)
         return f"{mid} ({lo}-{hi})"
     if column.sci and key in metrics:

@@ -115,7 +115,10 @@ def experiments(budget: str) -> list[Experiment]:
     for n in mha[3]:
         for mode in (FWD, TRAIN) if full else (TRAIN,):
             add("mha", mode, mha[0], n, mha[1], None, mha[2], "target" * (n == max(mha[3])))
-    return out
+    order = {group: i for i, group in enumerate([*SCORES, "long", "mha"])}  # the tables' order
+    return sorted(
+        out, key=lambda e: (order[e.group], -(e.params["d_hidden"] or 0), e.params["mode"])
+    )
 
 
 def estimate_bytes(s: dict) -> int:
