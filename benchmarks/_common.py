@@ -467,7 +467,8 @@ def _items(table: Table, data: Mapping[str, Any], i: str) -> dict[str, str]:
 def render_table(table: Table, data: Mapping[str, Any]) -> str:
     """A markdown table of the summary in `data` (a results JSON), with each row's n (seeds)."""
     summary = data["summary"]
-    ids = list(table.ids) or [i for i, e in summary.items() if e["group"] in table.groups]
+    ids = [i for i in table.ids if i in summary]  # a budget may leave experiments out
+    ids = ids or [i for i, e in summary.items() if e["group"] in table.groups]
     header = [c.header if isinstance(c, Column) else c[0] for c in table.columns] + ["n"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for i in ids:
@@ -646,7 +647,7 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     data = {
         "bench": bench.name,
         "budget": args.budget,
-        "machine": machine_info(worker_threads=bench.threads),
+        "machine": machine_info(threads_per_run=bench.threads),
         "method": dict(bench.method),
         "calibrations": calibrations,
         "rows": rows,
