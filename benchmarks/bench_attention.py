@@ -308,7 +308,7 @@ def derive(summary: dict) -> dict[str, dict]:
 
 
 TARGETS = targets(
-    "docs/core.md's targets (issue 11 moved them into data)",
+    "docs/core.md's targets before issue 11",
     *((f"{s} {m}: attnzoo / sdpa time, worst length", f"{s}-{m}", "worst", "<=", 1.1)
       for s in DOT_FAMILY for m in (FWD, TRAIN)),
     (f"additive {TRAIN}: attnzoo / plain peak memory", "additive", "peak_over_plain", "<=", 0.1),

@@ -148,7 +148,7 @@ def derive(summary: dict) -> dict[str, dict]:
 
 
 TARGETS = targets(
-    "docs/keras.md's targets (issue 11 moved them into data)",
+    "docs/keras.md's targets before issue 11",
     (f"{ADDITIVE} fwd+bwd: time / keras (matched features)", "target", "additive_time_ratio",
      "<=", 0.5),
     (f"{ADDITIVE} fwd+bwd: peak memory / keras", "target", "additive_peak_ratio", "<=", 0.1),

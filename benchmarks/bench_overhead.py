@@ -41,8 +41,8 @@ METHOD = {
     "clock": "the calling thread's CPU time (time.thread_time), one torch thread",
     "us": "microseconds per call: spread over the samples (median, quartiles, range); one sample "
     "times params.calls calls back to back; samples of the implementations interleaved",
-    "overhead_us": "attention()'s own cost: per-round attnzoo sample minus the same round's 4-D "
-    "SDPA sample, per call; overhead_4d_us likewise with 4-D inputs to attention()",
+    "overhead_us": "per round, the attnzoo sample minus the same round's 4-D SDPA sample, per "
+    "call (overhead_4d_us: likewise with 4-D inputs to attention()); median over the rounds",
     "matmul_gflops": "fp32 1024^3 matmul on one thread, before and after the samples",
 }
 

@@ -228,7 +228,7 @@ def worker(params: dict, ctx) -> dict:
 
 T0 = "training-dropout0"
 TARGETS = targets(
-    "docs/transformer.md's targets (issue 11 moved them into data)",
+    "docs/transformer.md's targets before issue 11",
     ("training tokens/s vs nn.Transformer (fp32)", T0, "vs_torch.median", ">=", 1.0),
     ("training tokens/s vs x-transformers (fp32)", T0, "vs_x_transformers.median", ">=", 1.0),
     ("bf16 autocast training tokens/s vs nn.Transformer fp32", T0, "bf16_vs_torch.median", ">=",
