@@ -30,10 +30,11 @@ test: $(STAMP) lint
 # every benchmark, then the docs tables from their JSON (long: see docs/ for each one's budget)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_attention.py
-	$(BIN)/python benchmarks/bench_attention.py --overhead
+	$(BIN)/python benchmarks/bench_overhead.py
 	$(BIN)/python benchmarks/bench_seq2seq_throughput.py
 	$(BIN)/python benchmarks/bench_seq2seq.py
-	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_keras.py
+	$(BIN)/python benchmarks/bench_keras.py
+	$(BIN)/python benchmarks/bench_transformer.py
 	$(BIN)/python benchmarks/report.py
 
 clean:

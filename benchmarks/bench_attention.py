@@ -96,7 +96,7 @@ def experiments(budget: str) -> list[Experiment]:
         params |= dict(heads=heads, impls=["attnzoo", *peers], tag=tag, budget_gib=budget_gib)
         params |= dict(zip(("repeats", "warmup"), repeats.get(length, (2, 1)), strict=True))
         # the smoke run measures the memory of what the additive targets read
-        params["memory"] = full or (tag in ("target", "long") and score == "additive")
+        params["memory"] = full or bool(tag and score == "additive")
         hidden = f"-h{h}" if h else ""
         group = "long" if tag == "long" else score
         out.append(Experiment(f"{score}{hidden}-{mode}-L{length}", group, params))
