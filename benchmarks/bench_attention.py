@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from functools import partial
 
 import torch
@@ -96,7 +97,7 @@ def experiments(budget: str) -> list[Experiment]:
         params |= dict(heads=heads, impls=["attnzoo", *peers], tag=tag, budget_gib=budget_gib)
         params |= dict(zip(("repeats", "warmup"), repeats.get(length, (2, 1)), strict=True))
         # the smoke run measures the memory of what the additive targets read
-        params["memory"] = full or bool(tag and score == "additive")
+        params["memory"] = full or bool(tag and score == "additive" and mode == TRAIN)
         hidden = f"-h{h}" if h else ""
         group = "long" if tag == "long" else score
         out.append(Experiment(f"{score}{hidden}-{mode}-L{length}", group, params))
@@ -130,9 +131,9 @@ def estimate_bytes(s: dict) -> int:
     logits = s["batch"] * s["length"] ** 2 * 4 * (s["heads"] or 1)
     if impl in ("plain", "keras_additive") and s["score"] == "additive":
         return io + (6 if train else 2) * logits * s["d_hidden"] + 3 * logits
-    if impl in ("plain", "keras_attention", "keras_attention_scaled", *WEIGHTS):
-        return io + (6 if train else 3) * logits
-    if s["score"] == "location":
+    if impl in ("plain", "keras_attention", "keras_attention_scaled", *WEIGHTS) or (
+        s["score"] == "location"
+    ):
         return io + (6 if train else 3) * logits
     if s["score"] == "additive":  # the blockwise kernel's tanh blocks, on one workspace
         return io + min(16 * MIB, logits * s["d_hidden"])
@@ -250,7 +251,7 @@ def worker(params: dict, ctx) -> dict:
     for impl, ref in reference.items():
         if impls[impl].get("peak_mib") and impls[ref].get("peak_mib") is not None:
             impls[impl]["peak_ratio"] = impls[ref]["peak_mib"] / impls[impl]["peak_mib"]
-    keras = __import__("sys").modules.get("keras")
+    keras = sys.modules.get("keras")
     return {"impls": impls, **({"keras": keras.__version__} if keras else {})}
 
 

@@ -52,15 +52,8 @@ class TorchSeq2Seq(nn.Module):
         super().__init__()
         d, v = c["d_model"], c["vocab"]
         self.d = d
-        self.transformer = nn.Transformer(
-            d,
-            c["heads"],
-            c["layers"],
-            c["layers"],
-            c["d_ff"],
-            dropout=dropout,
-            batch_first=True,
-        )
+        layers = (c["layers"], c["layers"], c["d_ff"])
+        self.transformer = nn.Transformer(d, c["heads"], *layers, dropout, batch_first=True)
         self.source_embed, self.target_embed = nn.Embedding(v, d), nn.Embedding(v, d)
         self.output = nn.Linear(d, v)
         self.drop = nn.Dropout(dropout)
@@ -106,30 +99,13 @@ def build_models(c: dict, dropout: float):
         from x_transformers import XTransformer
     except ImportError:  # optional: `pip install x-transformers`
         return models, "x_transformers not installed"
-    models["x_transformers"] = XTransformer(
-        dim=c["d_model"],
-        enc_num_tokens=c["vocab"],
-        enc_depth=c["layers"],
-        enc_heads=c["heads"],
-        enc_attn_dim_head=c["d_model"] // c["heads"],
-        enc_max_seq_len=c["length"],
-        enc_pre_norm=False,
-        enc_attn_flash=True,
-        enc_attn_dropout=dropout,
-        enc_ff_dropout=dropout,
-        enc_ff_mult=c["d_ff"] // c["d_model"],
-        dec_num_tokens=c["vocab"],
-        dec_depth=c["layers"],
-        dec_heads=c["heads"],
-        dec_attn_dim_head=c["d_model"] // c["heads"],
-        dec_max_seq_len=c["length"] + 1,
-        dec_pre_norm=False,
-        dec_attn_flash=True,
-        dec_attn_dropout=dropout,
-        dec_ff_dropout=dropout,
-        dec_ff_mult=c["d_ff"] // c["d_model"],
-        ignore_index=0,
-    )
+    d, heads, layers = c["d_model"], c["heads"], c["layers"]
+    side = dict(depth=layers, heads=heads, attn_dim_head=d // heads, pre_norm=False)
+    side |= dict(attn_flash=True, attn_dropout=dropout, ff_dropout=dropout, ff_mult=c["d_ff"] // d)
+    side |= dict(num_tokens=c["vocab"])
+    lengths = {"enc_max_seq_len": c["length"], "dec_max_seq_len": c["length"] + 1}
+    sides = {f"{prefix}_{k}": v for prefix in ("enc", "dec") for k, v in side.items()}
+    models["x_transformers"] = XTransformer(dim=d, **sides, **lengths, ignore_index=0)
     return models, None
 
 
