@@ -471,13 +471,13 @@ def render_table(table: Table, data: Mapping[str, Any]) -> str:
     ids = ids or [i for i, e in summary.items() if e["group"] in table.groups]
     header = [c.header if isinstance(c, Column) else c[0] for c in table.columns] + ["n"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    given = [c if isinstance(c, Column) else Column(*c) for c in table.columns]
     for i in ids:
         entry = summary[i]
         n = str(len(entry["seeds"]))
         for item, status in (_items(table, data, i) if table.each else {"": STATUS_OK}).items():
-            columns = [c if isinstance(c, Column) else Column(*c) for c in table.columns]
             columns = [
-                replace(c, key=c.key.replace("each.", f"{table.each}.{item}.", 1)) for c in columns
+                replace(c, key=c.key.replace("each.", f"{table.each}.{item}.", 1)) for c in given
             ]
             cells = [cell(entry, c, i, item) for c in columns]
             if status != STATUS_OK:  # e.g. "OOM" in its metric columns
