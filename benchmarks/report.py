@@ -14,7 +14,7 @@ so a sentence cannot disagree with its table. Functions a template can call:
     data(bench)                   the whole JSON, for loops
 
     python benchmarks/report.py [PAGE ...] [--results DIR] [--out DIR]   # default: every page
-    python benchmarks/report.py --pages                                   # PAGES as JSON
+    python benchmarks/report.py --pages           # each page's benches and their scripts, JSON
 """
 
 from __future__ import annotations
@@ -167,8 +167,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     parser.add_argument("--pages", dest="list_pages", action="store_true")
     args = parser.parse_args(argv)
-    if args.list_pages:
-        print(json.dumps(PAGES))
+    if args.list_pages:  # page -> {bench: its script}, for `attnzoo repro`
+        scripts = {
+            b: str(Path(bench_module(b).__file__).resolve().relative_to(ROOT))
+            for b in set().union(*PAGES.values())
+        }
+        print(
+            json.dumps({page: {b: scripts[b] for b in benches} for page, benches in PAGES.items()})
+        )
         return
     for page in args.pages or [p.stem for p in sorted(TEMPLATES.glob("*.md"))]:
         print(f"wrote {render(page, args.results, args.out)}")

@@ -1,4 +1,4 @@
-"""`attnzoo ...`: demo, train, eval, plot, list.
+"""`attnzoo ...`: demo, train, eval, plot, explore, list, repro.
 
 Wrong input (a command line, a `--set`, a run directory's damaged file, a path that cannot be
 written) prints one line `attnzoo: error: ...` naming the argument or the file, what was expected
@@ -43,6 +43,23 @@ def cmd_list(args) -> None:
         console.print(table)
 
 
+def cmd_repro(args) -> None:
+    """`attnzoo repro PAGE` or `attnzoo repro --list` (attnzoo.repro)."""
+    from attnzoo import repro
+
+    if args.list:
+        table = Table(title="docs pages (attnzoo repro PAGE --budget full)")
+        for column in ("page", "benchmarks", "CPU-minutes"):
+            table.add_column(column)
+        for row in repro.listing(repro.find_checkout(), args.seeds):
+            table.add_row(row["page"], ", ".join(row["benches"]), f"{row['cpu_minutes']:.0f}")
+        console.print(table)
+        return
+    out = Path(args.out) if args.out else None
+    path = repro.repro(args.page, budget=args.budget, seeds=args.seeds, out=out)
+    console.print(f"wrote {path}")
+
+
 def cmd_train(args) -> None:
     """Train, or with --resume continue the run in --out with its saved config (MODEL, --task
     and --set checked against it: `runs.resume_config`)."""
@@ -64,15 +81,46 @@ def cmd_train(args) -> None:
     runs.write_figures(out, task, model)
     final = {**final, "train_minutes": (time.perf_counter() - start) / 60}
     console.print(_table(f"{config['model_name']} on {config['task_name']} -> {out}", final))
+    return task, model
 
 
 def cmd_demo(args) -> None:
-    """Bahdanau on dates; prints the result and writes runs/demo/figures/alignment.png. It
-    replaces the run of an earlier demo in its --out (and says so), so it can run again."""
+    """Bahdanau on dates; prints the result and writes runs/demo/figures/alignment.png and
+    the explorer page runs/demo/explore.html. It replaces the run of an earlier demo in its
+    --out (and says so), so it can run again."""
+    from attnzoo import runs
+
     args.model, args.task, args.resume, args.overwrite = "bahdanau", "dates", False, True
     args.out = args.out or "runs/demo"
-    cmd_train(args)
+    task, model = cmd_train(args)
     console.print(f"alignment figure: {Path(args.out) / 'figures' / 'alignment.png'}")
+    page = runs.write_explorer(
+        Path(args.out) / runs.EXPLORER,
+        task,
+        model,
+        count=EXPLORE_EXAMPLES,
+        heading=f"bahdanau on dates: {args.out}",
+    )
+    console.print(f"attention explorer: {page}")
+
+
+EXPLORE_EXAMPLES = 20  # held-out examples on an explorer page unless --examples says
+
+
+def cmd_explore(args) -> None:
+    """Write the run's explorer page (--out, default DIR/explore.html) and print its path;
+    DIR's config and --out are checked before the run is loaded."""
+    from attnzoo import runs
+    from attnzoo.core.checks import fail
+
+    out = Path(args.out) if args.out else Path(args.dir) / runs.EXPLORER
+    if args.examples < 1:
+        fail("attnzoo explore", "--examples", "a positive int", args.examples)
+    runs.read_config(Path(args.dir))
+    runs.check_explorer_out(out)
+    config, task, model = runs.load_run(Path(args.dir), device=args.device)
+    heading = f"{config['model_name']} on {config['task_name']}: {args.dir}"
+    console.print(str(runs.write_explorer(out, task, model, count=args.examples, heading=heading)))
 
 
 def cmd_eval(args) -> None:
@@ -141,7 +189,28 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("dir")
         sp.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
         sp.set_defaults(func=func)
+    explore = sub.add_parser(
+        "explore", help="write a run's attention explorer (one self-contained HTML page)"
+    )
+    explore.add_argument("dir", metavar="DIR", help="a run directory")
+    explore.add_argument(
+        "--examples",
+        type=int,
+        default=EXPLORE_EXAMPLES,
+        metavar="N",
+        help=f"held-out examples on the page (default {EXPLORE_EXAMPLES})",
+    )
+    explore.add_argument("--out", default=None, help="the page to write (default DIR/explore.html)")
+    explore.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    explore.set_defaults(func=cmd_explore)
     sub.add_parser("list", help="models and tasks").set_defaults(func=cmd_list)
+    repro = sub.add_parser("repro", help="re-run the benchmarks behind a docs page, regenerate it")
+    repro.add_argument("page", nargs="?", help="a docs page (see --list)")
+    repro.add_argument("--budget", choices=("smoke", "full"), default="full")
+    repro.add_argument("--seeds", type=int, default=None, help="seeds per trained experiment")
+    repro.add_argument("--list", action="store_true", help="pages and their full CPU-minutes")
+    repro.add_argument("--out", default=None, help="smoke only: folder (default runs/smoke/PAGE)")
+    repro.set_defaults(func=cmd_repro)
     return p
 
 
@@ -172,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
         if args.command == "train":
             _check_train_args(args)
+        if args.command == "repro" and args.page is None and not args.list:
+            raise UsageError("attnzoo repro: needs PAGE or --list (see `attnzoo repro --list`)")
     except UsageError as err:
         print(f"attnzoo: error: {err}", file=sys.stderr)
         return 2

@@ -50,6 +50,7 @@ RESUMABLE = (
     "eval.batch_size",
 )
 
+EXPLORER = "explore.html"  # the explorer page's default name in a run (`attnzoo explore`)
 # What a run writes in its directory (`overwrite` clears these, and refuses anything else)
 RUN_FILES = (
     "config.json",
@@ -58,7 +59,7 @@ RUN_FILES = (
     "timing.json",
     "checkpoints",
     "figures",
-    "explore.html",
+    EXPLORER,
 )
 
 

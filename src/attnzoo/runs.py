@@ -1,7 +1,8 @@
 """Runs: a resolved config -> task and model on a device -> the training loop -> a run directory.
 
 A run directory holds config.json (resolved; the device requested), metrics.jsonl, final.json
-(the device used among the metrics), checkpoints/ and figures/ (DESIGN.md, "Runs"). Tasks and
+(the device used among the metrics), checkpoints/ and figures/ (DESIGN.md, "Runs"), and the
+explorer page explore.html once written (`write_explorer`). Tasks and
 models come from their registries; what is task-specific (budgets, model sizes, figures) is the
 task's (`attnzoo.tasks.base.Task`); the config and the run directory's rules (checked before
 any work, resumed, never overwritten unasked) are `attnzoo.rundir`'s.
@@ -16,6 +17,7 @@ import torch
 from attnzoo.core.checks import fail
 from attnzoo.models.registry import MODELS
 from attnzoo.rundir import (  # noqa: F401  (the config half of this module's public API)
+    EXPLORER,
     RESUMABLE,
     apply_overrides,
     check_out,
@@ -30,6 +32,7 @@ from attnzoo.rundir import (  # noqa: F401  (the config half of this module's pu
 )
 from attnzoo.tasks.registry import TASKS
 from attnzoo.train.checkpoint import (
+    atomic_write,
     atomic_write_json,
     checkpoint_step,
     latest_checkpoint,
@@ -126,3 +129,40 @@ def write_figures(run_dir: Path, task, model, *, count: int = 3) -> list[Path]:
         fig.savefig(figures / "loss.png", dpi=110)
         written.append(figures / "loss.png")
     return written
+
+
+def check_explorer_out(out: Path) -> None:
+    """Fail naming --out unless `out` may receive an explorer page: a new file in an
+    existing folder, or a page an earlier `attnzoo explore` wrote (never another file)."""
+    from attnzoo.viz.explore import GENERATOR
+
+    out = Path(out)
+    if out.is_dir():
+        fail("attnzoo explore", "--out", "a file to write the page to", f"the directory {out}")
+    if not out.parent.is_dir():
+        fail("attnzoo explore", "--out", "a file in an existing folder", f"{out} (no such folder)")
+    if out.exists():
+        with open(out, "rb") as f:
+            head = f.read(1024).decode("utf-8", errors="replace")
+        if f'<meta name="generator" content="{GENERATOR}">' not in head:
+            fail(
+                "attnzoo explore",
+                "--out",
+                "a new file or an explorer page attnzoo wrote (replaced)",
+                f"{out}, an existing file of other content",
+            )
+
+
+def write_explorer(out: Path, task, model, *, count: int, heading: str) -> Path:
+    """The explorer page (`attnzoo.viz.explore`) of `count` held-out examples of `task`
+    (`task.explore`, the model in eval mode without gradients), written atomically to `out`
+    (checked first: `check_explorer_out`)."""
+    from attnzoo.viz.explore import explorer_html
+
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        fail("attnzoo explore", "--examples", "a positive int", repr(count))
+    check_explorer_out(out)
+    with torch.no_grad():
+        data = task.explore(model.eval(), count)
+    atomic_write(Path(out), explorer_html(data, heading=heading).encode("utf-8"))
+    return Path(out)

@@ -270,3 +270,18 @@ def test_memory_figure_crops_the_used_rows_as_one_circular_range():
     ]
     with pytest.raises(ValueError, match="memory_figure: arguments"):
         memory_figure(torch.zeros(4, 3), torch.zeros(4, 2), torch.zeros(5, 2))
+
+
+@pytest.mark.parametrize("name", ["bit_copy", "repeat_copy", "associative_recall"])
+def test_registry_tasks_hold_out_at_least_256_sequences_per_length(name):
+    """Sized so a per-length mean has standard error sd / 16 or less (issue 11); counted on
+    the built task's held-out set, not read from the config."""
+    from attnzoo.tasks.registry import TASKS
+
+    spec = TASKS[name]
+    built = spec.build(spec.default_config(), seed=0, eval_config=spec.eval_config())
+    held = built.held_out()
+    c = built.config
+    assert set(held) == {*range(c.min_len, c.max_len + 1), *c.test_lengths}
+    for groups in held.values():
+        assert sum(g.inputs.shape[0] for g in groups) >= 256

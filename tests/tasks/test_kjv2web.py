@@ -64,8 +64,8 @@ def splits():
 
 
 def test_default_split_sizes_and_length_filter(splits):
-    assert len(splits.valid) == len(splits.test) == 1_000
-    assert 27_000 < len(splits.train) < 29_000
+    assert (len(splits.valid), len(splits.test)) == (1_000, 2_000)
+    assert 26_000 < len(splits.train) < 28_000
     for ex in splits.train + splits.valid + splits.test:
         assert 0 < len(ex.source) <= 60 and 0 < len(ex.target) <= 60
         assert ex.spans is None
@@ -106,3 +106,14 @@ def test_missing_bible_dependency_names_the_install_command(monkeypatch):
         kjv2web.verse_pairs.cache_clear()
     assert info.value.name == "pythonbible"
     assert INSTALL_HINT in str(info.value)
+
+
+def test_registry_task_scores_every_test_verse():
+    """Evaluation scores the whole test split, >= 2,000 verses (exact match's SE <= 0.5
+    points), not a prefix."""
+    from attnzoo.tasks.registry import TASKS
+
+    spec = TASKS["kjv2web"]
+    config = spec.default_config()
+    task = spec.build(config, seed=0, eval_config=spec.eval_config())
+    assert len(task.examples()) == len(task.splits.test) == config.n_test >= 2000

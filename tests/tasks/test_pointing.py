@@ -175,3 +175,19 @@ def test_the_cli_config_builds_every_pointer_task():
         _, model = runs.build(config)
         assert config["task"]["kind"] == name and isinstance(model, PointerNet)
         assert model.end_token == (name == "convex_hull")
+
+
+@pytest.mark.parametrize("kind", ["sort_numbers", "convex_hull", "tsp"])
+def test_registry_tasks_test_sets_bound_the_standard_error_by_half_a_point(kind):
+    """At any accuracy p, 100 sqrt(p (1 - p) / n) <= 0.5 points needs n >= 10,000 (issue 11);
+    counted on the built task's test set, with its true outputs."""
+    import math
+
+    from attnzoo.tasks.registry import TASKS
+
+    spec = TASKS[kind]
+    built = spec.build(spec.default_config(), seed=0, eval_config=spec.eval_config())
+    assert spec.eval_config().limit == 0  # evaluate scores the whole set
+    points, truth = built.test_set(built.config.sizes[0])
+    assert points.shape[0] == len(truth) >= 10_000
+    assert 100 * math.sqrt(0.25 / points.shape[0]) <= 0.5

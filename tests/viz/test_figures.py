@@ -1,3 +1,6 @@
+import io
+import itertools
+
 import pytest
 import torch
 
@@ -102,3 +105,91 @@ def test_head_grid_and_pointer_figures_draw_dollars_literally(tmp_path):
     fig.savefig(tmp_path / "p.png")
     fig = loss_figure([1, 2], [2.0, 1.0], title="$\\frac$")
     fig.savefig(tmp_path / "l.png")
+
+
+@pytest.mark.parametrize("closed, dim", [(True, 2), (False, 1)])
+def test_pointer_figure_shows_a_correct_output_inside_the_true_band(closed, dim):
+    """Where output and truth coincide, the truth is a wider line drawn under the output's
+    thinner one in another colour, so both stay visible; the legend names both."""
+    from attnzoo.viz import pointer_figure
+
+    order = [0, 2, 1, 3]
+    fig = pointer_figure(
+        torch.rand(4, dim), torch.rand(4, 4), order, order, list("abcd"), closed=closed
+    )
+    ax = fig.axes[1]
+    lines = {line.get_label(): line for line in ax.lines}
+    true, output = lines["true"], lines["output"]
+    assert (true.get_xydata() == output.get_xydata()).all()  # the same path...
+    assert true.get_linewidth() >= 3 * output.get_linewidth()  # ...in a band round the line
+    assert true.get_zorder() < output.get_zorder()
+    assert true.get_color() != output.get_color()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["true", "output"]
+
+
+def _memory_example(length: int):
+    """An untrained NTM's copy of `length` vectors: the arguments of memory_figure."""
+    from attnzoo import runs
+    from attnzoo.tasks.bits import BitsBatch
+
+    config = runs.apply_overrides(
+        runs.default_config("ntm", "bit_copy"),
+        ["task.n_test_per_length=1", f"task.test_lengths={length}"],
+    )
+    task, model = runs.build(config)
+    example = BitsBatch(*(t[:1] for t in task.held_out()[length][0]))
+    with torch.no_grad():
+        out = model(example.inputs, return_weights=True)
+    return dict(
+        inputs=example.inputs[0],
+        targets=example.targets[0],
+        outputs=torch.sigmoid(out.logits[0]),
+        mask=example.mask[0],
+        adds=out.adds[0, :, 0],
+        reads=out.reads[0, :, 0],
+        write_weights=out.write_weights[0, :, 0],
+        read_weights=out.read_weights[0, :, 0],
+        memory=out.memory[0, -1],
+    )
+
+
+DPI = 110  # the tasks' savefig dpi
+
+
+@pytest.mark.parametrize("length, pieces", [(20, 1), (80, 4), (160, 7)])
+def test_memory_figure_wraps_long_sequences_at_a_bounded_width(length, pieces):
+    """Graves's copy at length 20 is one row of panels 1302 px wide; length 80 was 4470 px
+    wide, unreadable at page width: long sequences wrap into pieces of at most
+    MAX_STEPS_PER_ROW steps, stacked, every step as wide as at length 20, ticks apart."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from attnzoo.viz.figures import MAX_STEPS_PER_ROW, memory_figure
+
+    steps = 2 * length + 1
+    fig = memory_figure(**_memory_example(length), title=f"copy, length {length}")
+    FigureCanvasAgg(fig).draw()
+    assert fig.get_figwidth() * DPI <= 1600
+    if length == 20:
+        assert round(fig.get_figwidth() * DPI) == 1302  # the layout before wrapping
+    timed = [ax for ax in fig.axes if ax.get_xlabel() == "time"]
+    assert len(timed) == 8 * pieces  # 4 rows of 2 panels per piece
+    assert len(fig.axes) == len(timed) + 1  # and the memory under them
+    shown = set()
+    for ax in timed:
+        lo, hi = ax.get_xlim()
+        assert hi - lo <= MAX_STEPS_PER_ROW
+        assert ax.get_window_extent().width / (hi - lo) >= 8  # pixels per step at DPI 110
+        image = ax.images[0].get_array()  # (rows, steps of this piece)
+        first = round(ax.images[0].get_extent()[0] + 0.5)
+        shown |= set(range(first, first + image.shape[1]))
+        boxes = sorted(
+            (t.get_window_extent() for t in ax.get_xticklabels() if t.get_text()),
+            key=lambda b: b.x0,
+        )
+        assert len(boxes) >= 3
+        assert all(a.x1 + 5 < b.x0 for a, b in itertools.pairwise(boxes))
+        assert min(t.get_fontsize() for t in ax.get_xticklabels()) >= 6
+        if pieces > 1:
+            assert ", steps " in ax.get_title()
+    assert shown == set(range(steps))  # every step in some piece
+    fig.savefig(io.BytesIO(), dpi=DPI)

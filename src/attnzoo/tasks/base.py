@@ -1,9 +1,10 @@
 """The Task protocol every task implements, and what all tasks share: `EvalConfig`, `require`.
 
 A task owns everything task-specific: its batches (on a device), its loss, its metrics, its
-figures and the sizes it tells a model (`model_dims`). Its training and evaluation budgets are
-its registry entry's (`attnzoo.tasks.registry.TaskSpec.train`, `.eval`). The training loop, the
-runs layer and the CLI know tasks only through this protocol and the registry.
+figures, its explorer data (`explore`) and the sizes it tells a model (`model_dims`). Its
+training and evaluation budgets are its registry entry's (`attnzoo.tasks.registry.TaskSpec.train`,
+`.eval`). The training loop, the runs layer and the CLI know tasks only through this protocol
+and the registry.
 """
 
 from __future__ import annotations
@@ -91,6 +92,11 @@ class Task(Protocol):
     - `loss(model, batch) -> (summed loss, number of items it sums over)`.
     - `evaluate(model) -> metrics`, computed on the model's device (`model_device`).
     - `figures(model, folder, count=3) -> paths written`: the task's own pictures.
+    - `explore(model, count) -> explorer data`: `count` held-out examples (the split its
+      figures draw from) with the model's attention at every output step, in the schema of
+      `attnzoo.viz.explore` (weights as float tensors on the CPU; the page quantises them).
+      Called in eval mode under `torch.no_grad()`; a model without attention gives examples
+      with no attention kinds.
     - `model_dims() -> sizes`: the keyword arguments a model of this task's interface is
       built with (`attnzoo.models.registry.ModelSpec.build`).
 
@@ -107,6 +113,8 @@ class Task(Protocol):
     def evaluate(self, model: torch.nn.Module) -> dict[str, Any]: ...
 
     def figures(self, model: torch.nn.Module, folder: Path, count: int = 3) -> list[Path]: ...
+
+    def explore(self, model: torch.nn.Module, count: int) -> dict[str, Any]: ...
 
     def model_dims(self) -> dict[str, Any]: ...
 

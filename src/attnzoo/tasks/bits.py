@@ -49,7 +49,10 @@ class BitsConfig:
         test_lengths: extra held-out lengths, reported as `bit_errors_len{L}`.
         min_repeats, max_repeats: repeat counts of repeat_copy (the paper: 1-10).
         item_len: vectors per item of associative_recall (the paper: 3).
-        n_test_per_length: held-out sequences per length.
+        n_test_per_length: held-out sequences per length; the mean bit errors at one
+            length have standard error sd / sqrt(n_test_per_length), sd being the spread
+            of a sequence's bit errors (an untrained model's, ~Binomial(bits L, 1/2), has
+            sd sqrt(bits L) / 2: 6.3 bits at L = 20).
         seed: the held-out set (the training batches follow `train.seed`).
     """
 
@@ -61,7 +64,7 @@ class BitsConfig:
     min_repeats: int = 1
     max_repeats: int = 10
     item_len: int = 3
-    n_test_per_length: int = 16
+    n_test_per_length: int = 256
     seed: int = 0
 
     def __post_init__(self):
@@ -290,10 +293,7 @@ class BitsTask:
         written = []
         for length in lengths:
             example = BitsBatch(*(t[:1] for t in self.held_out()[length][0]))
-            example = example.to(model_device(model))
-            out = model(example.inputs, return_weights=True)
-            outputs = torch.sigmoid(out.logits[0].float())  # (T, output_size)
-            errors = int(self.errors(model, example)[0][0])
+            example, out, outputs, errors = self.run_one(model, example)
             extra = {}
             if getattr(out, "write_weights", None) is not None:
                 extra = dict(
@@ -316,6 +316,79 @@ class BitsTask:
             fig.savefig(path, dpi=110)
             written.append(path)
         return written
+
+    def run_one(self, model, example: BitsBatch):
+        """One held-out sequence (a batch of 1) through the model with its weightings: the
+        sequence on the model's device, the output (`.read_weights`, `.write_weights`, ... for
+        a memory model), the sigmoid outputs (T, output_size) and its bit errors."""
+        example = example.to(model_device(model))
+        out = model(example.inputs, return_weights=True)
+        outputs = torch.sigmoid(out.logits[0].float())  # (T, output_size)
+        return example, out, outputs, int(self.errors(model, example)[0][0])
+
+    @torch.no_grad()
+    def explore(self, model, count: int) -> dict:
+        """The explorer's data (`attnzoo.tasks.base.Task.explore`, layout "memory"):
+        `count` held-out sequences, one of each length in turn (the figures' lengths first:
+        max_len, then the test lengths longest first), with every read and write head's
+        weighting over the memory rows at every step, and the step's inputs, targets and
+        outputs as signals; no weightings for a model without memory."""
+        c = self.config
+        held = self.held_out()
+        first = [c.max_len, *sorted(c.test_lengths, reverse=True)]
+        lengths = list(dict.fromkeys([*first, *sorted(held, reverse=True)]))
+        singles = {
+            length: [
+                BitsBatch(*(t[i : i + 1] for t in g))
+                for g in held[length]
+                for i in range(len(g.inputs))
+            ]
+            for length in lengths
+        }
+        chosen = []
+        for turn in range(max(len(v) for v in singles.values())):
+            chosen += [(n, singles[n][turn]) for n in lengths if turn < len(singles[n])]
+        items = []
+        for length, example in chosen[:count]:
+            example, out, outputs, errors = self.run_one(model, example)
+            steps = example.inputs.shape[1]
+            mask = example.mask[0].tolist()
+            rows = [f"{t + 1} ({'out' if m else 'in'})" for t, m in enumerate(mask)]
+            kinds = []
+            for name, field in (("read", "read_weights"), ("write", "write_weights")):
+                weights = getattr(out, field, None)  # (1, T, heads, N)
+                if weights is not None:
+                    memory_rows = [str(i) for i in range(weights.shape[-1])]
+                    kinds.append(
+                        {
+                            "name": f"{name} weightings",
+                            "rows": rows,
+                            "columns": memory_rows,
+                            # (1, heads, T, N): the heads are the explorer's heads
+                            "weights": weights[0].transpose(0, 1)[None].float().cpu(),
+                        }
+                    )
+            items.append(
+                {
+                    "input": f"{c.kind.replace('_', ' ')}, length {length}: {steps} steps",
+                    "reference": f"{int(example.mask[0].sum())} output steps of "
+                    f"{example.targets.shape[-1]} bits",
+                    "prediction": f"{errors} bit errors",
+                    "correct": errors == 0,
+                    "attention": kinds,
+                    "signals": {
+                        "inputs": example.inputs[0].float().cpu(),
+                        "targets": example.targets[0].float().cpu(),
+                        "outputs": outputs.cpu(),
+                    },
+                }
+            )
+        return {
+            "layout": "memory",
+            "title": f"{c.kind.replace('_', ' ')}: {len(items)} held-out sequences",
+            "note": "Columns are memory rows; heads are the read or write heads",
+            "examples": items,
+        }
 
 
 def make_task(config: BitsConfig, *, seed: int, eval_config: EvalConfig) -> BitsTask:

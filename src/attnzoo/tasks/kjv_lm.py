@@ -38,6 +38,7 @@ _DROP = str.maketrans({"[": None, "]": None, "\u2019": "'"})
 _SPACES = re.compile(r"\s+")
 SEPARATOR = "\n"  # between verses
 POSITION_MARGIN = 5  # positions a model is sized for beyond the context (see `model_dims`)
+EXPLORE_CHARS = 64  # the explorer shows this much of each window: (layers, heads, 64, 64) maps
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,47 @@ class CharLmTask:
     def figures(self, model, folder: Path, count: int = 3) -> list[Path]:
         """None: a language model has no alignment to draw (the run's loss curve remains)."""
         return []
+
+    @torch.no_grad()
+    def explore(self, model, count: int) -> dict:
+        """The explorer's data (`attnzoo.tasks.base.Task.explore`): the first `count`
+        held-out windows, their first `EXPLORE_CHARS` characters (causal attention over a
+        prefix is the prefix's own), with every layer's and head's self-attention; the
+        prediction is the most likely next character at each position."""
+        items = []
+        for window in self.windows()[:count]:
+            x = window[: min(self.context, EXPLORE_CHARS) + 1].long()  # (t + 1,)
+            out = model(x[None, :-1].to(model_device(model)), return_weights=True)
+            predicted = out.logits[0].argmax(-1).cpu()  # (t,)
+            tokens = self.vocab.tokens
+            chars = [tokens[i] for i in x[:-1].tolist()]
+            kinds = []
+            if out.weights is not None:
+                weights = torch.stack([w[0] for w in out.weights])  # (layers, heads, t, t)
+                kinds.append(
+                    {
+                        "name": "self-attention (causal)",
+                        "rows": chars,
+                        "columns": chars,
+                        "weights": weights.float().cpu(),
+                    }
+                )
+            items.append(
+                {
+                    "input": "".join(chars),
+                    "reference": "".join(tokens[i] for i in x[1:].tolist()),
+                    "prediction": "".join(tokens[i] for i in predicted.tolist()),
+                    "correct": None,
+                    "attention": kinds,
+                }
+            )
+        return {
+            "layout": "tokens",
+            "title": f"{len(items)} held-out windows ({self.eval.split} split)",
+            "note": "Each position's attention over the characters up to it; the reference "
+            "and prediction are the next character at every position",
+            "examples": items,
+        }
 
 
 def make_task(config: KjvLmConfig, *, seed: int, eval_config: EvalConfig) -> CharLmTask:

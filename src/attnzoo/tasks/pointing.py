@@ -45,7 +45,9 @@ class PointingConfig:
     n_min: int = 10  # inputs per training instance: uniform in [n_min, n_max], one n per batch
     n_max: int = 10
     test_sizes: tuple[int, ...] = ()  # input counts evaluated; (): (n_max,)
-    n_test: int = 1000  # held-out instances per test size
+    # held-out instances per test size: the standard error of a percentage over them,
+    # 100 sqrt(p (1 - p) / n_test), is at most 0.5 points at any accuracy p
+    n_test: int = 10_000
     objective: str = "supervised"  # supervised | reinforce (tsp only)
     baseline_every: int = 250  # reinforce: steps between checks of the rollout baseline
     baseline_instances: int = 1000  # reinforce: instances of the baseline's t-test
@@ -268,27 +270,20 @@ class PointingTask:
     def figures(self, model, folder: Path, count: int = 3) -> list[Path]:
         """figures/pointer.png (+ pointer_1.png ...): the pointer distribution at every
         output step over the inputs, beside the output drawn (tour, hull or sorted values)
-        with the true output dashed."""
+        with the true output as a light band under it."""
         from attnzoo.viz import pointer_figure
 
         points, truth = self.test_set(self.config.sizes[0])
         points = points[:count]
         predicted = self.predict(model, points)
-        device = model_device(model)
         written = []
-        for k in range(len(predicted)):
-            targets, _ = self.encode_targets([predicted[k]])
-            one = points[k : k + 1].to(device)  # (1, n, dim)
-            weights = model(one, targets.to(device)).weights[0]  # (steps, positions)
-            labels = [str(i) for i in range(points.shape[1])]
-            if self.end_token:
-                labels = ["end", *labels]
+        for k, weights in enumerate(self.pointer_weights(model, points, predicted)):
             fig = pointer_figure(
                 points[k],
                 weights,
                 predicted[k],
                 truth[k] if truth else None,
-                labels,
+                self.position_labels(points.shape[1]),
                 closed=self.config.kind != "sort_numbers",
                 title=f"{self.config.kind}, n = {points.shape[1]}",
             )
@@ -296,6 +291,84 @@ class PointingTask:
             fig.savefig(path, dpi=110)
             written.append(path)
         return written
+
+    def pointer_weights(self, model, points: torch.Tensor, predicted: list[list[int]]):
+        """The pointer distribution at every output step of each instance, teacher-forced on
+        its predicted output (input indices): (steps, positions) per instance, EOS step and
+        position included where the task has them."""
+        device = model_device(model)
+        for k, output in enumerate(predicted):
+            targets, _ = self.encode_targets([output])
+            one = points[k : k + 1].to(device)  # (1, n, dim)
+            yield model(one, targets.to(device)).weights[0]  # (steps, positions)
+
+    def position_labels(self, n: int) -> list[str]:
+        """The model's positions for n inputs: "end" first where the task has EOS."""
+        return ["end"] * self.end_token + [str(i) for i in range(n)]
+
+    @torch.no_grad()
+    def explore(self, model, count: int) -> dict:
+        """The explorer's data (`attnzoo.tasks.base.Task.explore`, layout "points"): the
+        first `count` held-out instances of the figures' size, decoded as `evaluate` decodes,
+        with the pointer distribution at every step of the predicted output over the input
+        positions (`pointer_weights`)."""
+        points, truth = self.test_set(self.config.sizes[0])
+        points = points[:count]
+        predicted = self.predict(model, points)
+        off = int(self.end_token)
+        n = points.shape[1]
+        labels = self.position_labels(n)
+        items = []
+        for k, weights in enumerate(self.pointer_weights(model, points, predicted)):
+            chosen = [i + off for i in predicted[k]] + [0] * self.end_token  # (steps,)
+            steps = [f"{s + 1}: {labels[c]}" for s, c in enumerate(chosen)]
+            true = truth[k] if truth else None
+            items.append(
+                {
+                    "input": " ".join(_coordinates(p) for p in points[k].tolist()),
+                    "reference": " ".join(map(str, true)) if true is not None else "(unknown)",
+                    "prediction": " ".join(map(str, predicted[k])),
+                    "correct": None if true is None else self._right(points[k], predicted[k], true),
+                    "attention": [
+                        {
+                            "name": "pointer distribution",
+                            "rows": steps,
+                            "columns": labels,
+                            "weights": weights.float().cpu()[
+                                None, None
+                            ],  # (1, 1, steps, positions)
+                        }
+                    ],
+                    "points": points[k],
+                    "column_points": [None] * off + list(range(n)),
+                    "output": chosen,
+                    "truth": true,
+                    "closed": self.config.kind != "sort_numbers",
+                }
+            )
+        kind = self.config.kind.replace("_", " ")
+        return {
+            "layout": "points",
+            "title": f"{kind}: {len(items)} held-out instances of {n} inputs",
+            "note": "The pointer distribution at every step of the predicted output "
+            "(teacher-forced on it); the output so far drawn red, the true one dashed",
+            "examples": items,
+        }
+
+    def _right(self, points: torch.Tensor, predicted: list[int], truth: list[int]) -> bool:
+        """Whether a prediction is right: an optimal tour (any start or direction), else the
+        true output exactly."""
+        if self.config.kind != "tsp":
+            return predicted == truth
+        if sorted(predicted) != list(range(len(points))):
+            return False
+        tours = torch.tensor([predicted, truth])  # (2, n)
+        length = geometry.tour_length(points.expand(2, -1, -1), tours)  # (2,)
+        return bool(length[0] <= length[1] + 1e-6)
+
+
+def _coordinates(point: list[float]) -> str:
+    return f"{point[0]:.2f}" if len(point) == 1 else f"({point[0]:.2f}, {point[1]:.2f})"
 
 
 def _generator(device: torch.device) -> torch.Generator:

@@ -70,7 +70,7 @@ TASKS = {
         "King James verse -> World English Bible verse",
         "seq2seq",
         train=dict(steps=6000, batch_size=64, lr=2e-3, warmup=200, checkpoint_every=500),
-        eval=dict(limit=500),
+        eval=dict(limit=0),  # all Kjv2WebConfig.n_test held-out verses
     ),
     **{
         kind: TaskSpec(

@@ -26,6 +26,31 @@ from attnzoo.tasks.base import EvalConfig, model_device
 from attnzoo.tasks.text import Splits, Vocab, alignment_score, bleu, chrf, exact_match
 
 DECODE_MARGIN = 5  # decoding may run this many tokens past the longest training target
+# Fewest examples a length bucket reports: at 50 the standard error of an accuracy is at most
+# 7.1 points, the coarsest a bucket's bar may be and still be compared with its neighbours'.
+MIN_BUCKET = 50
+
+
+def length_buckets(
+    lengths: Sequence[int], edges: Sequence[int], least: int = MIN_BUCKET
+) -> list[tuple[int, int, list[int]]]:
+    """(lo, hi, indices) of the items with lo <= length < hi, per bucket [edges[k],
+    edges[k+1]), empty buckets dropped; a bucket of fewer than `least` items is merged with
+    the next one, and a short last bucket with the one before it (one bucket stays when all
+    items together are fewer)."""
+    buckets = []
+    for lo, hi in itertools.pairwise(edges):
+        picked = [k for k, n in enumerate(lengths) if lo <= n < hi]
+        if not picked:
+            continue
+        if buckets and len(buckets[-1][2]) < least:  # the one before is short: grow it
+            start, _, before = buckets.pop()
+            lo, picked = start, before + picked
+        buckets.append((lo, hi, picked))
+    if len(buckets) > 1 and len(buckets[-1][2]) < least:
+        lo, _, before = buckets[-2]
+        buckets[-2:] = [(lo, buckets[-1][1], before + buckets[-1][2])]
+    return buckets
 
 
 @dataclass
@@ -174,14 +199,12 @@ class TranslationTask:
 
     def by_source_length(self, model, edges: Sequence[int]) -> list[dict[str, Any]]:
         """The headline metric per source-length bucket [edges[k], edges[k+1]) (Bahdanau 2015
-        Fig. 2): list of {"min_len", "max_len", "n", "exact_match"[, "bleu"]}."""
+        Fig. 2): list of {"min_len", "max_len", "n", "exact_match"[, "bleu"]}. A bucket of
+        fewer than MIN_BUCKET examples is merged into its neighbour (`length_buckets`)."""
         examples = self.examples()
         hyps = self.translate(model, examples)
         rows = []
-        for lo, hi in itertools.pairwise(edges):
-            picked = [k for k, e in enumerate(examples) if lo <= len(e.source) < hi]
-            if not picked:
-                continue
+        for lo, hi, picked in length_buckets([len(e.source) for e in examples], edges):
             h = [hyps[k] for k in picked]
             r = [list(examples[k].target) for k in picked]
             row = {
@@ -238,38 +261,101 @@ class TranslationTask:
 
     def head_figures(self, model, example, folder: Path) -> list[Path]:
         """One grid of per-head maps (layers x heads) per attention kind the model's
-        teacher-forced forward returns. Self-attention maps carry the same tokens on both axes
-        (the decoder's inputs start with <bos>); cross-attention rows are the output tokens, as
-        in alignment.png."""
+        teacher-forced forward returns (`attention_of`)."""
         from attnzoo.viz import head_grid_figure
 
-        # one example: no padding, so the maps are its own
-        batch = self.collate([self._encode(example)], model_device(model))
-        out = model(batch.source, batch.lengths, batch.target_in, return_weights=True)
-        source = [*example.source, "<eos>"]
-        decoder_in = ["<bos>", *example.target]
-        kinds = {  # file -> (output field of per-layer maps, key labels, query labels, title)
-            "heads_encoder_self.png": ("encoder_weights", source, source, "encoder self-attention"),
-            "heads_decoder_self.png": (
-                "decoder_weights",
-                decoder_in,
-                decoder_in,
-                "decoder self-attention (causal)",
-            ),
-            "heads_cross.png": (
-                "cross_weights",
-                source,
-                [*example.target, "<eos>"],
-                "cross-attention",
-            ),
-        }
         written = []
-        for name, (field, keys, queries, title) in kinds.items():
-            per_layer = getattr(out, field, None)  # per layer (1, heads, query_len, key_len)
-            if per_layer is None:
-                continue
-            weights = torch.stack([w[0] for w in per_layer])  # (layers, heads, query_len, key_len)
+        for field, title, weights, queries, keys in self.attention_of(model, example)[1]:
             fig = head_grid_figure(weights.float(), keys, queries, title=title)
-            fig.savefig(Path(folder) / name, dpi=110)
-            written.append(Path(folder) / name)
+            path = Path(folder) / f"heads_{HEAD_KINDS[field][0]}.png"
+            fig.savefig(path, dpi=110)
+            written.append(path)
         return written
+
+    def attention_of(self, model, example, target: Sequence[str] | None = None):
+        """The attention of one teacher-forced forward pass over `example`'s source and
+        `target` (default: its reference), on its own (no padding: every map is its own).
+
+        Returns (alignment, heads): the model's one alignment (target_len + 1, source_len + 1)
+        or None without attention (EOS row and column included); and for a model whose forward
+        returns per-layer per-head maps, per kind of `HEAD_KINDS` it returns
+        (field, title, weights (layers, heads, query_len, key_len), query labels, key labels):
+        self-attention maps carry the same tokens on both axes (the decoder's inputs start with
+        <bos>); cross-attention rows are the output tokens, as in alignment.png.
+        """
+        target = list(example.target if target is None else target)
+        pair = (
+            self.source_vocab.encode(example.source, add_eos=True),
+            self.target_vocab.encode(target),
+        )
+        batch = self.collate([pair], model_device(model))
+        out = model(batch.source, batch.lengths, batch.target_in, return_weights=True)
+        labels = {
+            "source": [*example.source, "<eos>"],
+            "decoder_in": ["<bos>", *target],
+            "outputs": self.output_labels(target),
+        }
+        heads = []
+        for field, (_, title, queries, keys) in HEAD_KINDS.items():
+            per_layer = getattr(out, field, None)  # per layer (1, heads, query_len, key_len)
+            if per_layer is not None:
+                weights = torch.stack([w[0] for w in per_layer])  # (layers, heads, q, k)
+                heads.append((field, title, weights, labels[queries], labels[keys]))
+        alignment = None if out.weights is None else out.weights[0]  # (t, j)
+        return alignment, heads
+
+    def output_labels(self, target: Sequence[str]) -> list[str]:
+        """The output steps of a target: its tokens, then "<eos>"; an output cut off at
+        max_decode_len (no EOS) has "(next)" there instead."""
+        return [*target, "<eos>" if len(target) < self.max_decode_len else "(next)"]
+
+    @torch.no_grad()
+    def explore(self, model, count: int) -> dict[str, Any]:
+        """The explorer's data (`attnzoo.tasks.base.Task.explore`): the first `count`
+        held-out examples, decoded as `evaluate` decodes, with the attention of the forward
+        pass teacher-forced on the model's own output (at every step the attention it had
+        when it wrote that token): per layer and head of each kind a model returns them,
+        else its one alignment."""
+        examples = self.examples()[:count]
+        outputs = self.translate(model, examples)
+        items = []
+        for example, output in zip(examples, outputs, strict=True):
+            alignment, heads = self.attention_of(model, example, output)
+            if alignment is not None and not heads:  # one map: as one layer of one head
+                source = [*example.source, "<eos>"]
+                rows = self.output_labels(output)
+                heads = [(None, "attention", alignment[None, None], rows, source)]
+            kinds = [
+                {"name": title, "rows": q, "columns": k, "weights": w.float().cpu()}
+                for _, title, w, q, k in heads
+            ]
+            items.append(
+                {
+                    "input": self.detokenize(example.source),
+                    "reference": self.detokenize(example.target),
+                    "prediction": self.detokenize(output),
+                    "correct": list(output) == list(example.target),
+                    "attention": kinds,
+                }
+            )
+        return {
+            "layout": "tokens",
+            "title": f"{len(items)} held-out examples ({self.eval.split} split)",
+            "note": "Attention while the model writes its prediction (teacher-forced on its "
+            "own output)",
+            "examples": items,
+        }
+
+
+# The per-layer per-head maps a model's forward may return: output field -> (figure file
+# stem, title, query labels, key labels), the labels named as `attention_of` builds them.
+HEAD_KINDS = {
+    "encoder_weights": ("encoder_self", "encoder self-attention", "source", "source"),
+    "decoder_weights": (
+        "decoder_self",
+        "decoder self-attention (causal)",
+        "decoder_in",
+        "decoder_in",
+    ),
+    "cross_weights": ("cross", "cross-attention", "outputs", "source"),
+}

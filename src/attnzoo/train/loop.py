@@ -155,8 +155,8 @@ def train(
     timing.json holds the seconds this process spent training (`train_seconds`, evaluations
     during training excluded and counted in `eval_seconds_during`) and in the final evaluation
     (`eval_seconds`), kept apart from final.json so that a resumed run's final.json still equals
-    an uninterrupted one's. `resume` continues from a checkpoint (True: the newest intact one, `checkpoint.resume_point`; or the
-    folder given) to the same result as an uninterrupted run.
+    an uninterrupted one's. `resume` continues from a checkpoint (True: the newest intact one,
+    `checkpoint.resume_point`; or the folder given) to the same result as an uninterrupted run.
     """
     device = resolve_device(config.device)
     env = setup_distributed(device)

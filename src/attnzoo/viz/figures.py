@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 # Tokens and titles are drawn as the characters they are: a "$" would otherwise start TeX
 # (matplotlib's mathtext), so "a$b$c" would lose its dollars and "$\frac$" would crash savefig.
@@ -111,6 +112,12 @@ def loss_figure(steps: Sequence[int], losses: Sequence[float], *, title: str = "
     return fig
 
 
+# pointer_figure: the true output as a wide light band, the model's output on top as a thin
+# dark line, so a correct output is visible inside its band rather than hiding it.
+TRUTH_STYLE = dict(color="#9ecae1", linewidth=7, solid_capstyle="round", zorder=1, label="true")
+OUTPUT_STYLE = dict(color="#b2182b", linewidth=1.4, zorder=2, label="output")
+
+
 def pointer_figure(
     points,
     weights,
@@ -124,7 +131,9 @@ def pointer_figure(
     """Vinyals 2015 Fig. 2 beside its attention: left, the pointer distribution of every
     output step over the input positions (grey level); right, the output drawn over the
     inputs: a closed tour or hull through planar points (`closed`), or, for 1-d inputs, the
-    values in output order. The true output is dashed.
+    values in output order. The true output is a wide light band under the model's output,
+    a thin dark line, so that both show where they coincide (a correct output is a dark
+    line down the middle of the band) and where they part.
 
     Args:
         points: (n, dim) inputs, dim 1 or 2.
@@ -159,14 +168,14 @@ def pointer_figure(
         for i, (x, y) in enumerate(p):
             ax.annotate(str(i), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
         if truth:
-            ax.plot(*path(list(truth)), "--", color="tab:gray", label="true")
+            ax.plot(*path(list(truth)), **TRUTH_STYLE)
         if output:
-            ax.plot(*path(list(output)), color="tab:red", label="output")
+            ax.plot(*path(list(output)), **OUTPUT_STYLE)
         ax.set_aspect("equal")
     else:
         if truth:
-            ax.plot(p[list(truth), 0], "--", color="tab:gray", label="true")
-        ax.plot(p[list(output), 0], "o-", color="tab:red", label="output")
+            ax.plot(p[list(truth), 0], **TRUTH_STYLE)
+        ax.plot(p[list(output), 0], marker="o", markersize=3, **OUTPUT_STYLE)
         ax.set_xlabel("output step")
         ax.set_ylabel("value")
     ax.legend(fontsize=8, loc="best")
@@ -200,6 +209,10 @@ def _used_rows(*weights: np.ndarray, threshold: float = 0.01, margin: int = 2) -
     return (first + np.arange(keep)) % n
 
 
+MAX_STEPS_PER_ROW = 50  # memory_figure: longer sequences wrap into stacked rows
+STEP_INCHES = 0.24  # memory_figure: width of one time step per panel pair
+
+
 def memory_figure(
     inputs,
     targets,
@@ -219,7 +232,11 @@ def memory_figure(
     that differ from the target); then the write side left (add vectors, write weightings) and
     the read side right (read vectors, read weightings); the final memory below. The
     weightings and memory show only the rows the heads used, as one circular range (a head
-    that moves back from row 0 wraps round to row N - 1).
+    that moves back from row 0 wraps round to row N - 1). A sequence of more than
+    `MAX_STEPS_PER_ROW` steps wraps: its time is cut into near-equal pieces, and the time
+    panels are repeated for each piece, one under another, each titled with its steps; so
+    the figure is never wider than a sequence of `MAX_STEPS_PER_ROW` steps makes it, and
+    every step keeps one width.
 
     Args:
         inputs: (T, input_size); targets, outputs: (T, output_size), outputs as probabilities.
@@ -255,30 +272,53 @@ def memory_figure(
         m = m[rows] if rows is not None else m  # (locations, M)
         panels.append([("memory after the last step (location across)", m, "column")])
     steps = x.shape[0]
-    fig = Figure(figsize=(max(6.0, 0.24 * steps + 2), 1.5 * len(panels) + 0.6))
-    grid = fig.add_gridspec(len(panels), 2)
-    for r, row in enumerate(panels):
+    # 1. Cut time into `chunks` near-equal pieces of at most MAX_STEPS_PER_ROW steps; each
+    #    piece repeats the time panels one under another, so the width (and a step's width
+    #    in pixels) stays that of a short sequence however long the sequence is.
+    chunks = -(-steps // MAX_STEPS_PER_ROW)  # ceil
+    width = -(-steps // chunks)  # steps per piece, ceil
+    spans = [(k * width, min(steps, (k + 1) * width)) for k in range(chunks)]
+    timed = [row for row in panels if not row[0][0].startswith("memory")]
+    rows_out = [(row, span) for span in spans for row in timed]
+    rows_out += [(row, None) for row in panels if row[0][0].startswith("memory")]
+    fig = Figure(figsize=(max(6.0, STEP_INCHES * width + 2), 1.5 * len(rows_out) + 0.6))
+    grid = fig.add_gridspec(len(rows_out), 2)
+    for r, (row, span) in enumerate(rows_out):
         for col, (name, data, ylabel) in enumerate(row):
             ax = fig.add_subplot(grid[r, col] if len(row) == 2 else grid[r, :])
             signed = name in ("adds", "reads") or name.startswith("memory")
             limit = max(1.0, float(np.abs(data).max())) if signed else 1.0
+            shown, extent = data, None
+            if span is not None:
+                # 2. time on the x axis in true steps: the piece starting at t0 reads t0...
+                t0, t1 = span
+                shown = data[t0:t1]
+                extent = (t0 - 0.5, t1 - 0.5, data.shape[1] - 0.5, -0.5)
             ax.imshow(
-                data.T,
+                shown.T,
                 cmap="RdBu_r" if signed else "gray",
                 vmin=-limit if signed else 0.0,
                 vmax=limit,
                 aspect="auto",
                 interpolation="nearest",
+                extent=extent,
             )
+            if span is not None:  # a shorter last piece keeps the others' step width
+                ax.set_xlim(span[0] - 0.5, span[0] + width - 0.5)
+                ax.yaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))  # whole rows
+            if chunks > 1 and span is not None:
+                name = f"{name}, steps {span[0]}-{span[1] - 1}"
             ax.set_title(name, fontsize=8)
             ax.set_ylabel(ylabel, fontsize=7)
-            ax.set_xlabel("location" if name.startswith("memory") else "time", fontsize=7)
+            ax.set_xlabel("location" if span is None else "time", fontsize=7)
             ax.tick_params(labelsize=6)
-            if rows is not None and ("weightings" in name or name.startswith("memory")):
-                at = np.arange(0, len(rows), max(1, len(rows) // 8))  # label the true rows
-                axis = ax.set_xticks if name.startswith("memory") else ax.set_yticks
+            if rows is not None and ("weightings" in name or span is None):
+                # label the true rows: ~8 across the memory panel, ~5 down a weighting panel
+                per = 8 if span is None else 5
+                at = np.arange(0, len(rows), max(1, -(-len(rows) // per)))
+                axis = ax.set_xticks if span is None else ax.set_yticks
                 axis(at, [str(k) for k in rows[at]])
-    if title:
-        fig.suptitle(title, fontsize=9, **LITERAL)
+    if title:  # 0.1 inch from the top whatever the figure's height (tight_layout makes room)
+        fig.suptitle(title, fontsize=9, y=1.0 - 0.1 / fig.get_figheight(), va="top", **LITERAL)
     fig.tight_layout()
     return fig

@@ -1,0 +1,65 @@
+import pytest
+import torch
+
+from attnzoo.tasks.translation import MIN_BUCKET, length_buckets
+
+
+def test_length_buckets_merge_a_short_bucket_into_the_next():
+    lengths = [1, 2, 5, 5, 6, 9, 9]  # edges 1 | 3 | 6 | 10: buckets of 2, 2, 3 items
+    assert length_buckets(lengths, [1, 3, 6, 10], least=3) == [
+        (1, 6, [0, 1, 2, 3]),
+        (6, 10, [4, 5, 6]),
+    ]
+
+
+def test_length_buckets_merge_a_short_last_bucket_into_the_one_before():
+    lengths = [1, 1, 1, 4, 4, 4, 7]
+    assert length_buckets(lengths, [1, 3, 6, 10], least=3) == [
+        (1, 3, [0, 1, 2]),
+        (3, 10, [3, 4, 5, 6]),
+    ]
+
+
+def test_length_buckets_drop_empty_buckets_and_keep_one_when_all_are_few():
+    assert length_buckets([1, 8], [1, 3, 6, 10], least=3) == [(1, 10, [0, 1])]
+    assert length_buckets([1, 1, 1, 8, 8, 8], [1, 3, 6, 10], least=3) == [
+        (1, 3, [0, 1, 2]),
+        (6, 10, [3, 4, 5]),
+    ]
+    assert length_buckets([], [1, 3], least=3) == []
+
+
+@pytest.mark.parametrize("least", [1, MIN_BUCKET])
+def test_length_buckets_partition_the_items(least):
+    lengths = torch.randint(1, 60, (500,), generator=torch.Generator().manual_seed(0)).tolist()
+    lengths += [1] * 3 + [59] * 2  # short edge buckets
+    buckets = length_buckets(lengths, [1, 2, 10, 20, 30, 40, 50, 58, 60], least=least)
+    assert sorted(k for _, _, picked in buckets for k in picked) == list(range(len(lengths)))
+    assert all(len(picked) >= least for _, _, picked in buckets)
+    for (lo, hi, picked), (next_lo, _, _) in zip(buckets, [*buckets[1:], (60, 0, 0)], strict=True):
+        assert hi == next_lo or hi == 60
+        assert all(lo <= lengths[k] < hi for k in picked)
+
+
+def test_by_source_length_reports_no_bucket_under_min_bucket():
+    """Built as the length experiment builds it; its first bucket (lengths 4-5) would hold
+    fewer than MIN_BUCKET of the 400 test sequences of lengths 4..40."""
+    from attnzoo import runs
+
+    config = runs.apply_overrides(
+        runs.default_config("bahdanau", "reverse"),
+        [
+            *("task.min_len=4", "task.max_len=40", "task.n_test=400", "task.n_train=400"),
+            *("eval.limit=400", "model.hidden=8", "model.embed_dim=4"),
+        ],
+    )
+    task, model = runs.build(config)
+    lengths = [len(e.source) for e in task.examples()]
+    edges = [4, 6, 10, 20, 30, 41]
+    assert 0 < sum(4 <= n < 6 for n in lengths) < MIN_BUCKET
+    model.eval()
+    with torch.no_grad():
+        rows = task.by_source_length(model, edges)
+    assert [(r["min_len"], r["max_len"]) for r in rows] == [(4, 9), (10, 19), (20, 29), (30, 40)]
+    assert sum(r["n"] for r in rows) == len(lengths) == 400
+    assert min(r["n"] for r in rows) >= MIN_BUCKET

@@ -1,0 +1,118 @@
+"""docs/PAGE.md is its template docs/templates/PAGE.md rendered from the benchmarks' JSON
+(benchmarks/report.py), and no number in a page is typed by hand: the template's own prose
+holds none, the committed page equals a fresh rendering, and every number of the page is a
+value of the JSON it was made from, at the precision shown."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import report  # noqa: E402
+
+TEMPLATES = sorted(p.stem for p in (ROOT / "docs" / "templates").glob("*.md"))
+
+# A number standing alone (not part of a name such as seq2seq, bf16, L4096 or len80).
+NUMBER = re.compile(r"(?<![\w.])[-−]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w])")
+# What prose may hold: a year, a list item's number, a paper's table/figure/section number.
+ALLOWED_BEFORE = re.compile(
+    r"(?:Table|Tables|Fig\.|Figure|Figures|sec\.|Section|eq\.|Eq\.|issue|arXiv:)\s*$"
+)
+
+
+def _prose(text: str) -> str:
+    """`text` without code (fenced and inline), link targets, HTML comments and Jinja tags."""
+    text = re.sub(r"```.*?```", " ", text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", " ", text)
+    text = re.sub(r"\]\([^)]*\)", "] ", text)
+    text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
+    return re.sub(r"\{[{%#].*?[}%#]\}", " ", text, flags=re.S)
+
+
+def _typed_numbers(text: str) -> list[str]:
+    """Numbers in prose that are not a year, a list item's number or a citation's number."""
+    found = []
+    for line in _prose(text).splitlines():
+        line = re.sub(r"^\s*\d+\.\s", " ", line)  # an ordered list item
+        for match in NUMBER.finditer(line):
+            token = match.group()
+            if re.fullmatch(r"(19|20)\d\d", token):  # a year (Bahdanau et al. 2015)
+                continue
+            if ALLOWED_BEFORE.search(line[: match.start()]) and "." not in token:
+                continue
+            found.append(token)
+    return found
+
+
+def _leaves(value, out: list[float]) -> list[float]:
+    if isinstance(value, dict):
+        for v in value.values():
+            _leaves(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _leaves(v, out)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        out.append(float(value))
+    return out
+
+
+def _shown(token: str, values: list[float]) -> bool:
+    """Whether some JSON value, rounded as `token` is written, reads as `token`."""
+    x = float(token.replace("−", "-"))
+    if "e" in token:  # written with %g: three significant digits
+        return any(math.isclose(v, x, rel_tol=5e-3) for v in values)
+    decimals = len(token.split(".")[1]) if "." in token else 0
+    tolerance = 0.5 * 10**-decimals + 1e-9
+    if any(abs(v - x) <= tolerance for v in values):
+        return True
+    # %g / %.3g round large numbers to three significant digits
+    return any(abs(v) >= 100 and math.isclose(v, x, rel_tol=5e-3) for v in values)
+
+
+def test_every_page_has_a_template():
+    assert set(TEMPLATES) == set(report.PAGES), "docs/templates/ and report.PAGES disagree"
+
+
+@pytest.mark.parametrize("page", TEMPLATES)
+def test_template_prose_types_no_number(page):
+    text = (ROOT / "docs" / "templates" / f"{page}.md").read_text()
+    typed = _typed_numbers(text)
+    assert not typed, f"docs/templates/{page}.md types numbers into prose: {typed[:10]}"
+
+
+def test_the_prose_check_finds_typed_numbers():
+    """The rule above must be able to fail: typed results are found, names and years are not."""
+    text = "Bahdanau et al. 2015 reach 26.75 BLEU; seq2seq with bf16 at L4096 in `--steps 9`."
+    assert _typed_numbers(text) == ["26.75"]
+    assert _typed_numbers("{{ stat('ntm', 'a', 'b') }} over 3 seeds") == ["3"]
+
+
+@pytest.mark.parametrize("page", TEMPLATES)
+def test_page_is_its_rendered_template(page):
+    """docs/PAGE.md equals its template rendered from the committed JSON (none edited by hand,
+    none stale after a benchmark re-run)."""
+    committed = (ROOT / "docs" / f"{page}.md").read_text()
+    assert committed == report.Page(page, report.RESULTS).render(), (
+        f"docs/{page}.md is stale: run `python benchmarks/report.py {page}`"
+    )
+
+
+@pytest.mark.parametrize("page", TEMPLATES)
+def test_every_number_of_a_page_is_in_its_json(page):
+    values: list[float] = []
+    for bench in report.PAGES[page]:
+        _leaves(json.loads((report.RESULTS / f"{bench}.json").read_text()), values)
+    text = (ROOT / "docs" / f"{page}.md").read_text()
+    template = (ROOT / "docs" / "templates" / f"{page}.md").read_text()
+    allowed = set(NUMBER.findall(_prose(template)))  # years and citations the template holds
+    missing = [
+        t for t in NUMBER.findall(_prose(text)) if t not in allowed and not _shown(t, values)
+    ]
+    assert not missing, f"docs/{page}.md shows numbers no JSON value reads as: {missing[:10]}"

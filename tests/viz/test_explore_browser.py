@@ -1,0 +1,260 @@
+"""The explorer page in a real browser: headless Chromium (Debian's `chromium` and
+`chromium-driver`, which `make test` installs where it can) driven by Selenium, pointed at the
+system binaries so that Selenium Manager never downloads one. Skipped, saying what is missing,
+where there is no Chromium.
+
+Two tiny runs are trained for a few steps (Bahdanau and a Transformer on dates), their pages
+written and opened from disk (file://). The page's data are read back and decoded here, on
+their own (base64 -> uint8 levels), and compared with what the page highlights.
+
+`python -m tests.viz.test_explore_browser PAGE PNG` takes a screenshot of a page (the README's).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnzoo import runs
+from tests.train.test_loop import TINY
+
+CHROMIUM = ("/usr/bin/chromium", "chromium", "chromium-browser")
+CHROMEDRIVER = ("/usr/bin/chromedriver", "chromedriver")
+TINY_TRANSFORMER = [
+    "model.d_model=16",
+    "model.heads=2",
+    "model.layers_enc=1",
+    "model.layers_dec=2",
+    "model.d_ff=32",
+]
+
+
+def _binary(names) -> str | None:
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def start_browser(width: int = 1280, height: int = 900):
+    """Headless Chromium with its console log kept, or a skip naming what is missing."""
+    chromium, driver = _binary(CHROMIUM), _binary(CHROMEDRIVER)
+    missing = [
+        what for what, path in (("chromium", chromium), ("chromedriver", driver)) if not path
+    ]
+    if missing:
+        pytest.skip(
+            f"no {' or '.join(missing)} for the browser test: "
+            "apt-get install chromium chromium-driver (make test does, as root)"
+        )
+    webdriver = pytest.importorskip(
+        "selenium.webdriver", reason="selenium missing: pip install -e '.[dev]'"
+    )
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",  # root in a container
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--window-size={width},{height}",
+    ):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
+
+
+def severe(browser) -> list[dict]:
+    return [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def open_page(browser, page: Path) -> dict:
+    """Open `page` from disk; its embedded data, decoded here (each kind's "levels": the
+    (layers, heads, rows, columns) uint8 array)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(Path(page).resolve().as_uri())
+    WebDriverWait(browser, 10).until(
+        lambda b: b.execute_script("return document.body.dataset.ready") == "true"
+    )
+    text = browser.execute_script("return document.getElementById('explore-data').textContent")
+    data = json.loads(text)
+    for example in data["examples"]:
+        for kind in example["attention"]:
+            raw = np.frombuffer(base64.b64decode(kind["data"]), dtype=np.uint8)
+            kind["levels"] = raw.reshape(kind["shape"])
+    return data
+
+
+def highlighted(browser) -> tuple[int, list[float]]:
+    """The step view's highlighted (argmax) column and every cell's level."""
+    cells = browser.find_elements("css selector", "#cells .cell")
+    marked = [
+        int(c.get_attribute("data-col")) for c in cells if "argmax" in c.get_attribute("class")
+    ]
+    assert len(marked) == 1, marked
+    return marked[0], [float(c.get_attribute("data-level")) for c in cells]
+
+
+def choose(browser, select_id: str, index: int) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    Select(browser.find_element("id", select_id)).select_by_index(index)
+
+
+def step_of(browser) -> int:
+    return int(browser.find_element("id", "step").get_attribute("value"))
+
+
+def check_row(browser, levels: np.ndarray) -> None:
+    """The highlighted cell is the first maximum of `levels` (the current row the page
+    should show), and each cell shows its level."""
+    column, shown = highlighted(browser)
+    assert column == int(np.argmax(levels)), (column, levels)
+    np.testing.assert_allclose(shown, levels, atol=1e-9)
+
+
+def train_and_write(out: Path, model: str, extra=()) -> Path:
+    config = runs.default_config(model, "dates")
+    sets = [s for s in TINY if not s.startswith("model.") or not extra]  # extra: the model's
+    config = runs.apply_overrides(config, [*sets, "train.steps=4", "eval.limit=6", *extra])
+    task, net, _ = runs.run_train(config, out, progress=False)
+    return runs.write_explorer(out / runs.EXPLORER, task, net, count=4, heading=f"{model} test")
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    root = tmp_path_factory.mktemp("explore_browser")
+    return {
+        "bahdanau": train_and_write(root / "bahdanau", "bahdanau"),
+        "transformer": train_and_write(root / "transformer", "transformer", TINY_TRANSFORMER),
+    }
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = start_browser()
+    yield driver
+    driver.quit()
+
+
+def test_steps_heads_and_examples_in_the_browser(browser, pages, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    # 1. Bahdanau: one kind, one head; the right arrow moves one step
+    data = open_page(browser, pages["bahdanau"])
+    assert severe(browser) == []
+    assert "Weights shown to 1/255" in browser.find_element("id", "quantised").text
+    levels = data["examples"][0]["attention"][0]["levels"]  # (1, 1, rows, columns)
+    check_row(browser, levels[0, 0, 0])
+    ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform()
+    assert step_of(browser) == 1
+    check_row(browser, levels[0, 0, 1])
+    # hovering a cell shows its stored weight, levels / 255
+    column, _ = highlighted(browser)
+    cell = browser.find_element("css selector", f'#cells .cell[data-col="{column}"]')
+    ActionChains(browser).move_to_element(cell).perform()
+    readout = browser.find_element("id", "readout").text
+    assert readout.endswith(f"{levels[0, 0, 1, column] / 255:.3f}"), readout
+    # on the focused slider an arrow still moves one step (the page's, not the slider's too)
+    browser.execute_script("document.getElementById('step').focus()")
+    ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform()
+    step = min(2, levels.shape[2] - 1)
+    assert step_of(browser) == step
+    check_row(browser, levels[0, 0, step])
+
+    # 2. the Transformer: another head, the mean of heads, another kind, another example
+    data = open_page(browser, pages["transformer"])
+    assert severe(browser) == []
+    kinds = data["examples"][0]["attention"]
+    assert [k["name"] for k in kinds][-1] == "cross-attention"
+    ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform()
+    step = step_of(browser)
+    assert step == 1
+    check_row(browser, kinds[0]["levels"][0, 0, step])  # encoder self-attention, head 1
+    choose(browser, "head", 1)
+    check_row(browser, kinds[0]["levels"][0, 1, step])
+    choose(browser, "head", 2)  # the mean of the heads' stored levels
+    _, shown = highlighted(browser)
+    np.testing.assert_allclose(shown, kinds[0]["levels"][0, :, step].mean(0), atol=1e-9)
+    choose(browser, "kind", 2)  # cross-attention: back to its first step
+    choose(browser, "head", 1)
+    choose(browser, "layer", 1)
+    assert step_of(browser) == 0
+    check_row(browser, kinds[2]["levels"][1, 1, 0])
+    browser.execute_script("document.activeElement.blur()")  # the arrows are the page's again
+    ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform()  # a short output stays at its end
+    step = min(1, kinds[2]["shape"][2] - 1)
+    assert step_of(browser) == step
+    check_row(browser, kinds[2]["levels"][1, 1, step])
+    choose(browser, "example", 1)
+    other = data["examples"][1]
+    assert browser.find_element("id", "input").text == other["input"]
+    step = min(step, other["attention"][2]["shape"][2] - 1)
+    check_row(browser, other["attention"][2]["levels"][1, 1, step])
+    shot = tmp_path / "explore.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    assert severe(browser) == []
+
+
+def screenshot(page: Path, png: Path) -> None:
+    """A screenshot of an explorer page, a few steps into its first example."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    browser = start_browser(1200, 820)
+    try:
+        open_page(browser, page)
+        ActionChains(browser).send_keys(*[Keys.ARROW_RIGHT] * 5).perform()
+        column, _ = highlighted(browser)
+        cell = browser.find_element("css selector", f'#cells .cell[data-col="{column}"]')
+        ActionChains(browser).move_to_element(cell).perform()  # the hover readout shows
+        browser.save_screenshot(str(png))
+    finally:
+        browser.quit()
+
+
+if __name__ == "__main__":
+    screenshot(Path(sys.argv[1]), Path(sys.argv[2]))
+
+
+@pytest.mark.parametrize(
+    ("model", "task"),
+    [("encdec", "reverse"), ("pointer-net", "convex_hull"), ("ntm", "bit_copy")],
+)
+def test_every_layout_draws_without_errors(browser, tmp_path, model, task):
+    """Untrained tiny models: a model without attention says so; the points and memory
+    layouts draw and step."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    from tests.test_devices import tiny_config
+
+    built_task, net = runs.build(tiny_config(model, task))
+    page = runs.write_explorer(tmp_path / "explore.html", built_task, net, count=2, heading=model)
+    data = open_page(browser, page)
+    assert severe(browser) == []
+    if not data["examples"][0]["attention"]:
+        assert browser.find_element("id", "no-attention").is_displayed()
+        assert not browser.find_element("id", "views").is_displayed()
+        return
+    levels = data["examples"][0]["attention"][0]["levels"]
+    ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform()
+    step = min(1, levels.shape[2] - 1)
+    assert step_of(browser) == step
+    check_row(browser, levels[0, 0, step])
+    if data["layout"] == "points":
+        assert browser.find_elements("css selector", "#points-view circle")
+    if data["layout"] == "memory":
+        assert browser.find_elements("css selector", "table.signals td")
+    assert severe(browser) == []
