@@ -309,7 +309,7 @@ def derive(summary: dict) -> dict[str, dict]:
 
 
 TARGETS = targets(
-    "docs/core.md's targets before issue 11",
+    "docs/core.md's targets before the one driver",
     *((f"{s} {m}: attnzoo / sdpa time, worst length", f"{s}-{m}", "worst", "<=", 1.1)
       for s in DOT_FAMILY for m in (FWD, TRAIN)),
     (f"additive {TRAIN}: attnzoo / plain peak memory", "additive", "peak_over_plain", "<=", 0.1),

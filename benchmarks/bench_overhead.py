@@ -43,7 +43,7 @@ METHOD = {
     "times params.calls calls back to back; samples of the implementations interleaved",
     "overhead_us": "per round, the attnzoo sample minus the same round's 4-D SDPA sample, per "
     "call (overhead_4d_us: likewise with 4-D inputs to attention()); median over the rounds",
-    "matmul_gflops": "fp32 1024^3 matmul on one thread, before and after the samples",
+    "matmul_gflops": "a `1024^3` fp32 matmul on one thread, before and after the samples",
 }
 
 

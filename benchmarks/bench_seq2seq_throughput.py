@@ -134,7 +134,7 @@ def worker(p: dict, ctx) -> dict:
 
 
 TARGETS = targets(
-    "docs/seq2seq.md's target before issue 11",
+    "docs/seq2seq.md's target before the one driver",
     *((f"training tokens/s vs plain ({i})", i, "speedup.median", ">=", 2.0) for i in SIZES["full"]),
 )
 COLUMNS = [("config", "id"), ("batch", "params.batch"), ("source length", "params.source_len")]
