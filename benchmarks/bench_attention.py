@@ -59,10 +59,11 @@ IMPLS = {
     "keras_mha_scores": "keras.layers.MultiHeadAttention(return_attention_scores=True)",
 }
 WEIGHTS = ("attnzoo_weights", "torch_mha_weights", "keras_mha_scores")  # vs attnzoo_weights
-PEERS = {"dot": ["plain", "sdpa", "keras_attention"], "location": ["plain"]}
-PEERS |= {"scaled_dot": ["plain", "sdpa", "keras_attention_scaled"], "additive": ["plain"]}
-PEERS["mha"] = ["attnzoo_weights", "torch_mha", "torch_mha_weights", "keras_mha"]
-PEERS["mha"] += ["keras_mha_scores"]
+PEERS = {  # beside attnzoo; the other dot-family scores: plain and sdpa
+    "dot": ["plain", "sdpa", "keras_attention"], "location": ["plain"], "additive": ["plain"],
+    "scaled_dot": ["plain", "sdpa", "keras_attention_scaled"],
+    "mha": ["attnzoo_weights", "torch_mha", "torch_mha_weights", "keras_mha", "keras_mha_scores"],
+}  # fmt: skip
 # batch, d, lengths, d_hidden, Keras's d_hidden (= d), target length, MHA (batch, d_model,
 # heads, lengths) as Vaswani's base model, long additive (batch, length), memory budget GiB,
 # (repeats, warm-up) by length: a fused additive fwd+bwd takes tens of seconds at 2048
