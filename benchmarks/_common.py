@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -323,6 +323,9 @@ class Column:
     header: str
     key: str
     digits: int = 2
+    # "range" or "iqr": `key` names a `spread` metric; the cell is "median (low-high)"
+    spread: str = ""
+    sci: bool = False  # scientific notation (a difference near 0)
 
 
 def columns(spec: str, digits: int = 2) -> list[Column]:
@@ -336,9 +339,12 @@ class Table:
     """Rows: the experiments of `groups` (in declaration order), or of `ids` when given."""
 
     name: str
-    columns: Sequence[Column]
+    columns: Sequence[Column | tuple]  # a tuple: Column's fields in order
     groups: Sequence[str] = ()
     ids: Sequence[str] = ()
+    # a metric holding one dict per item (e.g. per implementation): then a row per item, the
+    # column key "each" is the item's name and "each.KEY" reads metric EACH.ITEM.KEY
+    each: str = ""
 
 
 @dataclass
@@ -362,13 +368,17 @@ class Bench:
     tables: Sequence[Table] = ()
     # unit's experiments (with budget) -> {id: extra}; run in a fresh process before the unit
     prepare: Callable[[list[Experiment], str], dict[str, dict]] | None = None
-    # summary -> {derived id: {key: value}}: metrics computed across experiments (ratios)
+    # summary -> {derived id: {key: value, or values paired by seed}}: metrics across experiments
     derive: Callable[[dict[str, Any]], dict[str, dict[str, float]]] | None = None
     # (results JSON, folder) -> the docs figures it drew there from the JSON (and run dirs
     # where they exist; a figure whose run dirs are absent is left as it is)
     figures: Callable[[dict, Path], list[Path]] | None = None
     threads: int = 1  # torch threads per worker
-    jobs: int = 2  # workers at once
+    jobs: int | Mapping[str, int] = 2  # workers at once (or per budget)
+    # how the metrics are measured (written into the JSON as "method")
+    method: Mapping[str, Any] = field(default_factory=dict)
+    # spec -> a closure running one call: what a `peak_memory` child process measures
+    step: Callable[[Mapping[str, Any]], Callable[[], Any]] | None = None
 
 
 def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
@@ -457,13 +467,30 @@ def format_stat(stat: Mapping[str, Any] | None, digits: int = 2) -> str:
     return mean if stat.get("std") is None else f"{mean} ± {stat['std']:.{digits}f}"
 
 
-def cell(entry: Mapping[str, Any], column: Column, experiment_id: str) -> str:
-    if column.key == "id":
-        return experiment_id
+def cell(entry: Mapping[str, Any], column: Column, experiment_id: str, item: str = "") -> str:
+    if column.key in ("id", "each"):
+        return item or experiment_id
     if column.key.startswith("params."):
         value = entry["params"].get(column.key.split(".", 1)[1])
         return format_number(value) if not isinstance(value, list) else ",".join(map(str, value))
-    return format_stat(entry["metrics"].get(column.key), column.digits)
+    metrics, key = entry["metrics"], column.key
+    if column.spread:
+        low, high = ("min", "max") if column.spread == "range" else ("q1", "q3")
+        stats = [metrics.get(f"{key}.{k}") for k in ("median", low, high)]
+        if None in stats:  # the median alone where the spread was not recorded
+            return format_stat(stats[0], column.digits)
+        mid, lo, hi = (f"{s['mean']:.{column.digits}f}" for s in stats)
+        return f"{mid} ({lo}-{hi})"
+    if column.sci and key in metrics:
+        return f"{metrics[key]['mean']:.{column.digits}e}"
+    return format_stat(metrics.get(key), column.digits)
+
+
+def _items(table: Table, data: Mapping[str, Any], i: str) -> dict[str, str]:
+    """`table.each`'s items of experiment `i` in the worker's order, with their status."""
+    rows = [r for r in data.get("rows", []) if r["id"] == i and r.get("status") == STATUS_OK]
+    items = rows[0]["metrics"].get(table.each, {}) if rows else {}
+    return {name: str(value.get("status", STATUS_OK)) for name, value in items.items()}
 
 
 def render_table(table: Table, data: Mapping[str, Any]) -> str:
@@ -473,10 +500,19 @@ def render_table(table: Table, data: Mapping[str, Any]) -> str:
     ids = ids or [i for i, e in summary.items() if e["group"] in table.groups]
     header = [c.header if isinstance(c, Column) else c[0] for c in table.columns] + ["n"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    given = [c if isinstance(c, Column) else Column(*c) for c in table.columns]
     for i in ids:
         entry = summary[i]
-        cells = [cell(entry, c, i) for c in table.columns] + [str(len(entry["seeds"]))]
-        lines.append("| " + " | ".join(cells) + " |")
+        n = str(len(entry["seeds"]))
+        for item, status in (_items(table, data, i) if table.each else {"": STATUS_OK}).items():
+            columns = [
+                replace(c, key=c.key.replace("each.", f"{table.each}.{item}.", 1)) for c in given
+            ]
+            cells = [cell(entry, c, i, item) for c in columns]
+            if status != STATUS_OK:  # e.g. "OOM" in its metric columns
+                keep = [c.key == "each" or c.key.startswith(("id", "params.")) for c in columns]
+                cells = [x if k else status.upper() for x, k in zip(cells, keep, strict=True)]
+            lines.append("| " + " | ".join([*cells, n]) + " |")
     return "\n".join(lines)
 
 
@@ -493,7 +529,8 @@ def _current(row: Mapping[str, Any], e: Experiment, budget: str) -> bool:
 
 
 def _worker_env(threads: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(THREAD_ENV_PREFIXES)}
+    # thread counts are the bench's; other settings (OMP_WAIT_POLICY=PASSIVE) pass through
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
     return {**env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
@@ -520,6 +557,8 @@ def _in_child(bench: Bench, flag: str, payload: Mapping[str, Any]) -> None:
     import torch
 
     torch.set_num_threads(bench.threads)
+    if flag == "--peak":
+        return _peak_child(bench, payload)
     if flag == "--worker":
         ctx = Context(**{**payload["ctx"], "run_dir": Path(payload["ctx"]["run_dir"])})
         emit_result({"metrics": bench.worker(payload["params"], ctx)})
@@ -540,19 +579,21 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     parser.add_argument("--seeds", type=int, help="seeds per trained experiment")
     parser.add_argument("--only", nargs="*", default=[], help="ids or groups (globs) to run")
     parser.add_argument("--rerun", action="store_true", help="re-run rows already current")
-    parser.add_argument("--jobs", type=int, default=bench.jobs)
+    parser.add_argument("--jobs", type=int)
     parser.add_argument("--results", type=Path, help="results folder (smoke: runs/smoke)")
     parser.add_argument("--runs", type=Path, help="run folders (default beside --results)")
     parser.add_argument("--list", action="store_true", help="experiments and CPU-minutes, JSON")
-    for flag in ("--worker", "--prepare"):
+    for flag in ("--worker", "--prepare", "--peak"):
         parser.add_argument(flag, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker or args.prepare:
-        flag = "--worker" if args.worker else "--prepare"
-        return _in_child(bench, flag, json.loads(args.worker or args.prepare))
+    for flag in ("worker", "prepare", "peak"):
+        if getattr(args, flag):
+            return _in_child(bench, f"--{flag}", json.loads(getattr(args, flag)))
     if args.seeds is not None and args.seeds < 1:
         parser.error(f"--seeds: expected a count >= 1, got {args.seeds}")
     experiments = bench.experiments(args.budget)
+    jobs = bench.jobs if isinstance(bench.jobs, int) else bench.jobs[args.budget]
+    args.jobs = args.jobs or jobs
     if args.list:
         seeds = {e.id: _seeds(e, args.seeds) for e in experiments}
         listing = [{**asdict(e), "seeds": seeds[e.id]} for e in experiments]
@@ -634,6 +675,7 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         "bench": bench.name,
         "budget": args.budget,
         "machine": machine_info(threads_per_run=bench.threads),
+        "method": dict(bench.method),
         "calibrations": calibrations,
         "rows": rows,
         "summary": summary,
@@ -648,6 +690,116 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     for r in failed:
         print(f"[{bench.name}] FAILED {r['id']} seed {r['seed']}: {r.get('error')}", flush=True)
     return data
+
+
+# 5. Micro-benchmarks: implementations timed in one worker, peak memory in child processes ------
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, quartiles and range of repeated timings (what seeds are to a trained run)."""
+    q1, _, q3 = (
+        statistics.quantiles(values, n=4, method="inclusive")
+        if len(values) > 1
+        else [values[0]] * 3
+    )
+    return {"median": median(values), "q1": q1, "q3": q3, "min": min(values), "max": max(values)}
+
+
+def time_steps(
+    builders: Mapping[str, Callable[[], Callable[[], Any]]],
+    *,
+    repeats: int,
+    warmup: int,
+    reference: Mapping[str, str] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Build each implementation's step, warm every one up, then time them interleaved.
+
+    Per implementation (in `builders`' order): `ms`, the spread of its per-call milliseconds,
+    and `times_ms`; beside the implementation `reference[name]`, `ratio`: the spread of the
+    per-round ratios reference time / its time (one round's ratio cancels the machine's drift
+    between rounds). A build or warm-up that runs out of memory gives status "oom".
+    """
+    steps, out = {}, {}
+    for name, build in builders.items():
+        try:
+            steps[name] = build()
+            for _ in range(warmup):
+                steps[name]()
+        except Exception as error:
+            if not is_oom_error(error):
+                raise
+            steps.pop(name, None)
+            out[name] = {"status": STATUS_OOM, "error": f"timing: {str(error)[:200]}"}
+            gc.collect()
+    times = time_interleaved(steps, repeats=repeats, warmup=0) if steps else {}
+    del steps
+    gc.collect()
+    for name, seconds in times.items():
+        ms = [t * 1e3 for t in seconds]
+        out[name] = {"ms": spread(ms), "times_ms": [round(t, 4) for t in ms]}
+    for name, ref in (reference or {}).items():
+        if name in times and ref in times:
+            out[name]["ratio"] = per_round(times[ref], times[name])
+    return {name: out[name] for name in builders}
+
+
+def per_round(numerator: Sequence[float], denominator: Sequence[float]) -> dict[str, float]:
+    """The spread of the ratios of two implementations' times of the same rounds."""
+    return spread([a / b for a, b in zip(numerator, denominator, strict=True)])
+
+
+def peak_memory(
+    bench: Bench, spec: Mapping[str, Any], warm: Mapping[str, Any], limit_bytes: int = 0
+) -> dict[str, Any]:
+    """Peak memory of one call of `bench.step(spec)` in a fresh process: VmHWM after the call
+    minus VmHWM after imports, inputs and one unmeasured call of `bench.step(warm)` (a tiny
+    size: it starts the thread pool and pays one-time lazy imports). With `limit_bytes` the
+    child's address space may grow by that much: beyond it the call fails as "oom"."""
+    payload = {"spec": dict(spec), "warm": dict(warm), "limit_bytes": limit_bytes}
+    result = _run_child(bench, "--peak", payload)
+    return {k: v for k, v in result.items() if k in ("status", "peak_mib", "error")}
+
+
+def _peak_child(bench: Bench, payload: Mapping[str, Any]) -> None:
+    assert bench.step is not None, f"bench {bench.name!r} has no step for peak memory"
+    bench.step(payload["warm"])()
+    gc.collect()
+    step = bench.step(payload["spec"])
+    peak = PeakMemory()
+    if payload["limit_bytes"]:
+        limit_address_space(payload["limit_bytes"])
+    try:
+        step()
+    except Exception as error:
+        if not is_oom_error(error):
+            raise
+        return emit_result({"status": STATUS_OOM, "error": str(error)[:300]})
+    emit_result({"peak_mib": peak.peak_bytes() / MIB, "hwm_reset": peak.reset})
+
+
+def extreme(
+    summary: Mapping[str, Any], ids: Sequence[str], key: str, pick: Callable = max
+) -> float | None:
+    """The largest (`pick`) mean of `key` among experiments `ids`; None if one lacks it."""
+    values = [summary.get(i, {}).get("metrics", {}).get(key) for i in ids]
+    return pick(v["mean"] for v in values) if values and None not in values else None
+
+
+def grad_step(forward: Callable[[], Any], leaves: Sequence[Any], out_shape, train: bool):
+    """One call of `forward`: under no_grad, or (`train`) forward and backward from a fixed
+    random output gradient, the leaves' gradients cleared first."""
+    import torch
+
+    if not train:
+        return torch.no_grad()(forward)
+    grad_output = torch.randn(out_shape)
+
+    def step() -> None:
+        for leaf in leaves:
+            leaf.grad = None
+        forward().backward(grad_output)
+
+    return step
 
 
 # 6. Trained benchmarks ------------------------------------------------------------------------

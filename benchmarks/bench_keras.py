@@ -1,327 +1,168 @@
 """Keras benchmark: attnzoo.keras layers against Keras's own, on the torch backend.
 
-Rows, at bench_attention.py's sizes:
-- AdditiveAttention, forward + backward (batch 4, d 64, lengths 128 and 512): attnzoo's
-  drop-in against keras.layers.AdditiveAttention with the same weights (matched features:
-  Keras's score has d_hidden = d);
-- MultiHeadAttention training step, forward + backward of self-attention (batch 8, d_model
-  512, 8 heads, lengths 128 and 512): attnzoo's layer built by `from_keras` against
+Experiments, at bench_attention.py's sizes:
+- AdditiveAttention, forward + backward from a random output gradient (batch 4, d 64):
+  attnzoo's drop-in against keras.layers.AdditiveAttention with the same weights (matched
+  features: Keras's score has d_hidden = d);
+- MultiHeadAttention training step, forward + backward of self-attention layer(x, x), dropout
+  0 (batch 8, d_model 512, 8 heads): attnzoo's layer built by `from_keras` against
   keras.layers.MultiHeadAttention.
 
-Each row gives the median time per call of both layers, interleaved in this process after
-identical warm-up (PERF.md), the peak memory of each in a fresh worker process (VmHWM after
-one call minus VmHWM after imports, inputs and a call at a tiny length, as bench_attention.py
-measures it), and the largest difference of their outputs. The script checks the targets and
-writes one JSON.
+An experiment's worker times both layers interleaved round by round after identical warm-up
+(PERF.md), measures each one's peak memory in a fresh child process (VmHWM after one call
+minus VmHWM after imports, inputs and a call at a tiny length, as bench_attention.py does) and
+the largest difference of their outputs on the same weights.
 
-    python benchmarks/bench_keras.py                 # full run, writes results/keras.json
-    python benchmarks/bench_keras.py --quick         # smoke run with tiny sizes
-    python benchmarks/bench_keras.py --worker JSON   # internal: one peak-memory measurement
+    python benchmarks/bench_keras.py [--budget smoke]    # results/keras.json
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import gc
-import json
 import os
-import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
-os.environ["KERAS_BACKEND"] = "torch"  # before keras is imported, in this and every worker
-os.environ.setdefault("KERAS_TORCH_DEVICE", "cpu")  # a CPU benchmark, also where CUDA exists
+from functools import partial
 
 import torch
 
-import _common as common
-import attnzoo
-import attnzoo.keras as ak
-import keras
+from _common import Bench, Experiment, Table, drive, grad_step, peak_memory, targets, time_steps
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "keras.json"
-WARM_LENGTH = 8  # a worker's first, unmeasured call
+os.environ["KERAS_BACKEND"] = "torch"  # before keras is imported, in this and every worker
+os.environ.setdefault("KERAS_TORCH_DEVICE", "cpu")  # a CPU benchmark, also where CUDA exists
 ADDITIVE, MHA = "AdditiveAttention", "MultiHeadAttention"
-OURS, KERAS = "attnzoo", "keras"
-NOTES = {
-    ADDITIVE: "forward + backward from a random output gradient; inputs [query, value, key]",
+WARM_LENGTH = 8  # a memory child's first, unmeasured call
+# additive (batch, d), MHA (batch, d_model, heads), lengths, target length, repeats by length
+SIZES = {
+    "full": ((4, 64), (8, 512, 8), (128, 512), 512, {128: 30, 512: 10}, 3),
+    "smoke": ((2, 8), (2, 16, 2), (16, 32), 32, {16: 2, 32: 2}, 1),
+}
+METHOD = {
+    "dtype": "float32",
+    "ms": "per-call milliseconds of forward + backward over the repeats (median, quartiles, "
+    "range); the two layers timed in one worker process, interleaved round by round",
+    "ratio": "attnzoo's time over Keras's, per round: median and range",
+    "peak_mib": f"VmHWM after one call minus VmHWM after imports, inputs and one call at length "
+    f"{WARM_LENGTH}, in a fresh process per layer and size",
+    "peak_ratio": "attnzoo's peak_mib over Keras's",
+    "max_abs_diff": "largest |attnzoo - keras| over the outputs, same weights and inputs",
+    ADDITIVE: "inputs [query, value, key]; Keras's score is sum_d(scale_d * tanh(q_d + k_d))",
     MHA: "training step: forward + backward of self-attention layer(x, x), dropout 0",
 }
 
 
-@dataclass(frozen=True)
-class Sizes:
-    additive_batch: int
-    additive_d: int
-    mha_batch: int
-    mha_d_model: int
-    mha_heads: int
-    lengths: tuple[int, ...]
-    target_length: int
-    repeats: dict[int, int]
-    warmup: int
-    memory: str  # "all", or "targets": only the rows a target reads get a memory worker
-
-
-def full_sizes() -> Sizes:
-    """bench_attention.py's: additive at batch 4, d 64; MHA as Vaswani's base model
-    (d_model 512, 8 heads) at batch 8; lengths 128 and 512 (the targets')."""
-    return Sizes(4, 64, 8, 512, 8, (128, 512), 512, {128: 30, 512: 10}, 3, "all")
-
-
-def quick_sizes() -> Sizes:
-    return Sizes(2, 8, 2, 16, 2, (16, 32), 32, {16: 2, 32: 2}, 1, "targets")
-
-
-@dataclass(frozen=True)
-class Case:
-    layer: str  # ADDITIVE or MHA
-    impl: str  # OURS or KERAS
-    batch: int
-    length: int
-    d: int  # features (d_model for MHA)
-    heads: int | None = None
-
-
-def cases(sizes: Sizes) -> list[Case]:
+def experiments(budget: str) -> list[Experiment]:
+    (batch, d), (mha_batch, d_model, heads), lengths, target, repeats, warmup = SIZES[budget]
     out = []
-    for length in sizes.lengths:
-        for impl in (OURS, KERAS):
-            out.append(Case(ADDITIVE, impl, sizes.additive_batch, length, sizes.additive_d))
-        for impl in (OURS, KERAS):
-            out.append(Case(MHA, impl, sizes.mha_batch, length, sizes.mha_d_model, sizes.mha_heads))
+    for n in lengths:
+        run = dict(length=n, repeats=repeats[n], warmup=warmup, target=n == target)
+        memory = budget == "full" or n == target
+        out.append(
+            Experiment(
+                f"additive-L{n}",
+                "keras",
+                dict(layer=ADDITIVE, batch=batch, d=d, heads=None, memory=memory, **run),
+            )
+        )
+        out.append(
+            Experiment(
+                f"mha-L{n}",
+                "keras",
+                dict(
+                    layer=MHA,
+                    batch=mha_batch,
+                    d=d_model,
+                    heads=heads,
+                    memory=budget == "full",
+                    **run,
+                ),
+            )
+        )
     return out
 
 
-# 1. One call ----------------------------------------------------------------------------------
-
-
-def build_layers(case: Case):
-    """(forward, leaves, output shape) for one case. Keras's layer is built first and attnzoo's
+def build_layer(s: dict):
+    """(forward, leaves, output shape) of one side. Keras's layer is built first and attnzoo's
     takes its weights, so both sides compute the same function."""
+    import attnzoo.keras as ak
+    import keras
+
     torch.manual_seed(0)
     keras.utils.set_random_seed(0)
-    b, n, d = case.batch, case.length, case.d
-    if case.layer == ADDITIVE:
+    b, n, d = s["batch"], s["length"], s["d"]
+    if s["layer"] == ADDITIVE:
         q, v, k = (torch.randn(b, n, d, requires_grad=True) for _ in range(3))
-        theirs = keras.layers.AdditiveAttention()
+        layer = theirs = keras.layers.AdditiveAttention()
         with torch.no_grad():
             theirs([q[:1, :2], v[:1, :2], k[:1, :2]])  # builds the weights
-        layer = theirs
-        if case.impl == OURS:
-            layer = ak.AdditiveAttention()
-            with torch.no_grad():
+            if s["impl"] == "attnzoo":
+                layer = ak.AdditiveAttention()
                 layer([q[:1, :2], v[:1, :2], k[:1, :2]])
-            layer.set_weights(theirs.get_weights())
+                layer.set_weights(theirs.get_weights())
         leaves = [q, v, k, *(w.value for w in layer.trainable_weights)]
         return lambda: layer([q, v, k], training=True), leaves, (b, n, d)
     x = torch.randn(b, n, d, requires_grad=True)
-    theirs = keras.layers.MultiHeadAttention(num_heads=case.heads, key_dim=d // case.heads)
+    theirs = keras.layers.MultiHeadAttention(num_heads=s["heads"], key_dim=d // s["heads"])
     with torch.no_grad():
         theirs(x[:1, :2], x[:1, :2])
-    layer = ak.MultiHeadAttention.from_keras(theirs) if case.impl == OURS else theirs
+    layer = ak.MultiHeadAttention.from_keras(theirs) if s["impl"] == "attnzoo" else theirs
     leaves = [x, *(w.value for w in layer.trainable_weights)]
     return lambda: layer(x, x, training=True), leaves, (b, n, d)
 
 
-def build_step(case: Case):
-    forward, leaves, shape = build_layers(case)
-    grad_output = torch.randn(shape)
-
-    def step():
-        for leaf in leaves:
-            leaf.grad = None
-        forward().backward(grad_output)
-
-    return step
+def build_step(spec: dict):
+    return grad_step(*build_layer(spec), train=True)
 
 
-def max_difference(ours: Case, theirs: Case) -> float:
-    """The largest |attnzoo - keras| over the outputs of one configuration."""
+def worker(params: dict, ctx) -> dict:
+    import keras
+
+    specs = {impl: {**params, "impl": impl} for impl in ("attnzoo", "keras")}
+    builders = {impl: partial(build_step, spec) for impl, spec in specs.items()}
+    impls = time_steps(
+        builders, repeats=params["repeats"], warmup=params["warmup"], reference={"keras": "attnzoo"}
+    )
+    if params["memory"]:
+        for impl, spec in specs.items():
+            impls[impl].update(peak_memory(BENCH, spec, {**spec, "length": WARM_LENGTH}))
+        peaks = [impls[impl].get("peak_mib") for impl in specs]
+        if None not in peaks and peaks[1]:
+            impls["keras"]["peak_ratio"] = peaks[0] / peaks[1]
     with torch.no_grad():
-        a, b = build_layers(ours)[0](), build_layers(theirs)[0]()
-    return float((a - b).abs().max())
+        ours, theirs = (build_layer(spec)[0]() for spec in specs.values())
+    diff = float((ours - theirs).abs().max())
+    return {"impls": impls, "max_abs_diff": diff, "keras": keras.__version__}
 
 
-# 2. Peak memory (worker processes) ------------------------------------------------------------
+def derive(summary: dict) -> dict[str, dict]:
+    """The targets' values, at the target length whatever the budget's sizes."""
+    out = {}
+    for e in summary.values():
+        if e["params"].get("target"):
+            name = "additive" if e["params"]["layer"] == ADDITIVE else "mha"
+            m = e["metrics"]
+            for key, metric in (
+                ("time", "impls.keras.ratio.median"),
+                ("peak", "impls.keras.peak_ratio"),
+            ):
+                if metric in m:
+                    out.setdefault("target", {})[f"{name}_{key}_ratio"] = m[metric]["mean"]
+    return out
 
 
-def worker(payload: dict[str, Any]) -> None:
-    torch.set_num_threads(payload["threads"])
-    case = Case(**payload["case"])
-    build_step(dataclasses.replace(case, length=WARM_LENGTH))()  # thread pool, lazy imports
-    gc.collect()
-    step = build_step(case)
-    peak = common.PeakMemory()
-    step()
-    common.emit_result({"peak_mib": peak.peak_bytes() / common.MIB, "hwm_reset": peak.reset})
-
-
-def measure_memory(case: Case, threads: int) -> dict[str, Any]:
-    payload = {"case": dataclasses.asdict(case), "threads": threads}
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(payload)]
-    return common.run_worker(command, timeout=900)
-
-
-# 3. Targets -----------------------------------------------------------------------------------
-
-
-def _ratio(numerator, denominator):
-    if numerator is None or not denominator:
-        return None
-    return numerator / denominator
-
-
-def _target(name: str, value, wanted: float) -> dict[str, Any]:
-    return {
-        "name": name,
-        "value": value,
-        "target": f"<= {wanted}",
-        "met": value is not None and value <= wanted,
-    }
-
-
-def evaluate_targets(rows: list[dict], sizes: Sizes) -> list[dict[str, Any]]:
-    def row(layer):
-        return next(r for r in rows if r["layer"] == layer and r["length"] == sizes.target_length)
-
-    add, mha = row(ADDITIVE), row(MHA)
-    at = f"B{add['batch']} T{add['length']}"
-    mha_at = f"B{mha['batch']} T{mha['length']}"
-    return [
-        _target(
-            f"{ADDITIVE} fwd+bwd {at}: time / keras (matched features)", add["time_ratio"], 0.5
-        ),
-        _target(f"{ADDITIVE} fwd+bwd {at}: peak memory / keras", add["peak_ratio"], 0.1),
-        _target(f"{MHA} training step {mha_at}: time / keras", mha["time_ratio"], 1.0),
-    ]
-
-
-# 4. Main --------------------------------------------------------------------------------------
-
-
-def run(sizes: Sizes, out: Path, threads: int, argv: list[str]) -> dict[str, Any]:
-    start = time.perf_counter()
-    torch.set_num_threads(threads)
-
-    def log(message: str) -> None:
-        print(f"[{time.perf_counter() - start:7.1f} s] {message}", file=sys.stderr, flush=True)
-
-    all_cases = cases(sizes)
-    measured = [  # a quick run measures what a target reads: additive at the target length
-        c
-        for c in all_cases
-        if sizes.memory == "all" or (c.layer, c.length) == (ADDITIVE, sizes.target_length)
-    ]
-    peaks: dict[Case, dict] = {}
-    # Workers one at a time in a full run (two at once would share the 2 cores and the RAM);
-    # the quick run measures its two additive rows side by side to stay short.
-    jobs = 1 if sizes.memory == "all" else 2
-    with ThreadPoolExecutor(jobs) as pool:
-        for case, result in zip(
-            measured, pool.map(lambda c: measure_memory(c, threads), measured), strict=True
-        ):
-            peaks[case] = result
-            log(f"memory {case}: {result.get('peak_mib')} MiB, {result['status']}")
-
-    rows = []
-    for length in sizes.lengths:
-        for layer in (ADDITIVE, MHA):
-            ours, theirs = (c for c in all_cases if (c.layer, c.length) == (layer, length))
-            steps = {OURS: build_step(ours), KERAS: build_step(theirs)}
-            times = common.time_interleaved(
-                steps, repeats=sizes.repeats[length], warmup=sizes.warmup
-            )
-            del steps
-            gc.collect()
-            ms = {impl: common.median(t) * 1e3 for impl, t in times.items()}
-            peak = {
-                impl: peaks.get(case, {}).get("peak_mib")
-                for impl, case in ((OURS, ours), (KERAS, theirs))
-            }
-            status = {peaks[c]["status"] for c in (ours, theirs) if c in peaks} or {"ok"}
-            rows.append(
-                {
-                    "layer": layer,
-                    "mode": "fwd+bwd",
-                    "batch": ours.batch,
-                    "length": length,
-                    "d": ours.d,
-                    "heads": ours.heads,
-                    "attnzoo_ms": ms[OURS],
-                    "keras_ms": ms[KERAS],
-                    "time_ratio": ms[OURS] / ms[KERAS],
-                    "attnzoo_peak_mib": peak[OURS],
-                    "keras_peak_mib": peak[KERAS],
-                    "peak_ratio": _ratio(peak[OURS], peak[KERAS]),
-                    "max_abs_diff": max_difference(ours, theirs),
-                    "status": "ok" if status == {"ok"} else ",".join(sorted(status)),
-                    "repeats": sizes.repeats[length],
-                    "warmup": sizes.warmup,
-                    "attnzoo_times_ms": [round(t * 1e3, 4) for t in times[OURS]],
-                    "keras_times_ms": [round(t * 1e3, 4) for t in times[KERAS]],
-                    "note": NOTES[layer],
-                }
-            )
-            log(f"timed {layer} L{length}: {ms[OURS]:.2f} ms vs keras {ms[KERAS]:.2f} ms")
-
-    targets = evaluate_targets(rows, sizes)
-    payload = {
-        "machine": common.machine_info(
-            keras=keras.__version__,
-            keras_backend=keras.backend.backend(),
-            attnzoo=attnzoo.__version__,
-            quick=sizes.memory != "all",
-        ),
-        "config": {
-            **dataclasses.asdict(sizes),
-            "threads": threads,
-            "command": " ".join([Path(sys.executable).name, *argv]),
-            "dtype": "float32",
-            "median_ms": "median per call, the two layers interleaved round by round",
-            "peak_mib": (
-                "VmHWM after one call minus VmHWM after imports, inputs and one call at "
-                f"length {WARM_LENGTH}, in a fresh process per layer and size"
-            ),
-            "wall_seconds": round(time.perf_counter() - start, 1),
-        },
-        "rows": rows,
-        "targets": targets,
-    }
-    columns = ["layer", "B", "T", "attnzoo ms", "keras ms", "÷", "attnzoo MiB", "keras MiB", "÷"]
-    keys = ["layer", "batch", "length", "attnzoo_ms", "keras_ms", "time_ratio"]
-    keys += ["attnzoo_peak_mib", "keras_peak_mib", "peak_ratio"]
-    common.print_table(
-        "attnzoo.keras vs keras.layers", columns, [[r[k] for k in keys] for r in rows]
-    )
-    common.print_table(
-        "Targets",
-        ["target", "value", "goal", "met"],
-        [[t["name"], t["value"], t["target"], t["met"]] for t in targets],
-    )
-    path = common.write_json(out, payload)
-    log(f"wrote {path}")
-    return payload
-
-
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, 2 repeats")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results path")
-    parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        worker(json.loads(args.worker))
-        return
-    sizes = quick_sizes() if args.quick else full_sizes()
-    run(sizes, args.out, args.threads, ["benchmarks/bench_keras.py", *argv])
-
+TARGETS = targets(
+    "docs/keras.md's targets before the one driver",
+    (f"{ADDITIVE} fwd+bwd: time / keras (matched features)", "target", "additive_time_ratio",
+     "<=", 0.5),
+    (f"{ADDITIVE} fwd+bwd: peak memory / keras", "target", "additive_peak_ratio", "<=", 0.1),
+    (f"{MHA} training step: time / keras", "target", "mha_time_ratio", "<=", 1.0),
+)  # fmt: skip
+COLUMNS = [("layer", "params.layer"), ("batch", "params.batch"), ("length", "params.length")]
+COLUMNS += [("attnzoo ms", "impls.attnzoo.ms.median"), ("Keras ms", "impls.keras.ms.median")]
+COLUMNS += [("attnzoo / Keras: median (per-round range)", "impls.keras.ratio", 3, "range")]
+COLUMNS += [("attnzoo MiB", "impls.attnzoo.peak_mib", 1), ("Keras MiB", "impls.keras.peak_mib", 1)]
+COLUMNS += [("memory / Keras", "impls.keras.peak_ratio", 3)]
+COLUMNS += [("max abs diff", "max_abs_diff", 2, "", True)]
+TABLES = [Table("keras", COLUMNS, ["keras"])]
+BENCH = Bench("keras", __file__, experiments, worker, TARGETS, TABLES, derive=derive,
+              jobs={"full": 1, "smoke": 2}, method=METHOD, step=build_step)  # fmt: skip
 
 if __name__ == "__main__":
-    main()
+    drive(BENCH)

@@ -4,27 +4,37 @@ the key projection U_a h at every step, broadcasts tanh(W_a s + U_a h), and appl
 and output layer inside the loop.
 
 Both models hold identical weights (the plain one is loaded from ours and checked to give the
-same logits), run on the same batches, and are timed interleaved in one process.
+same logits), run on the same batch, and are timed interleaved in one worker process (a step:
+forward, cross-entropy, backward, AdamW). The speedup is per round: the plain step's time over
+attnzoo's of the same round.
 
-    python benchmarks/bench_seq2seq_throughput.py [--quick]
+    python benchmarks/bench_seq2seq_throughput.py [--budget smoke]
 """
 
 from __future__ import annotations
-
-import argparse
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import machine_info, median, print_table, time_interleaved, write_json
+from _common import Bench, Experiment, Table, drive, targets, time_steps
 from attnzoo.models.seq2seq import Seq2Seq, bahdanau
 
-RESULTS = Path(__file__).parent / "results" / "seq2seq_throughput.json"
+# id -> batch, source length, target length, source vocabulary, target vocabulary, hidden
+SIZES = {
+    "full": {
+        "dates-sized": (64, 30, 11, 60, 20, 128),
+        "kjv2web-sized": (64, 45, 50, 8000, 8000, 256),
+    },
+    "smoke": {"dates-sized": (4, 9, 5, 20, 15, 16), "kjv2web-sized": (4, 9, 6, 40, 40, 16)},
+}
+METHOD = {
+    "ms": "per-step milliseconds over the repeats (median, quartiles, range), the two models "
+    "timed in one worker process, interleaved round by round after 2 warm-up steps",
+    "tokens_per_s": "batch * target length / median step time",
+    "speedup": "the plain step's time over attnzoo's, per round: median and range",
+}
 
 
 class PlainBahdanau(nn.Module):
@@ -75,7 +85,20 @@ def make_batch(b, j, t, v_src, v_tgt, seed):
     return source, lengths, target[:, :-1], target[:, 1:]
 
 
-def measure(name, b, j, t, v_src, v_tgt, hidden, repeats):
+def experiments(budget: str) -> list[Experiment]:
+    keys = ("batch", "source_len", "target_len", "source_vocab", "target_vocab", "hidden")
+    repeats = 15 if budget == "full" else 2
+    return [
+        Experiment(name, "throughput", {**dict(zip(keys, sizes, strict=True)), "repeats": repeats})
+        for name, sizes in SIZES[budget].items()
+    ]
+
+
+def worker(p: dict, ctx) -> dict:
+    b, j, t, v_src, v_tgt, hidden = (
+        p[k]
+        for k in ("batch", "source_len", "target_len", "source_vocab", "target_vocab", "hidden")
+    )
     torch.manual_seed(0)
     ours = Seq2Seq(bahdanau(hidden=hidden, attn_hidden=hidden, embed_dim=hidden // 2), v_src, v_tgt)
     plain = PlainBahdanau(ours)
@@ -91,77 +114,38 @@ def measure(name, b, j, t, v_src, v_tgt, hidden, repeats):
     ours.train()
     opt = torch.optim.AdamW([*ours.parameters(), *plain.encoder.parameters()], lr=1e-4)
 
-    def step(model, logits_of):
+    def step(logits_of):
         def run():
-            loss = F.cross_entropy(logits_of(model).reshape(-1, v_tgt), target_out.reshape(-1))
+            loss = F.cross_entropy(logits_of().reshape(-1, v_tgt), target_out.reshape(-1))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
 
-        return run
+        return lambda: run
 
-    times = time_interleaved(
-        {
-            "attnzoo": step(ours, lambda m: m(source, lengths, target_in).logits),
-            "plain": step(plain, lambda m: m(source, lengths, target_in)),
-        },
-        repeats=repeats,
-        warmup=2,
-    )
-    tokens = b * t
-    row = {
-        "config": name,
-        "batch": b,
-        "source_len": j,
-        "target_len": t,
-        "hidden": hidden,
-        "target_vocab": v_tgt,
+    builders = {
+        "attnzoo": step(lambda: ours(source, lengths, target_in).logits),
+        "plain": step(lambda: plain(source, lengths, target_in)),
     }
-    for impl, ts in times.items():
-        row[f"{impl}_ms"] = median(ts) * 1e3
-        row[f"{impl}_tokens_per_s"] = tokens / median(ts)
-    row["speedup"] = row["plain_ms"] / row["attnzoo_ms"]
-    return row
+    impls = time_steps(builders, repeats=p["repeats"], warmup=2, reference={"attnzoo": "plain"})
+    for impl in impls.values():
+        impl["tokens_per_s"] = b * t / impl["ms"]["median"] * 1e3
+    return {"impls": impls, "speedup": impls["attnzoo"].pop("ratio")}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default=str(RESULTS))
-    p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    configs = [
-        ("dates-sized", 64, 30, 11, 60, 20, 128),
-        ("kjv2web-sized", 64, 45, 50, 8000, 8000, 256),
-    ]
-    if args.quick:
-        configs = [("quick", 4, 9, 5, 20, 15, 16)]
-    rows = [measure(*c, repeats=3 if args.quick else 15) for c in configs]
-    target = 2.0
-    payload = {
-        "machine": machine_info(),
-        "rows": rows,
-        "targets": [
-            {
-                "name": f"training tokens/s vs plain ({r['config']})",
-                "value": r["speedup"],
-                "target": f">= {target}x",
-                "met": r["speedup"] >= target,
-            }
-            for r in rows
-        ],
-    }
-    write_json(args.out, payload)
-    print_table(
-        "seq2seq training throughput (target tokens/s)",
-        ["config", "attnzoo tok/s", "plain tok/s", "speedup"],
-        [
-            [r["config"], r["attnzoo_tokens_per_s"], r["plain_tokens_per_s"], r["speedup"]]
-            for r in rows
-        ],
-    )
-
+TARGETS = targets(
+    "docs/seq2seq.md's target before the one driver",
+    *((f"training tokens/s vs plain ({i})", i, "speedup.median", ">=", 2.0) for i in SIZES["full"]),
+)
+COLUMNS = [("config", "id"), ("batch", "params.batch"), ("source length", "params.source_len")]
+COLUMNS += [("target length", "params.target_len"), ("hidden", "params.hidden")]
+COLUMNS += [("target vocabulary", "params.target_vocab")]
+COLUMNS += [("attnzoo tokens/s", "impls.attnzoo.tokens_per_s", 0)]
+COLUMNS += [("plain tokens/s", "impls.plain.tokens_per_s", 0)]
+COLUMNS += [("speedup: median (per-round range)", "speedup", 2, "range")]
+BENCH = Bench("seq2seq_throughput", __file__, experiments, worker, TARGETS,
+              [Table("throughput", COLUMNS, ["throughput"])], threads=2,
+              jobs={"full": 1, "smoke": 2}, method=METHOD)  # fmt: skip
 
 if __name__ == "__main__":
-    main()
+    drive(BENCH)

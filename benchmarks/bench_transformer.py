@@ -6,40 +6,42 @@ x-transformers' `XTransformer` at one configuration, and cached against uncached
    fp32, sources padded to random lengths. attnzoo's model is loaded from the
    nn.Transformer's weights (`Transformer.from_torch`) and checked to give the same loss, so
    those two compute one function; x-transformers has the same sizes and its own defaults
-   otherwise (GELU feed-forward, no q/k/v biases, learned positions). The target rows use
-   dropout 0 (the only setting where attnzoo and nn.Transformer compute one function: each
-   library puts dropout in different places); a dropout 0.1 row, each library at its own
-   placement, is reported beside them.
-2. attnzoo under `torch.autocast("cpu", dtype=torch.bfloat16)` against nn.Transformer fp32.
+   otherwise (GELU feed-forward, no q/k/v biases, learned positions). The target experiment
+   uses dropout 0 (the only setting where attnzoo and nn.Transformer compute one function:
+   each library puts dropout in different places); a dropout 0.1 one, each library at its own
+   placement, is reported beside it.
+2. attnzoo under `torch.autocast("cpu", dtype=torch.bfloat16)` against nn.Transformer fp32
+   (timed in the dropout-0 experiment).
 3. Greedy decoding of 128 tokens with key/value caches against recomputing the prefix at every
    step, batch 1 and 32, same model, identical tokens checked.
 
-Every comparison is timed interleaved in one process (benchmarks/_common.py).
+Every comparison is timed interleaved in one worker process, one thread; ratios are per round.
 
-    python benchmarks/bench_transformer.py [--quick] [--threads N] [--out PATH]
+    python benchmarks/bench_transformer.py [--budget smoke]    # results/transformer.json
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import machine_info, median, print_table, time_interleaved, write_json
+from _common import Bench, Experiment, Table, drive, per_round, targets, time_steps
 from attnzoo.core import sinusoidal_encoding
 from attnzoo.decoding import greedy
 from attnzoo.models.transformer import Transformer
 
-RESULTS = Path(__file__).parent / "results" / "transformer.json"
-
 FULL = dict(d_model=256, heads=4, layers=3, d_ff=1024, batch=32, length=64, vocab=1000)
-QUICK = dict(d_model=32, heads=4, layers=1, d_ff=64, batch=4, length=8, vocab=50)
+SMOKE = dict(d_model=32, heads=4, layers=1, d_ff=64, batch=4, length=8, vocab=50)
+METHOD = {
+    "ms": "per-step milliseconds over the repeats (median, quartiles, range); the "
+    "implementations of one experiment timed in one worker process, interleaved round by round",
+    "tokens_per_s": "batch * target length / median step time",
+    "vs_*": "attnzoo's tokens/s over the other's (its time over attnzoo's), per round",
+    "speedup": "uncached decoding time over cached, per round",
+}
 
 
 class TorchSeq2Seq(nn.Module):
@@ -50,15 +52,8 @@ class TorchSeq2Seq(nn.Module):
         super().__init__()
         d, v = c["d_model"], c["vocab"]
         self.d = d
-        self.transformer = nn.Transformer(
-            d,
-            c["heads"],
-            c["layers"],
-            c["layers"],
-            c["d_ff"],
-            dropout=dropout,
-            batch_first=True,
-        )
+        layers = (c["layers"], c["layers"], c["d_ff"])
+        self.transformer = nn.Transformer(d, c["heads"], *layers, dropout, batch_first=True)
         self.source_embed, self.target_embed = nn.Embedding(v, d), nn.Embedding(v, d)
         self.output = nn.Linear(d, v)
         self.drop = nn.Dropout(dropout)
@@ -104,59 +99,50 @@ def build_models(c: dict, dropout: float):
         from x_transformers import XTransformer
     except ImportError:  # optional: `pip install x-transformers`
         return models, "x_transformers not installed"
-    models["x_transformers"] = XTransformer(
-        dim=c["d_model"],
-        enc_num_tokens=c["vocab"],
-        enc_depth=c["layers"],
-        enc_heads=c["heads"],
-        enc_attn_dim_head=c["d_model"] // c["heads"],
-        enc_max_seq_len=c["length"],
-        enc_pre_norm=False,
-        enc_attn_flash=True,
-        enc_attn_dropout=dropout,
-        enc_ff_dropout=dropout,
-        enc_ff_mult=c["d_ff"] // c["d_model"],
-        dec_num_tokens=c["vocab"],
-        dec_depth=c["layers"],
-        dec_heads=c["heads"],
-        dec_attn_dim_head=c["d_model"] // c["heads"],
-        dec_max_seq_len=c["length"] + 1,
-        dec_pre_norm=False,
-        dec_attn_flash=True,
-        dec_attn_dropout=dropout,
-        dec_ff_dropout=dropout,
-        dec_ff_mult=c["d_ff"] // c["d_model"],
-        ignore_index=0,
-    )
+    d, heads, layers = c["d_model"], c["heads"], c["layers"]
+    side = dict(depth=layers, heads=heads, attn_dim_head=d // heads, pre_norm=False)
+    side |= dict(attn_flash=True, attn_dropout=dropout, ff_dropout=dropout, ff_mult=c["d_ff"] // d)
+    side |= dict(num_tokens=c["vocab"])
+    lengths = {"enc_max_seq_len": c["length"], "dec_max_seq_len": c["length"] + 1}
+    sides = {f"{prefix}_{k}": v for prefix in ("enc", "dec") for k, v in side.items()}
+    models["x_transformers"] = XTransformer(dim=d, **sides, **lengths, ignore_index=0)
     return models, None
 
 
-def training(c: dict, dropout: float, repeats: int) -> tuple[dict, str | None]:
-    """Median training-step time of each implementation (and attnzoo in bf16 autocast)."""
-    models, missing = build_models(c, dropout)
+def experiments(budget: str) -> list[Experiment]:
+    c, full = (FULL, True) if budget == "full" else (SMOKE, False)
+    train = {"kind": "training", **c, "repeats": 7 if full else 2}
+    decode = {"kind": "decoding", **c, "steps": 128 if full else 8, "repeats": 3 if full else 2}
+    return [
+        Experiment("training-dropout0", "training", {**train, "dropout": 0.0}),
+        Experiment("training-dropout0.1", "training", {**train, "dropout": 0.1}),
+        *(
+            Experiment(f"decoding-batch{b}", "decoding", {**decode, "decode_batch": b})
+            for b in (1, 32)
+        ),
+    ]
+
+
+def training(c: dict) -> dict:
+    """Training-step times of each implementation (and, at dropout 0, attnzoo in bf16)."""
+    models, missing = build_models(c, c["dropout"])
     source, lengths, target = make_batch(c)
     target_in, target_out = target[:, :-1], target[:, 1:]
-    v = c["vocab"]
 
     def loss_of(name, model):
         if name == "x_transformers":
-            mask = (
-                torch.arange(source.shape[1], device=source.device)[None] < lengths[:, None]
-            )  # True = real
+            mask = torch.arange(source.shape[1])[None] < lengths[:, None]  # True = real
             return model(source, target, mask=mask)
         logits = model(source, lengths, target_in)
         logits = logits.logits if name == "attnzoo" else logits
-        return F.cross_entropy(logits.reshape(-1, v).float(), target_out.reshape(-1))
+        return F.cross_entropy(logits.reshape(-1, c["vocab"]).float(), target_out.reshape(-1))
 
     with torch.no_grad():  # attnzoo and nn.Transformer: one function, same weights
-        models["attnzoo"].eval()
-        models["torch"].eval()
-        a, b = loss_of("attnzoo", models["attnzoo"]), loss_of("torch", models["torch"])
+        a, b = (loss_of(n, models[n].eval()) for n in ("attnzoo", "torch"))
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-        loss_difference = float((a - b).abs())
 
-    def step(name, model, optimizer, bf16=False):
-        model.train()
+    def step(name, model, bf16=False):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
         def run():
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -165,122 +151,85 @@ def training(c: dict, dropout: float, repeats: int) -> tuple[dict, str | None]:
             loss.backward()
             optimizer.step()
 
-        return run
+        return lambda: (model.train(), run)[1]
 
-    fns = {}
-    for name, model in models.items():
-        fns[name] = step(name, model, torch.optim.AdamW(model.parameters(), lr=1e-4))
-    if dropout == 0.0:
-        fns["attnzoo_bf16"] = step(
-            "attnzoo",
-            models["attnzoo"],
-            torch.optim.AdamW(models["attnzoo"].parameters(), lr=1e-4),
-            bf16=True,
-        )
-    times = time_interleaved(fns, repeats=repeats, warmup=2)
-    tokens = c["batch"] * c["length"]
-    row = {"dropout": dropout, **{k: c[k] for k in FULL}, "loss_difference": loss_difference}
-    for name, ts in times.items():
-        row[f"{name}_ms"] = median(ts) * 1e3
-        row[f"{name}_tokens_per_s"] = tokens / median(ts)
-    return row, missing
+    builders = {name: step(name, model) for name, model in models.items()}
+    if c["dropout"] == 0.0:
+        builders["attnzoo_bf16"] = step("attnzoo", models["attnzoo"], bf16=True)
+    impls = time_steps(builders, repeats=c["repeats"], warmup=2)
+    for impl in impls.values():
+        impl["tokens_per_s"] = c["batch"] * c["length"] / impl["ms"]["median"] * 1e3
+    times = {name: impl["times_ms"] for name, impl in impls.items()}
+    ratios = {f"vs_{n}": per_round(times[n], times["attnzoo"]) for n in times if n != "attnzoo"}
+    if "attnzoo_bf16" in times:
+        ratios["bf16_vs_torch"] = per_round(times["torch"], times["attnzoo_bf16"])
+    return {
+        "impls": impls,
+        **ratios,
+        "loss_difference": float((a - b).abs()),
+        **({"x_transformers": missing} if missing else {}),
+    }
 
 
-def decoding(c: dict, batch: int, steps: int, repeats: int) -> dict:
+def decoding(c: dict) -> dict:
     """Greedy decoding of `steps` tokens with and without key/value caches."""
-    models, _ = build_models(c, 0.0)
-    model = models["attnzoo"].eval()
+    model = build_models(c, 0.0)[0]["attnzoo"].eval()
+    batch = c["decode_batch"]
     source, lengths, _ = make_batch({**c, "batch": batch}, seed=1)
     with torch.no_grad():
         memory = model.encode(source, lengths)
     # eos=-1 never matches, so both run exactly `steps` steps
-    kwargs = dict(bos=1, eos=-1, max_len=steps, device=torch.device("cpu"))
+    kwargs = dict(bos=1, eos=-1, max_len=c["steps"], device=torch.device("cpu"))
 
     def run(cache):
         return lambda: greedy(model.decode_step, model.start(memory, cache=cache), batch, **kwargs)
 
-    cached, uncached = run(True)(), run(False)()
-    identical = bool(torch.equal(cached, uncached))
-    times = time_interleaved({"cached": run(True), "uncached": run(False)}, repeats=repeats)
-    cached_s, uncached_s = median(times["cached"]), median(times["uncached"])
+    identical = torch.equal(run(True)(), run(False)())
+    impls = time_steps(
+        {"cached": lambda: run(True), "uncached": lambda: run(False)},
+        repeats=c["repeats"],
+        warmup=0,
+        reference={"cached": "uncached"},
+    )
     return {
-        "batch": batch,
-        "steps": steps,
-        "cached_ms": cached_s * 1e3,
-        "uncached_ms": uncached_s * 1e3,
-        "speedup": uncached_s / cached_s,
-        "identical_tokens": identical,
+        "impls": impls,
+        "speedup": impls["cached"].pop("ratio"),
+        "identical_tokens": float(identical),
     }
 
 
-def target(name: str, value: float | None, wanted: float) -> dict:
-    return {
-        "name": name,
-        "value": value,
-        "target": f">= {wanted}x",
-        "met": None if value is None else value >= wanted,
-    }
+def worker(params: dict, ctx) -> dict:
+    return (training if params["kind"] == "training" else decoding)(params)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=0, help="0: 7 (training), 3 (decoding)")
-    p.add_argument("--out", default=str(RESULTS))
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    c = QUICK if args.quick else FULL
-    steps = 8 if args.quick else 128
-    train_repeats = args.repeats or (2 if args.quick else 7)
-    decode_repeats = args.repeats or (2 if args.quick else 3)
-
-    train_rows, missing = [], None
-    for dropout in (0.0, 0.1):
-        row, missing = training(c, dropout, train_repeats)
-        train_rows.append(row)
-    decode_rows = [decoding(c, b, steps, decode_repeats) for b in (1, 32)]
-
-    fp32 = train_rows[0]
-    xt = fp32.get("x_transformers_tokens_per_s")
-    base = fp32["torch_tokens_per_s"]
-    ours = fp32["attnzoo_tokens_per_s"]
-    bf16 = fp32["attnzoo_bf16_tokens_per_s"]
-    targets = [
-        target("training tokens/s vs nn.Transformer (fp32)", ours / base, 1.0),
-        target("training tokens/s vs x-transformers (fp32)", xt and ours / xt, 1.0),
-        target("bf16 autocast training tokens/s vs nn.Transformer fp32", bf16 / base, 2.0),
-        target("cached vs uncached greedy decoding, batch 1", decode_rows[0]["speedup"], 4.0),
-        target("cached vs uncached greedy decoding, batch 32", decode_rows[1]["speedup"], 15.0),
-    ]
-    payload = {
-        "machine": machine_info(quick=args.quick, x_transformers=missing or "installed"),
-        "config": c,
-        "rows": [{"kind": "training", **r} for r in train_rows]
-        + [{"kind": "decoding", **r} for r in decode_rows],
-        "targets": targets,
-    }
-    write_json(args.out, payload)
-    names = ["attnzoo", "torch", "x_transformers", "attnzoo_bf16"]
-    print_table(
-        "Transformer training, target tokens/s",
-        ["dropout", *names],
-        [[r["dropout"], *(r.get(f"{n}_tokens_per_s") for n in names)] for r in train_rows],
-    )
-    print_table(
-        f"greedy decoding, {steps} tokens",
-        ["batch", "cached ms", "uncached ms", "speedup", "identical"],
-        [
-            [r["batch"], r["cached_ms"], r["uncached_ms"], r["speedup"], r["identical_tokens"]]
-            for r in decode_rows
-        ],
-    )
-    print_table(
-        "targets",
-        ["target", "value", "wanted", "met"],
-        [[t["name"], t["value"], t["target"], t["met"]] for t in targets],
-    )
-
+T0 = "training-dropout0"
+TARGETS = targets(
+    "docs/transformer.md's targets before the one driver",
+    ("training tokens/s vs nn.Transformer (fp32)", T0, "vs_torch.median", ">=", 1.0),
+    ("training tokens/s vs x-transformers (fp32)", T0, "vs_x_transformers.median", ">=", 1.0),
+    ("bf16 autocast training tokens/s vs nn.Transformer fp32", T0, "bf16_vs_torch.median", ">=",
+     2.0),
+    *((f"cached vs uncached greedy decoding, batch {b}", f"decoding-batch{b}", "speedup.median",
+       ">=", wanted) for b, wanted in ((1, 4.0), (32, 15.0))),
+)  # fmt: skip
+TRAINING = [("dropout", "params.dropout"), ("attnzoo tokens/s", "impls.attnzoo.tokens_per_s", 0)]
+TRAINING += [("nn.Transformer tokens/s", "impls.torch.tokens_per_s", 0)]
+TRAINING += [("x-transformers tokens/s", "impls.x_transformers.tokens_per_s", 0)]
+TRAINING += [("attnzoo / nn.Transformer: median (per-round range)", "vs_torch", 3, "range")]
+TRAINING += [("attnzoo / x-transformers", "vs_x_transformers", 3, "range")]
+TRAINING += [("loss difference", "loss_difference", 2, "", True)]
+AUTOCAST = [("attnzoo bf16 tokens/s", "impls.attnzoo_bf16.tokens_per_s", 0)]
+AUTOCAST += [("nn.Transformer fp32 tokens/s", "impls.torch.tokens_per_s", 0)]
+AUTOCAST += [("bf16 / fp32: median (per-round range)", "bf16_vs_torch", 2, "range")]
+DECODING = [("batch", "params.decode_batch"), ("tokens", "params.steps")]
+DECODING += [("cached ms", "impls.cached.ms.median", 1)]
+DECODING += [("uncached ms", "impls.uncached.ms.median", 1)]
+DECODING += [("speedup: median (per-round range)", "speedup", 2, "range")]
+DECODING += [("identical tokens (1 = yes)", "identical_tokens", 0)]
+TABLES = [Table("training", TRAINING, ["training"]), Table("autocast", AUTOCAST, ids=[T0])]
+TABLES += [Table("decoding", DECODING, ["decoding"])]
+BENCH = Bench("transformer", __file__, experiments, worker, TARGETS, TABLES, threads=1,
+              jobs={"full": 1, "smoke": 2}, method=METHOD)  # fmt: skip
 
 if __name__ == "__main__":
-    main()
+    drive(BENCH)

@@ -19,6 +19,7 @@ from typing import Protocol
 import torch
 
 from attnzoo.core.checks import fail
+from attnzoo.core.normalisers import sample_hard
 
 
 class DecodingState(Protocol):
@@ -85,10 +86,9 @@ def sample(
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     for _ in range(max_len):
         log_probs, state = step(tokens, state)
-        tokens = torch.multinomial(log_probs.detach().float().exp(), 1, generator=generator)
-        chosen = log_probs.gather(-1, tokens).squeeze(-1)
-        total = total + chosen.float().masked_fill(done, 0.0)
-        tokens = tokens.squeeze(-1)
+        choice = sample_hard(log_probs.float(), generator=generator)  # the core's sampler
+        total = total + choice.log_prob.masked_fill(done, 0.0)
+        tokens = choice.index
         out.append(tokens)
         done = done | (tokens == eos)
         if done.all():

@@ -754,6 +754,28 @@ BAD_CALLS = {
     ],
     "SinusoidalPositionalEncoding": [],
     "sinusoidal_encoding": [],
+    # the hard-attention toolkit (attnzoo.core.hard)
+    "GaussianSample": [],
+    "ReinforceLoss": [],
+    "gaussian_log_prob": [],
+    "hybrid_loss": [],
+    "GaussianPolicy": [
+        (lambda: core.GaussianPolicy(4, std=NAN), ValueError, "GaussianPolicy: argument 'std'"),
+        (lambda: core.GaussianPolicy(4, 0), ValueError, "GaussianPolicy: argument 'd_output'"),
+    ],
+    "gaussian_sample": [
+        (lambda: core.gaussian_sample([0.0], 1.0), TypeError, "gaussian_sample: argument 'mean'"),
+        (lambda: core.gaussian_sample(torch.zeros(2), True), ValueError, "argument 'std'"),
+    ],
+    "reinforce_loss": [
+        (lambda: core.reinforce_loss([0.0], torch.zeros(1)), ValueError, "argument 'log_prob'"),
+    ],
+    "rewards_to_go": [
+        (lambda: core.rewards_to_go(torch.zeros(2, 3), -0.1), ValueError, "'discount'"),
+    ],
+    "MovingAverageBaseline": [
+        (lambda: core.MovingAverageBaseline(-0.5), ValueError, "'momentum' expected"),
+    ],
     "AttentionOutput": [],
     "PreparedKey": [],
     "scores": [

@@ -55,7 +55,7 @@ def test_explore_fits_the_schema(model_name, task_name):
                 assert len(example["output"]) == len(kind["rows"])
     attention = [k for e in data["examples"] for k in e["attention"]]
     heads = config["model"].get("heads")
-    if model_name in ("encdec", "lstm"):
+    if model_name in ("encdec", "lstm", "fc", "convnet", "convnet-multi"):
         assert attention == []  # no attention: examples without kinds, not an error
     elif heads is not None:  # per layer and head
         layers = {config["model"].get("layers_enc"), config["model"].get("layers_dec")}
@@ -116,3 +116,21 @@ def test_explore_runs_without_gradients():
     task, model = runs.build(config)
     data = task.explore(model.eval(), 1)
     assert not any(k["weights"].requires_grad for k in data["examples"][0]["attention"])
+
+
+def test_image_layout_glimpses_and_where_they_looked():
+    """RAM's explorer data: one row per glimpse, the first at the image centre, its finest
+    patch's share over the grid cells."""
+    config, _, data = explored("ram", "mnist")
+    assert data["layout"] == "image"
+    example = data["examples"][0]
+    (kind,) = example["attention"]
+    glimpses = config["model"]["glimpses"]
+    assert len(kind["rows"]) == glimpses and example["glimpses"].shape == (glimpses, 2)
+    assert example["glimpses"][0].tolist() == [14.0, 14.0]
+    assert example["sizes"] == [
+        config["model"]["patch"] * 2**s for s in range(config["model"]["scales"])
+    ]
+    centre = kind["weights"][0, 0, 0].view(8, 8)  # an 8 x 8 patch at the centre of 28 x 28
+    assert centre.sum().item() == pytest.approx(1.0)
+    assert centre[:2].sum() == 0 and centre[:, :2].sum() == 0  # nothing in the outer cells

@@ -143,3 +143,29 @@ def test_the_page_assets_ship_in_the_wheel():
     assert {p.name for p in assets} >= {"explore.html", "explore.js", "explore.css"}
     for path in assets:
         assert any(fnmatch.fnmatch(f"explore/{path.name}", g) for g in globs), path.name
+
+
+def test_image_layout_checks_its_fields():
+    kind = {
+        "name": "g",
+        "rows": ["1", "2"],
+        "columns": ["a", "b"],
+        "weights": np.full((1, 1, 2, 2), 0.5),
+    }
+    example = {
+        "input": "i",
+        "reference": "1",
+        "prediction": "1",
+        "correct": True,
+        "attention": [kind],
+        "image": np.zeros((4, 4)),
+        "glimpses": np.ones((2, 2)),
+        "sizes": [2, 4],
+    }
+    data = {"layout": "image", "title": "t", "note": "", "examples": [example]}
+    validate(data)
+    assert '"layout":"image"' in explorer_html(data, heading="h")
+    with pytest.raises(ValueError, match="glimpses"):
+        validate({**data, "examples": [{**example, "glimpses": np.ones((3, 2))}]})
+    with pytest.raises(ValueError, match="sizes"):
+        validate({**data, "examples": [{**example, "sizes": [0]}]})

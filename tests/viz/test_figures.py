@@ -193,3 +193,19 @@ def test_memory_figure_wraps_long_sequences_at_a_bounded_width(length, pieces):
             assert ", steps " in ax.get_title()
     assert shown == set(range(steps))  # every step in some piece
     fig.savefig(io.BytesIO(), dpi=DPI)
+
+
+def test_glimpse_figure_one_row_per_image_and_a_column_per_glimpse(tmp_path):
+    from attnzoo.viz import glimpse_figure
+
+    images = torch.rand(2, 28, 28)
+    paths = torch.tensor([[[0.0, 0.0], [0.5, -0.5], [1.0, 1.0]]] * 2)
+    retinas = torch.rand(2, 3, 2, 4, 4)  # (n, glimpses, scales, g, g)
+    fig = glimpse_figure(images, paths, retinas, patch=4, titles=["a", "b"])
+    assert len(fig.axes) == 2 * (3 + 1)
+    assert fig.axes[1].images[0].get_array().shape == (8, 8)  # the largest patch's side
+    path_line = fig.axes[0].lines[0]
+    assert path_line.get_xdata().tolist() == [13.5, 20.5, 27.5]  # pixel-centre coordinates
+    fig.savefig(tmp_path / "g.png")
+    with pytest.raises(ValueError, match="'retinas'"):
+        glimpse_figure(images, paths, torch.rand(2, 3, 2, 5, 5), patch=4)

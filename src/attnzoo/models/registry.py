@@ -9,7 +9,9 @@ the model offers (documented with the task of that interface, e.g.
 - "seq2seq": `(config, source_vocab, target_vocab, max_source_len, max_target_len)`;
 - "lm": `(config, vocab, max_len)`;
 - "pointer": `(config, input_dim, end_token)`;
-- "bits": `(config, input_size, output_size)`.
+- "bits": `(config, input_size, output_size)`;
+- "image": `(config, image_size, channels, classes)`;
+- "multi_image": `(config, image_size, channels, classes, labels)`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from attnzoo.models import seq2seq, transformer
+from attnzoo.models import dram, image_baselines, ram, seq2seq, transformer
 from attnzoo.models.ntm import NTM, LSTMBaseline, lstm, ntm
 from attnzoo.models.pointer_net import PointerNet, PointerNetConfig
 from attnzoo.models.seq2seq import Seq2Seq, bahdanau, encdec, luong, simple
@@ -28,7 +30,7 @@ class ModelSpec:
     preset: Callable[..., object]  # (**overrides) -> frozen config dataclass
     model_class: type
     description: str
-    interface: str = "seq2seq"  # seq2seq | lm | pointer | bits (see the module docstring)
+    interface: str = "seq2seq"  # seq2seq | lm | pointer | bits | image | multi_image
     # a config.json "model" section written by an earlier version -> today's fields
     upgrade: Callable[[dict], dict] = lambda fields: fields
 
@@ -99,5 +101,42 @@ MODELS = {
         LSTMBaseline,
         "LSTM without memory, 3 layers sized to the NTM's parameter count (Graves 2014 baseline)",
         interface="bits",
+    ),
+    "ram": ModelSpec(
+        ram.ram,
+        ram.RAM,
+        "Recurrent Attention Model: 6 glimpses of 8 x 8, REINFORCE locations (Mnih 2014)",
+        interface="image",
+    ),
+    "ram-translated": ModelSpec(
+        ram.ram_translated,
+        ram.RAM,
+        "Recurrent Attention Model: 8 glimpses of 12 x 12 at 3 scales, for 60 x 60 (Mnih 2014)",
+        interface="image",
+    ),
+    "fc": ModelSpec(
+        image_baselines.fc,
+        image_baselines.FullyConnected,
+        "fully connected classifier, 2 layers of 256 (Mnih 2014 baseline)",
+        interface="image",
+    ),
+    "convnet": ModelSpec(
+        image_baselines.conv,
+        image_baselines.ConvNet,
+        "two-layer convnet classifier (Mnih 2014 baseline)",
+        interface="image",
+    ),
+    "dram": ModelSpec(
+        dram.dram,
+        dram.DRAM,
+        "Deep Recurrent Attention Model: context network, two LSTM layers, 3 glimpses per "
+        "label (Ba 2014)",
+        interface="multi_image",
+    ),
+    "convnet-multi": ModelSpec(
+        image_baselines.conv,
+        image_baselines.MultiHeadConvNet,
+        "two-layer convnet with one softmax head per label (Ba 2014 baseline)",
+        interface="multi_image",
     ),
 }

@@ -127,6 +127,12 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def sampling_generator(device: torch.device) -> torch.Generator:
+    """A generator where sampling on `device` can use it: the device's own on an accelerator,
+    the CPU's on the CPU and on `meta` (which has none)."""
+    return torch.Generator() if device.type in ("cpu", "meta") else torch.Generator(device)
+
+
 def check_counts(owner: str, config, positive=(), non_negative=()) -> None:
     """Fail naming the first field of `config` that is not an int of its kind: the sizes and
     seeds of a task's config, checked when the config is made (before any data is built)."""

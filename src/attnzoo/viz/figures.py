@@ -322,3 +322,83 @@ def memory_figure(
         fig.suptitle(title, fontsize=9, y=1.0 - 0.1 / fig.get_figheight(), va="top", **LITERAL)
     fig.tight_layout()
     return fig
+
+
+def glimpse_figure(
+    images,
+    paths,
+    retinas,
+    *,
+    patch: int,
+    titles: Sequence[str] = (),
+) -> Figure:
+    """Mnih 2014 Fig. 3: one row per image; first the image with the glimpse path (a line
+    through the glimpse centres, start marked, the retina's squares at every glimpse), then
+    each glimpse as the model saw it: the retina's k patches, each at its own resolution,
+    the finer ones inside the coarser (the largest drawn at its size).
+
+    Args:
+        images: (n, height, width).
+        paths: (n, glimpses, 2) locations (x, y) in [-1, 1] across the image.
+        retinas: (n, glimpses, scales, patch, patch) what the sensor returned.
+        patch: g, the side of the smallest patch.
+        titles: one per row (e.g. true and predicted class).
+    """
+    x, loc, ret = _array(images), _array(paths), _array(retinas)
+    if x.ndim != 3 or loc.shape != (x.shape[0], loc.shape[1], 2):
+        raise ValueError(
+            f"glimpse_figure: argument 'paths' expected ({x.shape[0]}, glimpses, 2) beside "
+            f"images (n, height, width), got {loc.shape} and {x.shape}"
+        )
+    if ret.shape[:2] != loc.shape[:2] or ret.shape[-2:] != (patch, patch):
+        raise ValueError(
+            f"glimpse_figure: argument 'retinas' expected ({loc.shape[0]}, {loc.shape[1]}, "
+            f"scales, {patch}, {patch}), got {ret.shape}"
+        )
+    n, glimpses, scales = ret.shape[:3]
+    height, width = x.shape[1:]
+    fig = Figure(figsize=(1.6 * (glimpses + 1), 1.8 * n))
+    for row in range(n):
+        ax = fig.add_subplot(n, glimpses + 1, row * (glimpses + 1) + 1)
+        ax.imshow(x[row], cmap="gray", vmin=0, vmax=1)
+        # pixel centres are at integers in imshow's coordinates; the sensor rounds the centre
+        # to the pixel grid (attnzoo.models.ram.patch_corners) and so do the squares here
+        cx = (loc[row, :, 0] + 1) * width / 2
+        cy = (loc[row, :, 1] + 1) * height / 2
+        ax.plot(cx - 0.5, cy - 0.5, color="lime", lw=1.2, marker="o", ms=2.5)
+        ax.plot(cx[0] - 0.5, cy[0] - 0.5, color="lime", marker="s", ms=4)
+        for t in range(glimpses):
+            for s in range(scales):
+                side = patch * 2**s
+                left = np.floor(cx[t] - side / 2 + 0.5) - 0.5
+                top = np.floor(cy[t] - side / 2 + 0.5) - 0.5
+                square = [left, left + side, left + side, left, left]
+                ax.plot(square, [top, top, top + side, top + side, top], color="red", lw=0.6)
+        ax.set_xlim(-0.5, width - 0.5)
+        ax.set_ylim(height - 0.5, -0.5)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if row < len(titles):
+            ax.set_title(titles[row], fontsize=7, **LITERAL)
+        for t in range(glimpses):
+            ax = fig.add_subplot(n, glimpses + 1, row * (glimpses + 1) + 2 + t)
+            ax.imshow(_retina(ret[row, t]), cmap="gray", vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if row == 0:
+                ax.set_title(f"glimpse {t + 1}", fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _retina(patches: np.ndarray) -> np.ndarray:
+    """(scales, g, g) -> one picture at the largest patch's size: each patch scaled back up
+    to its side, the finer pasted at the centre of the coarser."""
+    scales, g = patches.shape[0], patches.shape[-1]
+    side = g * 2 ** (scales - 1)
+    out = np.kron(patches[-1], np.ones((2 ** (scales - 1),) * 2))
+    for s in range(scales - 2, -1, -1):
+        up = np.kron(patches[s], np.ones((2**s,) * 2))
+        start = (side - g * 2**s) // 2
+        out[start : start + up.shape[0], start : start + up.shape[1]] = up
+    return out

@@ -167,6 +167,44 @@
       $("layout-view").replaceChildren(svg);
     },
 
+    image(k, row) {
+      // the image, the glimpse path so far, and this step's retina (one square per scale,
+      // placed as the sensor places it: the centre rounded to the pixel grid)
+      const e = example();
+      const ns = "http://www.w3.org/2000/svg";
+      const height = e.image.length, width = e.image[0].length;
+      const px = Math.max(1, Math.floor(320 / Math.max(height, width)));
+      const svg = document.createElementNS(ns, "svg");
+      svg.setAttribute("width", width * px);
+      svg.setAttribute("height", height * px);
+      svg.setAttribute("id", "image-view");
+      const add = (name, attrs) => {
+        const el = document.createElementNS(ns, name);
+        for (const [a, v] of Object.entries(attrs)) el.setAttribute(a, v);
+        svg.appendChild(el);
+        return el;
+      };
+      add("rect", { x: 0, y: 0, width: width * px, height: height * px, fill: "#000" });
+      e.image.forEach((line, r) => line.forEach((v, c) => {
+        if (v > 0) {
+          const grey = Math.round(255 * Math.min(1, v));
+          add("rect", { x: c * px, y: r * px, width: px, height: px, fill: "rgb(" + grey + "," + grey + "," + grey + ")" });
+        }
+      }));
+      const seen = e.glimpses.slice(0, state.step + 1);
+      if (seen.length) {
+        const d = seen.map(([x, y], s) => (s ? "L" : "M") + x * px + " " + y * px).join(" ");
+        add("path", { d: d, fill: "none", stroke: "#2ca02c", "stroke-width": 1.5, id: "glimpse-path" });
+        const [x, y] = seen[seen.length - 1];
+        for (const side of e.sizes) {
+          const left = Math.floor(x - side / 2 + 0.5), top = Math.floor(y - side / 2 + 0.5);
+          add("rect", { x: left * px, y: top * px, width: side * px, height: side * px, fill: "none", stroke: "#d62728" });
+        }
+        say(k.rows[state.step] + " at (" + x.toFixed(1) + ", " + y.toFixed(1) + ") px");
+      }
+      $("layout-view").replaceChildren(svg);
+    },
+
     memory(k, row) {
       const e = example();
       const table = document.createElement("table");

@@ -1,0 +1,240 @@
+"""Recurrent Attention Model experiments (Mnih et al. 2014) on the shared driver (_common.py).
+
+Each trained row runs `attnzoo train MODEL --task TASK` with the row's overrides, in a fresh
+process with one torch thread, and reports the test error of one pass with the mean locations
+(`error`) and of the class probabilities averaged over `MnistConfig.mc_samples` sampled paths
+(`error_mc`), on the 10,000 official test digits:
+
+- mnist: 28 x 28, 2 to 7 glimpses of 8 x 8, 1 scale (Table 1a);
+- translated: 60 x 60, 4, 6 and 8 glimpses of 12 x 12, 3 scales (Table 1b);
+- cluttered: 60 x 60 with 4 pieces of 8 x 8 clutter, 8 glimpses (Table 2);
+- the FC (2 x 256) and two-layer convnet baselines on each, at the same steps and batch.
+
+`speed` times, in one process and interleaved: the retinas of 6 glimpses (batch 128, 3 scales
+of 12 x 12 on 60 x 60) by the sensor's two samplers (`F.grid_sample`, a gather of clamped
+indices) and by cropping each patch at full size then pooling; and a RAM training step (batch
+128, 6 glimpses, 3 scales) against the same model whose retina loops over the batch in Python.
+
+    python benchmarks/bench_ram.py [--budget smoke|full] [--only GROUP ...] [--seeds N]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import Bench, Column, Experiment, Table, Target, drive, median, time_interleaved
+
+SEEDS = 3
+# train steps and batch of every trained row at the full budget (untuned: a first guess that
+# a later session calibrates), and the CPU-minutes one seed takes (one thread, measured at
+# ~15 ms a step on 28 x 28, ~40-60 ms on 60 x 60 at 3 scales)
+FULL = {"steps": 60_000, "batch_size": 64}
+MINUTES = {"mnist": 20.0, "translated_mnist": 50.0, "cluttered_mnist": 50.0}
+SMOKE = {"steps": 10, "batch_size": 16}
+SMOKE_SETS = ["task.n_test=64", "task.mc_samples=2", "model.hidden=32"]
+TASK_NAMES = {"mnist": "mnist", "translated": "translated_mnist", "cluttered": "cluttered_mnist"}
+
+# Mnih et al. 2014 (NIPS version), test error %: Table 1a (28 x 28), 1b (60 x 60), 2 (cluttered)
+PAPER = {
+    ("mnist", 2): 3.79,
+    ("mnist", 3): 1.51,
+    ("mnist", 4): 1.54,
+    ("mnist", 5): 1.34,
+    ("mnist", 6): 1.12,
+    ("mnist", 7): 1.07,
+    ("mnist", "fc"): 1.69,
+    ("mnist", "convnet"): 1.21,
+    ("translated", 4): 1.54,
+    ("translated", 6): 1.22,
+    ("translated", 8): 1.20,
+    ("translated", "fc"): 2.63,
+    ("translated", "convnet"): 1.62,
+    ("cluttered", 8): 4.04,
+}
+
+
+def experiments(budget: str) -> list[Experiment]:
+    smoke = budget == "smoke"
+    train = SMOKE if smoke else FULL
+    seeds = 1 if smoke else SEEDS
+    rows = [("mnist", g, 8, 1) for g in range(2, 8)]
+    rows += [("translated", g, 12, 3) for g in (4, 6, 8)] + [("cluttered", 8, 12, 3)]
+    if smoke:  # 4 workers in 2 rounds: 28 x 28 and 60 x 60 RAM, one baseline, the timings
+        rows = [r for r in rows if (r[0], r[1]) in {("mnist", 6), ("cluttered", 8)}]
+    out = []
+    for kind, glimpses, patch, scales in rows:
+        model = "ram" if kind == "mnist" else "ram-translated"
+        sets = [f"model.glimpses={glimpses}", f"model.patch={patch}", f"model.scales={scales}"]
+        out.append(_trained(f"{kind}-g{glimpses}", kind, model, sets, train, seeds, smoke))
+    for kind in ("mnist", "translated", "cluttered"):
+        for model in ("fc", "convnet"):
+            if smoke and (kind, model) != ("mnist", "fc"):
+                continue
+            out.append(
+                _trained(f"{kind}-{model}", f"{kind}-baselines", model, [], train, seeds, smoke)
+            )
+    repeats = 3 if smoke else 20
+    out.append(Experiment("speed", "speed", {"repeats": repeats, "batch": 128}, minutes=1.0))
+    return out
+
+
+def _trained(id_, group, model, sets, train, seeds, smoke) -> Experiment:
+    kind = id_.split("-")[0]
+    paper_key = (kind, model) if model in ("fc", "convnet") else (kind, int(id_.split("g")[-1]))
+    sets = [*sets, *(f"train.{k}={v}" for k, v in train.items()), *(SMOKE_SETS if smoke else [])]
+    params = {"model": model, "task": TASK_NAMES[kind], "sets": sets}
+    params["paper_error"] = PAPER.get(paper_key)
+    minutes = 0.2 if smoke else MINUTES[TASK_NAMES[kind]]
+    return Experiment(id_, group, params, seeds=seeds, minutes=minutes)
+
+
+def worker(params, ctx) -> dict:
+    if params.get("repeats"):
+        return speed(params)
+    import time
+
+    from attnzoo import runs
+
+    config = runs.apply_overrides(
+        runs.default_config(params["model"], params["task"]),
+        [*params["sets"], f"train.seed={ctx.seed}", "train.threads=1", "train.device=cpu"],
+    )
+    start = time.perf_counter()
+    task, model, final = runs.run_train(config, ctx.run_dir, overwrite=True, progress=False)
+    minutes = (time.perf_counter() - start) / 60
+    runs.write_figures(ctx.run_dir, task, model, count=3)
+    return {
+        **{k: v for k, v in final.items() if isinstance(v, int | float)},
+        "train_minutes": minutes,
+        "steps": config["train"]["steps"],
+        "batch_size": config["train"]["batch_size"],
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "run_dir": str(ctx.run_dir),
+    }
+
+
+def speed(params) -> dict:
+    """Interleaved timings: 6 glimpses' retinas by each sensor and by cropping every patch at
+    full size then pooling; a RAM step batched vs one whose retina loops over the images."""
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+
+    from attnzoo.models.ram import RAM, GlimpseSensor, patch_corners, ram_translated
+    from attnzoo.tasks.registry import TASKS
+
+    class LoopSensor(GlimpseSensor):
+        """The same retina, one image at a time (the per-sample Python loop)."""
+
+        def prepare(self, images):
+            return [images[i : i + 1] for i in range(images.shape[0])]  # filtered per read
+
+        def read(self, prepared, location):
+            parent = super()
+            return torch.cat(
+                [
+                    parent.read(parent.prepare(x), location[i : i + 1])
+                    for i, x in enumerate(prepared)
+                ]
+            )
+
+    def crop_then_pool(images, location):  # every patch read at full size, then pooled
+        corners, out = patch_corners(location, 60, 60, 12, 3), []
+        for s in range(3):
+            side, top = 12 * 2**s, corners[:, s].unsqueeze(1).float() + 0.5  # (b, 1, 2)
+            pix = (top + torch.arange(side).view(1, -1, 1)) / 30 - 1  # (b, side, 2): y, x
+            grid = torch.stack(torch.broadcast_tensors(pix[:, None, :, 1], pix[:, :, None, 0]), -1)
+            window = F.grid_sample(images, grid, mode="nearest", align_corners=False)
+            out.append(F.avg_pool2d(window, 2**s))  # (b, 1, 12, 12)
+        return torch.stack(out, 1)
+
+    def retina(sensor, images):  # as RAM reads them: the image filtered once, 6 reads
+        prepared = sensor.prepare(images)
+        return [sensor.read(prepared, w) for w in where]
+
+    torch.manual_seed(0)
+    repeats, batch = params["repeats"], params["batch"]
+    images, where = torch.rand(batch, 1, 60, 60), torch.rand(6, batch, 2) * 2.4 - 1.2
+    sensors = {m: GlimpseSensor(12, 3, m) for m in ("grid", "index")}
+    retinas = {m: (lambda s=s: retina(s, images)) for m, s in sensors.items()}
+    retinas["crop_then_pool"] = lambda: [crop_then_pool(images, w) for w in where]
+    torch.testing.assert_close(retinas["crop_then_pool"]()[0], retinas["index"]()[0])
+    sensor_times = time_interleaved(retinas, repeats=10 * repeats, warmup=3)
+    spec = TASKS["translated_mnist"]
+    task = spec.build(spec.default_config(), seed=0, eval_config=spec.eval_config())
+    data = task.batch(0, batch, "cpu")
+    batched = RAM(ram_translated(glimpses=6), (60, 60), 1, 10)
+    looped = copy.deepcopy(batched)
+    looped.glimpse.sensor = LoopSensor(12, 3)
+
+    def step(model, optimizer):
+        loss, count = task.loss(model, data)
+        optimizer.zero_grad()
+        (loss / count).backward()
+        optimizer.step()
+
+    optimizers = {m: torch.optim.Adam(m.parameters(), lr=1e-4) for m in (batched, looped)}
+    models = {"batched": batched, "loop": looped}
+    step_times = time_interleaved(
+        {n: (lambda m=m: step(m, optimizers[m])) for n, m in models.items()},
+        repeats=repeats,
+        warmup=1,
+    )
+    ms = {f"retina_ms_{m}": 1e3 * median(t) for m, t in sensor_times.items()}
+    ms.update({f"step_ms_{n}": 1e3 * median(t) for n, t in step_times.items()})
+    return {
+        **ms,
+        "retina_index_over_grid": ms["retina_ms_index"] / ms["retina_ms_grid"],
+        "step_speedup": ms["step_ms_loop"] / ms["step_ms_batched"],
+        "threads": torch.get_num_threads(),
+    }
+
+
+ERRORS = [
+    Column("row", "id"),
+    Column("paper error %", "params.paper_error"),
+    Column("error % (mean locations)", "error"),
+    Column("error % (Monte Carlo)", "error_mc"),
+    Column("minutes", "train_minutes", 1),
+]
+TABLES = [
+    Table("28 x 28 MNIST, 8 x 8 glimpses (Table 1a)", ERRORS, groups=["mnist", "mnist-baselines"]),
+    Table(
+        "60 x 60 translated MNIST, 12 x 12 glimpses at 3 scales (Table 1b)",
+        ERRORS,
+        groups=["translated", "translated-baselines"],
+    ),
+    Table("60 x 60 cluttered MNIST (Table 2)", ERRORS, groups=["cluttered", "cluttered-baselines"]),
+    Table(
+        "speed (batch 128; ms, medians, interleaved)",
+        [
+            Column("6 retinas: grid_sample ms", "retina_ms_grid", 2),
+            Column("gather ms", "retina_ms_index", 2),
+            Column("crop, then pool ms", "retina_ms_crop_then_pool", 2),
+            Column("RAM step ms", "step_ms_batched", 1),
+            Column("per-image loop step ms", "step_ms_loop", 1),
+            Column("speed-up", "step_speedup", 1),
+        ],
+        ids=["speed"],
+    ),
+]
+TARGETS = [
+    Target("MNIST 6 glimpses: error <= 1.3%", "mnist-g6", "error", "<=", 1.3, "issue 12"),
+    Target("translated 6 glimpses: error <= 1.6%", "translated-g6", "error", "<=", 1.6, "issue 12"),
+    Target(
+        "cluttered 8 glimpses: error <= 6% (paper 4.04%)",
+        "cluttered-g8",
+        "error",
+        "<=",
+        6.0,
+        "issue 12; Mnih 2014 Table 2",
+    ),
+    Target("RAM step >= 5x the per-image loop", "speed", "step_speedup", ">=", 5.0, "issue 12"),
+]
+BENCH = Bench("ram", __file__, experiments, worker, targets=TARGETS, tables=TABLES)
+
+if __name__ == "__main__":
+    drive(BENCH)

@@ -1,0 +1,247 @@
+"""The hard-attention toolkit: stochastic policies and REINFORCE with baselines.
+
+Hard attention chooses where to look by sampling, which has no gradient; the chooser is trained
+by the likelihood-ratio estimator (REINFORCE, Williams 1992), as in the Recurrent Attention
+Model (Mnih et al. 2014, sec. 3.2), DRAM (Ba et al. 2014, sec. 3.2), hard Show-Attend-Tell
+(Xu et al. 2015, sec. 4.1) and a Pointer Network trained on tour length (Kool et al. 2019):
+
+    grad_theta E[R] = E[ sum_t grad_theta log pi(a_t | s_t; theta) (R_t - b_t) ]
+
+- categorical choices: `attnzoo.core.normalisers.sample_hard` (the chosen index and its
+  log-probability);
+- continuous locations: `gaussian_sample`, `GaussianPolicy` (a linear map to the mean of
+  N(mu, sigma^2 I), sigma fixed or learned);
+- the loss: `reinforce_loss` (policy term, squared-error baseline term, entropy bonus) over
+  rewards per step or `rewards_to_go`; `hybrid_loss` adds a supervised term (RAM's
+  classification cross-entropy, Mnih 2014 sec. 4); `MovingAverageBaseline` when the baseline
+  is not a network.
+
+Every loss here is a sum over its items (the training loop divides by the count the task
+returns), and every sample is detached: gradients reach a policy only through its log-prob.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from attnzoo.core.checks import check_size, fail
+
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class GaussianSample(NamedTuple):
+    sample: torch.Tensor  # (..., d) detached: no gradient flows through the location
+    log_prob: torch.Tensor  # (...,) log N(sample; mean, std^2 I), summed over d
+    mean: torch.Tensor  # (..., d) the policy's mean (what a deterministic pass uses)
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """log N(x; mean, diag(std^2)) summed over the last dim: (..., d) -> (...)."""
+    z = (x - mean) / std  # (..., d)
+    return (-0.5 * z * z - torch.log(std) - _HALF_LOG_2PI).sum(-1)
+
+
+def gaussian_sample(
+    mean: torch.Tensor,
+    std: torch.Tensor | float,
+    *,
+    generator: torch.Generator | None = None,
+) -> GaussianSample:
+    """x ~ N(mean, std^2 I), detached, with its log-probability (differentiable in `mean` and
+    `std`).
+
+    Args:
+        mean: (..., d).
+        std: a positive float or a tensor broadcastable to `mean` (a learned std).
+        generator: draws the noise (on `mean`'s device; the CPU's on `meta`).
+    """
+    if not isinstance(mean, torch.Tensor) or not mean.is_floating_point():
+        fail("gaussian_sample", "mean", "a floating torch.Tensor", type(mean).__name__, TypeError)
+    if not isinstance(std, torch.Tensor):
+        if isinstance(std, bool) or not isinstance(std, int | float) or not 0 < std < math.inf:
+            fail("gaussian_sample", "std", "a positive finite number or a tensor", repr(std))
+        std = torch.full((), float(std), dtype=mean.dtype, device=mean.device)
+    if mean.device.type == "meta":
+        noise = torch.empty_like(mean)
+    else:
+        noise = torch.randn(
+            mean.shape, dtype=mean.dtype, device=mean.device, generator=generator
+        )  # (..., d)
+    sample = (mean + std * noise).detach()  # (..., d)
+    return GaussianSample(sample, gaussian_log_prob(sample, mean, std), mean)
+
+
+class GaussianPolicy(nn.Module):
+    """A location policy: mu = tanh(W h + b) (or W h + b), l ~ N(mu, sigma^2 I).
+
+    The RAM location network f_l (Mnih 2014 sec. 3: "the location network outputs the mean of
+    the location policy ... a two-component Gaussian with a fixed variance"); coordinates are
+    in [-1, 1] across the image when `bounded`.
+
+    Args:
+        d_input: features of the state h.
+        d_output: dimensions of the location (2 for an image).
+        std: sigma, fixed; with `learn_std` its initial value, learned as log sigma per dim.
+        bounded: squash the mean with tanh into (-1, 1).
+    """
+
+    def __init__(
+        self,
+        d_input: int,
+        d_output: int = 2,
+        *,
+        std: float = 0.1,
+        learn_std: bool = False,
+        bounded: bool = True,
+    ):
+        super().__init__()
+        check_size("GaussianPolicy", "d_input", d_input)
+        check_size("GaussianPolicy", "d_output", d_output)
+        if isinstance(std, bool) or not isinstance(std, int | float) or not 0 < std < math.inf:
+            fail("GaussianPolicy", "std", "a positive finite number", repr(std))
+        self.mean = nn.Linear(d_input, d_output)
+        self.bounded = bounded
+        log_std = torch.full((d_output,), math.log(std))
+        if learn_std:
+            self.log_std = nn.Parameter(log_std)
+        else:
+            self.register_buffer("log_std", log_std)
+
+    def forward(
+        self,
+        state: torch.Tensor,
+        *,
+        sample: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> GaussianSample:
+        """state (..., d_input) -> a location (..., d_output); `sample=False`: the mean, with
+        its log-probability (the mode's)."""
+        mean = self.mean(state)  # (..., d_output)
+        if self.bounded:
+            mean = torch.tanh(mean)
+        std = self.log_std.exp()  # (d_output,)
+        if not sample:
+            location = mean.detach()
+            return GaussianSample(location, gaussian_log_prob(location, mean, std), mean)
+        return gaussian_sample(mean, std, generator=generator)
+
+
+def rewards_to_go(rewards: torch.Tensor, discount: float = 1.0) -> torch.Tensor:
+    """R_t = sum_{t' >= t} discount^(t' - t) r_t': (batch, steps) -> (batch, steps).
+
+    An action is credited only with the rewards that follow it (RAM's reward arrives at the
+    last step, so every R_t equals it).
+    """
+    if not 0.0 <= discount <= 1.0:
+        fail("rewards_to_go", "discount", "a number in [0, 1]", repr(discount))
+    if rewards.dim() != 2:
+        fail("rewards_to_go", "rewards", "a (batch, steps) tensor", tuple(rewards.shape))
+    steps = rewards.shape[1]
+    t = torch.arange(steps, device=rewards.device)
+    power = (t.unsqueeze(0) - t.unsqueeze(1)).to(rewards.dtype)  # (s, s'): t' - t
+    weights = torch.where(power >= 0, discount ** power.clamp_min(0), 0.0)  # (s, s')
+    return rewards @ weights.T  # (b, s') x (s', s) -> (b, s)
+
+
+class ReinforceLoss(NamedTuple):
+    """Summed terms; `total` is what to minimise."""
+
+    policy: torch.Tensor  # -sum (R - b) log pi: the policy's only gradient
+    baseline: torch.Tensor  # sum (b - R)^2: the learned baseline's only gradient (0 without)
+    entropy: torch.Tensor  # -entropy_weight * sum H (0 without)
+    advantage: torch.Tensor  # (batch, [steps]) R - b, detached (for logging)
+
+    @property
+    def total(self) -> torch.Tensor:
+        return self.policy + self.baseline + self.entropy
+
+
+def reinforce_loss(
+    log_prob: torch.Tensor,
+    reward: torch.Tensor,
+    baseline: torch.Tensor | float | None = None,
+    *,
+    entropy: torch.Tensor | None = None,
+    entropy_weight: float = 0.0,
+    mask: torch.Tensor | None = None,
+) -> ReinforceLoss:
+    """REINFORCE with a baseline (Williams 1992; Mnih 2014 eq. 2):
+
+        L = -sum_t (R_t - b_t) log pi(a_t)  +  sum_t (b_t - R_t)^2  -  beta sum_t H_t
+
+    The reward and the advantage are detached, so the policy learns only from the first term
+    and a learned baseline only from the second: neither pushes gradient into the other (nor,
+    through them, into a network they share inputs with, unless that network's output is the
+    log-prob or the baseline). A constant or moving-average baseline (a float or a tensor
+    without grad) adds no term and keeps the estimator unbiased.
+
+    Args:
+        log_prob: (batch,) or (batch, steps) log pi of the actions taken.
+        reward: the same shape (or broadcastable): R_t, e.g. `rewards_to_go(r)`.
+        baseline: b_t, broadcastable to `reward`: a learned prediction (trained by its squared
+            error), a tensor without grad, a float, or None (b = 0).
+        entropy: per-step entropies H_t of the policy (an exploration bonus), or None.
+        entropy_weight: beta.
+        mask: bool like `log_prob`, True = this step counts (steps after an episode's end).
+    """
+    if not isinstance(log_prob, torch.Tensor) or log_prob.dim() not in (1, 2):
+        got = tuple(log_prob.shape) if isinstance(log_prob, torch.Tensor) else type(log_prob)
+        fail("reinforce_loss", "log_prob", "a (batch,) or (batch, steps) tensor", got)
+    reward = reward.detach().to(log_prob.dtype)
+    if baseline is None:
+        baseline = 0.0
+    if isinstance(baseline, torch.Tensor):
+        advantage = reward - baseline.detach()
+        learned = baseline.requires_grad
+    else:
+        advantage = reward - float(baseline)
+        learned = False
+    advantage = advantage.expand_as(log_prob)  # (b, [s])
+    keep = torch.ones_like(log_prob) if mask is None else mask.to(log_prob.dtype)
+    policy = -(advantage * log_prob * keep).sum()
+    zero = log_prob.new_zeros(())
+    base = ((baseline - reward).expand_as(log_prob).pow(2) * keep).sum() if learned else zero
+    bonus = zero
+    if entropy is not None and entropy_weight:
+        bonus = -entropy_weight * (entropy.expand_as(log_prob) * keep).sum()
+    return ReinforceLoss(policy, base, bonus, advantage.detach())
+
+
+def hybrid_loss(
+    supervised: torch.Tensor, reinforce: ReinforceLoss, *, weight: float = 1.0
+) -> torch.Tensor:
+    """RAM's hybrid objective (Mnih 2014 sec. 4): the classifier's summed cross-entropy plus the
+    REINFORCE terms that train the location policy and the baseline."""
+    return supervised + weight * reinforce.total
+
+
+class MovingAverageBaseline(nn.Module):
+    """b <- momentum * b + (1 - momentum) * mean(R): a baseline that is not a network.
+
+    Its value is a buffer (saved with the model); `update` is called after the loss uses the
+    current value, so the baseline never depends on the rewards it is subtracted from and the
+    estimator stays unbiased.
+    """
+
+    def __init__(self, momentum: float = 0.9, shape: tuple[int, ...] = ()):
+        super().__init__()
+        if not 0.0 <= momentum < 1.0:
+            fail("MovingAverageBaseline", "momentum", "a number in [0, 1)", repr(momentum))
+        self.momentum = momentum
+        self.register_buffer("value", torch.zeros(shape))
+        self.register_buffer("started", torch.zeros((), dtype=torch.bool))
+
+    def forward(self) -> torch.Tensor:
+        return self.value
+
+    @torch.no_grad()
+    def update(self, reward: torch.Tensor) -> None:
+        """Fold in the batch mean of `reward` (batch, *shape); the first batch sets it."""
+        mean = reward.detach().to(self.value.dtype).mean(0)
+        rate = torch.where(self.started, 1.0 - self.momentum, 1.0)
+        self.value.add_(rate * (mean - self.value))
+        self.started.fill_(True)

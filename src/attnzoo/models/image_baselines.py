@@ -1,0 +1,146 @@
+"""The baselines of the RAM experiments (Mnih et al. 2014, Tables 1 and 2): classifiers that see
+the whole image at once, trained by the same loop on the same tasks ("image" interface).
+
+- `FullyConnected`: two hidden layers of 256 rectifier units ("FC, 2 layers (256 hiddens
+  each)").
+- `ConvNet`: two convolutional layers of rectifier units, then a linear classifier.
+
+Note:
+    The paper gives the convnet's depth ("Convolutional, 2 layers") but its filter sizes are not
+    confirmed from any copy here; the preset is 5 x 5 filters, 8 then 16 channels, each layer
+    followed by 2 x 2 max pooling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnzoo.core.checks import check_size, fail
+
+
+class ClassifierOutput(NamedTuple):
+    log_probs: torch.Tensor  # (batch, classes)
+
+
+def _check_ints(owner: str, config, names) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            fail(owner, name, "a positive int", repr(value))
+
+
+@dataclass(frozen=True)
+class FCConfig:
+    hidden: int = 256
+    layers: int = 2
+
+    def __post_init__(self):
+        _check_ints("FCConfig", self, ("hidden", "layers"))
+
+
+def fc(**overrides) -> FCConfig:
+    """Mnih 2014's FC baseline: 2 layers of 256."""
+    return replace(FCConfig(), **overrides)
+
+
+@dataclass(frozen=True)
+class ConvConfig:
+    channels: int = 8  # of the first layer; the second has twice as many
+    kernel: int = 5
+    hidden: int = 256  # a rectifier layer before the classifier (0: none)
+
+    def __post_init__(self):
+        _check_ints("ConvConfig", self, ("channels", "kernel"))
+        if isinstance(self.hidden, bool) or not isinstance(self.hidden, int) or self.hidden < 0:
+            fail("ConvConfig", "hidden", "an int >= 0", repr(self.hidden))
+
+
+def conv(**overrides) -> ConvConfig:
+    """A two-layer convnet (see the module Note)."""
+    return replace(ConvConfig(), **overrides)
+
+
+def _check_images(owner: str, images: torch.Tensor, channels: int, size: tuple[int, int]):
+    if images.dim() != 4 or images.shape[1] != channels or tuple(images.shape[-2:]) != size:
+        fail(owner, "images", f"(batch, {channels}, {size[0]}, {size[1]})", tuple(images.shape))
+
+
+class FullyConnected(nn.Module):
+    """log softmax(W_out ReLU(... ReLU(W_1 vec(x)))): the whole image, no attention."""
+
+    def __init__(self, config: FCConfig, image_size: tuple[int, int], channels: int, classes: int):
+        super().__init__()
+        check_size("FullyConnected", "channels", channels)
+        check_size("FullyConnected", "classes", classes)
+        self.image_size, self.channels = tuple(image_size), channels
+        width = channels * image_size[0] * image_size[1]
+        layers: list[nn.Module] = []
+        for _ in range(config.layers):
+            layers += [nn.Linear(width, config.hidden), nn.ReLU()]
+            width = config.hidden
+        self.net = nn.Sequential(*layers, nn.Linear(width, classes))
+
+    def forward(self, images: torch.Tensor, **_sampling) -> ClassifierOutput:
+        """images (batch, channels, height, width); sampling options are ignored."""
+        _check_images("FullyConnected", images, self.channels, self.image_size)
+        return ClassifierOutput(torch.log_softmax(self.net(images.flatten(1)), -1))
+
+
+class ConvNet(nn.Module):
+    """Two conv + ReLU + 2 x 2 max-pool layers, then (optionally) a ReLU layer, then linear."""
+
+    def __init__(
+        self, config: ConvConfig, image_size: tuple[int, int], channels: int, classes: int
+    ):
+        super().__init__()
+        check_size("ConvNet", "channels", channels)
+        check_size("ConvNet", "classes", classes)
+        self.image_size, self.channels = tuple(image_size), channels
+        c, k = config.channels, config.kernel
+        self.conv1 = nn.Conv2d(channels, c, k, padding=k // 2)
+        self.conv2 = nn.Conv2d(c, 2 * c, k, padding=k // 2)
+        height, width = image_size[0] // 4, image_size[1] // 4  # after two 2 x 2 pools
+        flat = 2 * c * height * width
+        if config.hidden:
+            self.head = nn.Sequential(
+                nn.Linear(flat, config.hidden), nn.ReLU(), nn.Linear(config.hidden, classes)
+            )
+        else:
+            self.head = nn.Linear(flat, classes)
+
+    def forward(self, images: torch.Tensor, **_sampling) -> ClassifierOutput:
+        """images (batch, channels, height, width); sampling options are ignored."""
+        _check_images("ConvNet", images, self.channels, self.image_size)
+        x = F.max_pool2d(F.relu(self.conv1(images)), 2)  # (b, c, H/2, W/2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)  # (b, 2c, H/4, W/4)
+        return ClassifierOutput(torch.log_softmax(self.head(x.flatten(1)), -1))
+
+
+class MultiHeadConvNet(ConvNet):
+    """The DRAM experiments' convnet baseline (Ba 2014, sec. 4.1): the two-layer convnet's
+    features, then one softmax head per label position ("multi_image" interface)."""
+
+    def __init__(
+        self,
+        config: ConvConfig,
+        image_size: tuple[int, int],
+        channels: int,
+        classes: int,
+        labels: int,
+    ):
+        check_size("MultiHeadConvNet", "labels", labels)
+        super().__init__(config, image_size, channels, classes * labels)
+        self.labels, self.classes = labels, classes
+
+    def forward(self, images: torch.Tensor, **_sampling) -> ClassifierOutput:
+        """images (batch, channels, height, width) -> log_probs (batch, labels, classes)."""
+        _check_images("MultiHeadConvNet", images, self.channels, self.image_size)
+        x = F.max_pool2d(F.relu(self.conv1(images)), 2)  # (b, c, H/2, W/2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)  # (b, 2c, H/4, W/4)
+        logits = self.head(x.flatten(1)).view(-1, self.labels, self.classes)  # (b, s, classes)
+        return ClassifierOutput(torch.log_softmax(logits, -1))

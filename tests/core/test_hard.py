@@ -1,0 +1,207 @@
+"""The hard-attention toolkit (`attnzoo.core.hard`): REINFORCE estimates the exact gradient of
+the expected reward (enumerated, or in closed form), a baseline leaves it unbiased, and each
+term of the loss reaches only what it should."""
+
+import math
+
+import pytest
+import torch
+
+from attnzoo import (
+    GaussianPolicy,
+    MovingAverageBaseline,
+    gaussian_log_prob,
+    gaussian_sample,
+    hybrid_loss,
+    reinforce_loss,
+    rewards_to_go,
+    sample_hard,
+)
+
+REWARD = torch.tensor([1.0, 0.0, 2.0, -0.5], dtype=torch.float64)  # r(a) of 4 actions
+LOGITS = torch.tensor([0.3, -0.2, 0.1, 0.5], dtype=torch.float64)
+
+
+def exact_categorical_gradient() -> torch.Tensor:
+    """d/dtheta sum_a softmax(theta)_a r(a), by enumerating the 4 actions."""
+    theta = LOGITS.clone().requires_grad_(True)
+    (torch.softmax(theta, -1) * REWARD).sum().backward()
+    return theta.grad
+
+
+def categorical_estimates(baseline, chunks=20, per_chunk=10_000, seed=0) -> torch.Tensor:
+    """`chunks` independent REINFORCE estimates of the gradient of E[r], each over
+    `per_chunk` samples drawn by `sample_hard`: (chunks, 4)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(chunks):
+        theta = LOGITS.clone().requires_grad_(True)
+        choice = sample_hard(theta.expand(per_chunk, -1), generator=g)
+        reward = REWARD[choice.index]  # (n,)
+        loss = reinforce_loss(choice.log_prob, reward, baseline)
+        (loss.policy / per_chunk).backward()
+        out.append(-theta.grad)  # the loss descends; the estimate ascends E[r]
+    return torch.stack(out)
+
+
+def assert_within_monte_carlo(estimates: torch.Tensor, exact: torch.Tensor) -> None:
+    mean = estimates.mean(0)
+    se = estimates.std(0) / math.sqrt(len(estimates))
+    assert torch.all((mean - exact).abs() <= 4 * se + 1e-12), (mean, exact, se)
+
+
+@pytest.mark.parametrize("baseline", [None, 0.875, "tensor"])
+def test_reinforce_matches_the_exact_gradient_of_a_discrete_expectation(baseline):
+    """Unbiased with no baseline, a constant one (here E[r]) or a tensor without grad."""
+    if baseline == "tensor":
+        baseline = torch.full((10_000,), 0.5, dtype=torch.float64)
+    estimates = categorical_estimates(baseline)
+    assert_within_monte_carlo(estimates, exact_categorical_gradient())
+
+
+def test_a_baseline_near_the_mean_reward_lowers_the_variance():
+    plain = categorical_estimates(None).var(0).sum()
+    centred = categorical_estimates((torch.softmax(LOGITS, -1) * REWARD).sum().item()).var(0)
+    assert centred.sum() < plain
+
+
+def test_a_learned_baseline_leaves_the_policy_gradient_unchanged():
+    """The baseline network's output enters the policy term only detached: the policy's
+    gradient is that of the same baseline given as a plain number."""
+    g = torch.Generator().manual_seed(1)
+    theta = LOGITS.clone().requires_grad_(True)
+    choice = sample_hard(theta.expand(500, -1), generator=g)
+    reward = REWARD[choice.index]
+    weight = torch.tensor(0.4, dtype=torch.float64, requires_grad=True)
+    learned = weight * torch.ones(500, dtype=torch.float64)
+    loss = reinforce_loss(choice.log_prob, reward, learned)
+    (policy_grad,) = torch.autograd.grad(loss.total, theta, retain_graph=True)
+    fixed = reinforce_loss(choice.log_prob, reward, 0.4)
+    (fixed_grad,) = torch.autograd.grad(fixed.total, theta)
+    torch.testing.assert_close(policy_grad, fixed_grad)
+    # and the baseline learns from its squared error only: d/dw sum (w - r)^2
+    (base_grad,) = torch.autograd.grad(loss.total, weight)
+    torch.testing.assert_close(base_grad, 2 * (0.4 - reward).sum())
+    (none,) = torch.autograd.grad(loss.policy, weight, allow_unused=True)
+    assert none is None
+
+
+def test_gaussian_reinforce_matches_the_closed_form_gradient():
+    """r(x) = -||x - c||^2, x ~ N(mu, sigma^2 I): E[r] = -||mu - c||^2 - d sigma^2, so
+    dE/dmu = -2 (mu - c) and dE/dlog sigma_k = -2 sigma^2."""
+    c = torch.tensor([0.2, -0.4], dtype=torch.float64)
+    mu0 = torch.tensor([0.5, 0.1], dtype=torch.float64)
+    log_std0 = torch.tensor([math.log(0.3), math.log(0.3)], dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    grads = []
+    for _ in range(20):
+        mu, log_std = mu0.clone().requires_grad_(True), log_std0.clone().requires_grad_(True)
+        n = 20_000
+        draw = gaussian_sample(mu.expand(n, -1), log_std.exp(), generator=g)
+        reward = -((draw.sample - c) ** 2).sum(-1)
+        (reinforce_loss(draw.log_prob, reward, -0.3).policy / n).backward()
+        grads.append(-torch.cat([mu.grad, log_std.grad]))
+    exact = torch.cat([-2 * (mu0 - c), -2 * log_std0.exp() ** 2])
+    assert_within_monte_carlo(torch.stack(grads), exact)
+
+
+def test_gaussian_log_prob_is_the_density_and_passes_gradcheck():
+    x = torch.tensor([[0.1, -0.3]], dtype=torch.float64, requires_grad=True)
+    mean = torch.tensor([[0.0, 0.2]], dtype=torch.float64, requires_grad=True)
+    std = torch.tensor([0.5, 0.25], dtype=torch.float64, requires_grad=True)
+    expected = sum(
+        -0.5 * ((xv - m) / s) ** 2 - math.log(s) - 0.5 * math.log(2 * math.pi)
+        for xv, m, s in ((0.1, 0.0, 0.5), (-0.3, 0.2, 0.25))
+    )
+    assert gaussian_log_prob(x, mean, std).item() == pytest.approx(expected, abs=1e-12)
+    assert torch.autograd.gradcheck(gaussian_log_prob, (x, mean, std))
+
+
+def test_the_sample_is_detached_and_the_log_prob_is_not():
+    mean = torch.zeros(3, 2, requires_grad=True)
+    draw = gaussian_sample(mean, 0.2, generator=torch.Generator().manual_seed(0))
+    assert not draw.sample.requires_grad and draw.log_prob.requires_grad
+    assert draw.sample.shape == (3, 2) and draw.log_prob.shape == (3,)
+
+
+def test_gaussian_policy_fixed_or_learned_std_and_the_mean_pass():
+    fixed = GaussianPolicy(4, std=0.2)
+    assert [n for n, _ in fixed.named_parameters()] == ["mean.weight", "mean.bias"]
+    assert fixed.log_std.exp().tolist() == pytest.approx([0.2, 0.2])
+    learned = GaussianPolicy(4, std=0.2, learn_std=True)
+    assert "log_std" in dict(learned.named_parameters())
+    h = torch.randn(5, 4)
+    mode = learned(h, sample=False)
+    torch.testing.assert_close(mode.sample, torch.tanh(learned.mean(h)))
+    draw = learned(h, generator=torch.Generator().manual_seed(0))
+    draw.log_prob.sum().backward()
+    assert learned.log_std.grad is not None and learned.mean.weight.grad is not None
+    unbounded = GaussianPolicy(4, bounded=False)
+    torch.testing.assert_close(unbounded(h, sample=False).sample, unbounded.mean(h).detach())
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: GaussianPolicy(4, std=0.0), "GaussianPolicy: argument 'std' expected"),
+        (lambda: GaussianPolicy(0), "GaussianPolicy: argument 'd_input' expected"),
+        (lambda: gaussian_sample(torch.zeros(2), -1.0), "gaussian_sample: argument 'std'"),
+        (lambda: rewards_to_go(torch.zeros(2, 3), 1.5), "rewards_to_go: argument 'discount'"),
+        (lambda: rewards_to_go(torch.zeros(3)), "rewards_to_go: argument 'rewards'"),
+        (lambda: reinforce_loss(torch.zeros(1, 2, 3), torch.zeros(1)), "argument 'log_prob'"),
+        (lambda: MovingAverageBaseline(1.0), "argument 'momentum' expected"),
+    ],
+)
+def test_bad_arguments_are_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_rewards_to_go_by_hand():
+    r = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    expected = [[1 + 2 * 0.5 + 3 * 0.25, 2 + 3 * 0.5, 3.0], [0.25, 0.5, 1.0]]
+    assert rewards_to_go(r, 0.5).tolist() == expected
+    assert rewards_to_go(r).tolist() == [[6.0, 5.0, 3.0], [1.0, 1.0, 1.0]]
+    assert rewards_to_go(r, 0.0).tolist() == r.tolist()
+
+
+def test_loss_terms_by_hand_with_mask_and_entropy():
+    log_prob = torch.tensor([[-1.0, -2.0], [-0.5, -0.25]], requires_grad=True)
+    reward = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    baseline = torch.tensor([[0.5, 0.5], [0.5, 0.5]], requires_grad=True)
+    entropy = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    mask = torch.tensor([[True, False], [True, True]])
+    out = reinforce_loss(log_prob, reward, baseline, entropy=entropy, entropy_weight=0.1, mask=mask)
+    # advantages 0.5, -0.5, -0.5 on the kept steps
+    assert out.policy.item() == pytest.approx(-(0.5 * -1.0 + -0.5 * -0.5 + -0.5 * -0.25))
+    assert out.baseline.item() == pytest.approx(3 * 0.25)
+    assert out.entropy.item() == pytest.approx(-0.1 * (1 + 3 + 4))
+    assert out.total.item() == pytest.approx((out.policy + out.baseline + out.entropy).item())
+    total = hybrid_loss(torch.tensor(2.0), out, weight=0.5)
+    assert total.item() == pytest.approx(2.0 + 0.5 * out.total.item())
+    zero = reinforce_loss(log_prob, reward)  # no baseline: no baseline or entropy term
+    assert zero.baseline.item() == 0.0 and zero.entropy.item() == 0.0
+
+
+def test_moving_average_baseline():
+    b = MovingAverageBaseline(momentum=0.75)
+    assert b().item() == 0.0
+    b.update(torch.tensor([1.0, 3.0]))  # the first batch sets it
+    assert b().item() == pytest.approx(2.0)
+    b.update(torch.tensor([6.0]))
+    assert b().item() == pytest.approx(0.75 * 2.0 + 0.25 * 6.0)
+    assert set(b.state_dict()) == {"value", "started"}
+
+
+def test_toolkit_on_every_device(device):
+    policy = GaussianPolicy(4, learn_std=True).to(device)
+    h = torch.randn(3, 4, device=device)
+    draw = policy(h)
+    assert draw.sample.device.type == device.type
+    baseline = MovingAverageBaseline().to(device)
+    reward = -(draw.sample**2).sum(-1)
+    to_go = rewards_to_go(torch.stack([reward, reward], 1), 0.9)
+    loss = reinforce_loss(torch.stack([draw.log_prob] * 2, 1), to_go, baseline())
+    baseline.update(reward)
+    loss.total.backward()
+    assert policy.mean.weight.grad.device.type == device.type
