@@ -659,6 +659,7 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         )
         row = {"id": e.id, "group": e.group, "seed": seed, "budget": args.budget}
         row.update(params=dict(e.params), extra=ctx["extra"], seconds=seconds, metrics={})
+        row.update(cpu=cpu_model(), load_average=os.getloadavg()[0])  # rows may span machines
         row.update(result)
         return row
 
