@@ -810,6 +810,9 @@ def grad_step(forward: Callable[[], Any], leaves: Sequence[Any], out_shape, trai
 # started with the CLI into exactly those dirs), and reads its timings from timing.json.
 
 
+RUN_IN_PROGRESS_S = 600  # a run dir without final.json written this recently is still training
+
+
 def resolved_config(sets: Sequence[str], model: str, task: str, seed: int) -> dict:
     """`attnzoo train MODEL --task TASK --set ...` for one seed, one thread, on the CPU."""
     from attnzoo import runs
@@ -825,7 +828,9 @@ def train_worker(
 
     1. Resolve the config (`resolved_config`).
     2. A run dir holding final.json and timing.json whose config.json equals it is reused
-       (loaded, not trained); otherwise `run_train` trains it from scratch there.
+       (loaded, not trained). One with that config but no final.json is a run in progress when
+       written in the last RUN_IN_PROGRESS_S (an error: never train into it twice), else an
+       interrupted one, resumed from its checkpoints. Otherwise `run_train` trains from scratch.
     3. The task's figures are written when the run has none.
     4. Metrics: final.json's, the minutes from timing.json, steps, batch, parameter count and,
        with `curve`, that metric's learning curve from metrics.jsonl (per evaluation step).
@@ -835,13 +840,20 @@ def train_worker(
     config = resolved_config(sets, model, task, ctx.seed)
     out = Path(ctx.run_dir)
     files = {name: out / f"{name}.json" for name in ("config", "final", "timing")}
-    reused = all(f.exists() for f in files.values()) and json.loads(
-        files["config"].read_text()
-    ) == json.loads(json.dumps(config))
+    saved = json.loads(files["config"].read_text()) if files["config"].exists() else None
+    same = saved == json.loads(json.dumps(config))
+    reused = same and files["final"].exists() and files["timing"].exists()
+    if same and not reused:
+        age = time.time() - max(f.stat().st_mtime for f in out.rglob("*"))
+        if age < RUN_IN_PROGRESS_S:
+            raise RuntimeError(f"{out} was written {age:.0f} s ago: a run in progress?")
+    resume = same and not reused and any((out / "checkpoints").glob("step_*"))
     if reused:
         _, built_task, built_model = runs.load_run(out, device="cpu")
     else:
-        built_task, built_model, _ = runs.run_train(config, out, overwrite=True, progress=False)
+        built_task, built_model, _ = runs.run_train(
+            config, out, resume=resume, overwrite=not resume, progress=False
+        )
     built_model.eval()
     if not list((out / "figures").glob("*.png")):
         runs.write_figures(out, built_task, built_model, count=figures)

@@ -101,3 +101,22 @@ def test_matched_derive_pairs_the_sides_by_seed():
     assert derived == {"gain": [2.0, -1.0], "train_minutes_ratio": [1.0, 1.0]}
     entry = _common.derived_entry(derived)
     assert entry["metrics"]["gain"]["mean"] == 0.5 and len(entry["seeds"]) == 2
+
+
+def test_train_worker_resumes_an_interrupted_run_and_leaves_a_live_one(tmp_path):
+    import os
+
+    sets = ["train.steps=2", "train.batch_size=2", "task.test_lengths=3"]
+    sets += ["task.n_test_per_length=2", "train.checkpoint_every=1", "model.controller_size=8"]
+    ctx = _common.Context(id="x", seed=0, budget="smoke", run_dir=tmp_path / "seed0")
+    first, *_ = _common.train_worker(sets, "ntm", "bit_copy", ctx)
+    for name in ("final.json", "timing.json"):  # interrupted before its end
+        (tmp_path / "seed0" / name).unlink()
+    with pytest.raises(RuntimeError, match="in progress"):  # just written: someone trains it
+        _common.train_worker(sets, "ntm", "bit_copy", ctx)
+    old = 10 * _common.RUN_IN_PROGRESS_S
+    for path in (tmp_path / "seed0").rglob("*"):
+        os.utime(path, (path.stat().st_atime - old, path.stat().st_mtime - old))
+    again, *_ = _common.train_worker(sets, "ntm", "bit_copy", ctx)
+    assert not again["reused_run"] and again["steps_run"] == 0  # resumed at its last step
+    assert again["bit_errors"] == first["bit_errors"]
