@@ -460,11 +460,20 @@ def relative_paths(value: Any, base: Path = ROOT) -> Any:
 
 
 def format_stat(stat: Mapping[str, Any] | None, digits: int = 2) -> str:
-    """ "mean ± std" over seeds (the mean alone for one seed); "-" when not measured."""
+    """ "mean ± std" over seeds (the mean alone for one seed, or where every seed agrees); "-"
+    when not measured."""
     if stat is None:
         return "-"
     mean = f"{stat['mean']:.{digits}f}"
-    return mean if stat.get("std") is None else f"{mean} ± {stat['std']:.{digits}f}"
+    if stat.get("std") is None or stat.get("min") == stat.get("max"):
+        return mean
+    return f"{mean} ± {stat['std']:.{digits}f}"
+
+
+def readable(x: float) -> str:
+    """A number at the precision a sentence wants: whole above 100, two decimals above 1, three
+    significant digits below."""
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.2f}" if abs(x) >= 1 else f"{x:.3g}"
 
 
 def cell(entry: Mapping[str, Any], column: Column, experiment_id: str, item: str = "") -> str:

@@ -25,7 +25,7 @@ COPY_LENGTHS = (10, 20, 30, 40, 50, 60, 80)
 TARGET_ERRORS = 0.1  # bit errors per sequence on lengths 1-20 (issue 5)
 PER_LENGTH = "task.n_test_per_length=256"  # standard error of a length's mean well below 0.5
 TASKS = {  # task -> (test lengths beyond training, CPU-minutes per seed: ntm, lstm)
-    "bit_copy": (COPY_LENGTHS, (9.0, 0.6)),
+    "bit_copy": (COPY_LENGTHS, (3.0, 0.6)),  # ntm: 1.4-3 min a seed at one thread (timing.json)
     "repeat_copy": ((15, 20), (19.0, 1.3)),
     "associative_recall": ((8, 10, 12), (9.2, 0.5)),
 }

@@ -28,7 +28,7 @@ from pathlib import Path
 import jinja2
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import ROOT, format_stat, render_table
+from _common import ROOT, format_stat, readable, render_table
 
 TEMPLATES = ROOT / "docs" / "templates"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -109,8 +109,9 @@ class Page:
         t = found[0]
         if t["n"] == 0:
             return f"**not measured** (target {t['op']} {t['threshold']:g})"
-        spread = "" if t["n"] == 1 else f", range {t['min']:.3g} to {t['max']:.3g}"
-        stat = format_stat(t, 3) if t["std"] is not None else f"{t['mean']:.3g}"
+        g = readable
+        spread = "" if t["n"] == 1 else f", range {g(t['min'])} to {g(t['max'])}"
+        stat = g(t["mean"]) if t["std"] is None else f"{g(t['mean'])} ± {g(t['std'])}"
         return (
             f"**{t['verdict']}**: {stat} (n={t['n']}{spread}; target {t['op']} {t['threshold']:g})"
         )
