@@ -5,9 +5,9 @@ The rules they implement come from `/work/shared/PERF.md`:
   warm-up, and report medians (`time_interleaved`);
 - measure peak memory in a fresh process per configuration, from `/proc/self/status` (VmHWM),
   as the rise over a baseline taken after imports and input allocation (`PeakMemory`,
-  `run_worker`); `ru_maxrss` of a child would start at its parent's peak;
+  `peak_memory`); `ru_maxrss` of a child would start at its parent's peak;
 - record a configuration that does not fit in memory as `"status": "oom"` instead of crashing
-  (`run_worker` maps a worker killed by a signal or reporting an allocation failure to it).
+  (`_run_child` maps a worker killed by a signal or reporting an allocation failure to it).
 
 This module imports only the standard library, so a worker pays for nothing it does not use.
 """
@@ -140,39 +140,8 @@ def is_oom_error(error: BaseException) -> bool:
 
 
 def emit_result(result: Mapping[str, Any]) -> None:
-    """Print a worker's result as the one line `run_worker` reads."""
+    """Print a worker's result as the one line `_run_child` reads."""
     print(RESULT_PREFIX + json.dumps(result), flush=True)
-
-
-def run_worker(command: Sequence[str], *, timeout: float | None = None) -> dict[str, Any]:
-    """Run a worker process and return the JSON result it emitted, with a "status".
-
-    A worker killed by a signal (the OOM killer sends SIGKILL) or reporting an allocation
-    failure gives status "oom"; any other failure gives "error" with the end of its stderr.
-    """
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"status": STATUS_ERROR, "error": f"timed out after {timeout} s"}
-    result = None
-    for line in done.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            result = json.loads(line[len(RESULT_PREFIX) :])
-    if result is not None and done.returncode == 0:
-        result.setdefault("status", STATUS_OK)
-        return result
-    tail = done.stderr.strip().splitlines()[-3:]
-    if done.returncode < 0:
-        return {"status": STATUS_OOM, "error": f"killed by signal {-done.returncode}"}
-    if any(message in done.stderr.lower() for message in _OOM_MESSAGES):
-        return {"status": STATUS_OOM, "error": " | ".join(tail)}
-    return {"status": STATUS_ERROR, "error": " | ".join(tail) or f"exit {done.returncode}"}
-
-
-def run_spec(script: str | Path, spec: dict) -> dict:
-    """`script --worker SPEC` in a fresh process (the worker ends with `emit_result`); the row,
-    or on failure the spec beside the status and error."""
-    return {**spec, **run_worker([sys.executable, str(script), "--worker", json.dumps(spec)])}
 
 
 # 3. Results -----------------------------------------------------------------------------------
@@ -223,28 +192,6 @@ def format_number(value: Any, digits: int = 3) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
     return str(value)
-
-
-def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """A table on stdout: rich's when installed, aligned plain text otherwise."""
-    cells = [[format_number(value) for value in row] for row in rows]
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max(len(str(c)) for c in column) for column in zip(columns, *cells, strict=True)]
-        print(f"\n{title}")
-        print("  ".join(str(c).ljust(w) for c, w in zip(columns, widths, strict=True)))
-        print("  ".join("-" * w for w in widths))
-        for row in cells:
-            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
-        return
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column)
-    for row in cells:
-        table.add_row(*row)
-    Console(file=sys.stdout, width=160).print(table)
 
 
 # 4. The driver --------------------------------------------------------------------------------

@@ -12,6 +12,19 @@ from attnzoo.core.hard import reinforce_loss
 from attnzoo.models.ram import RAM, GlimpseSensor, RAMConfig, patch_corners, ram, ram_translated
 
 
+def overfit(model, images, labels, steps: int = 150) -> float:
+    """The last training loss of `steps` Adam steps on one batch, with the mean locations (the
+    glimpse models' classification path alone)."""
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        out = model(images, sample=False)
+        loss = -out.log_probs.gather(-1, labels.unsqueeze(-1)).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return loss.item()
+
+
 def reference_retina(image, location, patch, scales):
     """An independent float64 loop: for one (channels, H, W) image and one (x, y) location,
     the k patches cut from a zero-padded copy and average-pooled to patch x patch."""
@@ -178,14 +191,7 @@ def test_overfits_a_tiny_batch():
     # one glimpse at the centre whose coarser patch covers the whole 16 x 16 image
     model = RAM(ram(glimpses=2, patch=8, scales=2, hidden=64, glimpse_hidden=64), (16, 16), 1, 4)
     images, labels = torch.rand(8, 1, 16, 16), torch.arange(8) % 4
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(150):
-        out = model(images, sample=False)
-        loss = -out.log_probs.gather(-1, labels.unsqueeze(-1)).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    assert loss.item() < 0.05
+    assert overfit(model, images, labels) < 0.05
 
 
 def test_presets_cite_the_paper_sizes():

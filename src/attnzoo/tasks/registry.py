@@ -47,6 +47,20 @@ def _sequence_budget(steps: int) -> dict:
     return dict(steps=steps, batch_size=64, lr=3e-3, warmup=100)
 
 
+def _image_train(steps: int) -> dict:
+    """The training budget of the MNIST tasks (RAM, DRAM and their baselines): untuned."""
+    return dict(
+        steps=steps,
+        batch_size=64,
+        lr=1e-3,
+        schedule="cosine",
+        warmup=100,
+        clip=5.0,
+        log_every=100,
+        checkpoint_every=1000,
+    )
+
+
 TASKS = {
     "dates": TaskSpec(
         "dates",
@@ -178,16 +192,7 @@ TASKS = {
             "MnistConfig",
             text,
             "image",
-            train=dict(
-                steps=steps,
-                batch_size=64,
-                lr=1e-3,
-                schedule="cosine",
-                warmup=100,
-                clip=5.0,
-                log_every=100,
-                checkpoint_every=1000,
-            ),
+            train=_image_train(steps),
             eval=dict(limit=0),
             defaults=defaults,
         )
@@ -214,16 +219,7 @@ TASKS = {
             "MultiMnistConfig",
             text,
             "multi_image",
-            train=dict(
-                steps=20000,
-                batch_size=64,
-                lr=1e-3,
-                schedule="cosine",
-                warmup=100,
-                clip=5.0,
-                log_every=100,
-                checkpoint_every=1000,
-            ),
+            train=_image_train(20000),
             eval=dict(limit=0),
             defaults={"kind": kind},
         )
