@@ -16,6 +16,53 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import report  # noqa: E402
 
+# What a bench's smoke JSON must show beyond a clean run (the pipeline's correctness checks:
+# the compared implementations compute one function); a page's smoke run checks its benches.
+
+
+def _overhead(data: dict) -> None:
+    (row,) = data["rows"]
+    metrics = row["metrics"]
+    assert metrics["ratio"] == pytest.approx(
+        metrics["attnzoo_us"]["median"] / metrics["sdpa_us"]["median"]
+    )
+    worst = data["summary"]["worst"]["metrics"]["overhead_us"]["mean"]
+    assert worst == pytest.approx(metrics["overhead_us"]["median"])
+
+
+def _keras(data: dict) -> None:
+    for row in data["rows"]:
+        assert row["metrics"]["max_abs_diff"] < 1e-4  # the two sides compute one function
+    peaks = next(r for r in data["rows"] if r["id"] == "additive-L32")["metrics"]["impls"]
+    assert peaks["keras"]["peak_ratio"] == pytest.approx(
+        peaks["attnzoo"]["peak_mib"] / peaks["keras"]["peak_mib"]
+    )
+
+
+def _throughput(data: dict) -> None:
+    for row in data["rows"]:
+        ours = row["metrics"]["impls"]["attnzoo"]
+        assert ours["tokens_per_s"] > 0 and row["metrics"]["speedup"]["median"] > 0
+
+
+def _transformer(data: dict) -> None:
+    rows = {r["id"]: r["metrics"] for r in data["rows"]}
+    assert set(rows) == {"training-dropout0", "training-dropout0.1"} | {
+        f"decoding-batch{b}" for b in (1, 32)
+    }
+    assert rows["training-dropout0"]["loss_difference"] < 1e-4  # from_torch: one function
+    assert "attnzoo_bf16" in rows["training-dropout0"]["impls"]
+    assert "attnzoo_bf16" not in rows["training-dropout0.1"]["impls"]
+    assert all(rows[f"decoding-batch{b}"]["identical_tokens"] == 1.0 for b in (1, 32))
+
+
+CHECKS = {
+    "attention_overhead": _overhead,
+    "keras": _keras,
+    "seq2seq_throughput": _throughput,
+    "transformer": _transformer,
+}
+
 
 def attnzoo(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -40,6 +87,8 @@ def test_smoke_repro_renders_the_page(page, tmp_path):
         assert not re.search(r'"/(work|home|tmp|usr)/', raw), f"{bench}.json holds a path"
         failed = [(r["id"], r["seed"], r.get("error")) for r in data["rows"] if r["status"] != "ok"]
         assert not failed, failed
+        assert all(t["verdict"] in {"met", "not met", "not measured"} for t in data["targets"])
+        CHECKS.get(bench, lambda data: None)(data)
     # nothing of a smoke run lands in docs/ or benchmarks/results/
     assert {p: p.stat().st_mtime_ns for p in before} == before
 

@@ -42,7 +42,9 @@ def test_experiments_are_unique_and_seeded(module, budget):
 def test_headline_experiments_are_the_adopted_runs():
     found = {(m.BENCH.name, e.id): e for m in BENCHES for e in m.BENCH.experiments("full")}
     for key, sets in HEADLINE.items():
-        assert found[key].params["sets"] == sets and found[key].seeds == 3, key
+        experiment = found[key]
+        assert experiment.params["sets"] == sets, key
+        assert experiment.seeds == (5 if experiment.minutes <= 5 else 3), key  # issue 11's rule
     assert found["ntm", "bit_copy-ntm"].params["model"] == "ntm"
     assert found["pointer", "tsp-n5"].params["task"] == "tsp"
 
