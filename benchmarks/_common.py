@@ -550,11 +550,18 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     experiments = bench.experiments(args.budget)
     jobs = bench.jobs if isinstance(bench.jobs, int) else bench.jobs[args.budget]
     args.jobs = args.jobs or jobs
-    if args.list:
-        seeds = {e.id: _seeds(e, args.seeds) for e in experiments}
-        listing = [{**asdict(e), "seeds": seeds[e.id]} for e in experiments]
-        minutes = sum(e.minutes * seeds[e.id] for e in experiments)
-        print(json.dumps({"bench": bench.name, "minutes": minutes, "experiments": listing}))
+    if args.list:  # CPU-minutes: declared, else timed by the current rows, else untimed
+        path = (args.results or ROOT / "benchmarks/results") / f"{bench.name}.json"
+        rows = json.loads(path.read_text())["rows"] if path.exists() else []
+        listing = []
+        for e in experiments:
+            timed = [r["seconds"] for r in rows if r.get("seconds") and _current(r, e, args.budget)]
+            each = e.minutes or (statistics.fmean(timed) * bench.threads / 60 if timed else None)
+            listing.append({**asdict(e), "seeds": _seeds(e, args.seeds), "minutes": each})
+        minutes = sum(x["minutes"] * x["seeds"] for x in listing if x["minutes"] is not None)
+        untimed = [x["id"] for x in listing if x["minutes"] is None]
+        summary = {"bench": bench.name, "minutes": minutes, "untimed": untimed}
+        print(json.dumps({**summary, "experiments": listing}))
         return None
     # full: results/ and runs/bench/ of the repository; smoke (or --results): one folder
     smoke = ROOT / "runs/smoke"
@@ -631,13 +638,20 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     data = {
         "bench": bench.name,
         "budget": args.budget,
-        "machine": machine_info(threads_per_run=bench.threads),
+        # the machine of this call's runs; with none run, the one of the rows kept
+        "machine": machine_info(threads_per_run=bench.threads)
+        if todo or "machine" not in earlier
+        else earlier["machine"],
         "method": dict(bench.method),
         "calibrations": calibrations,
         "rows": rows,
         "summary": summary,
         "targets": [t.evaluate(summary) for t in bench.targets],
     }
+    if "converted" in earlier and any(
+        r.get("seconds") is None for r in rows
+    ):  # rows of the old JSON
+        data["converted"] = earlier["converted"]
     write_json(path, relative_paths(data, base))
     for table in bench.tables:
         print(f"\n{bench.name}: {table.name}\n{render_table(table, data)}")

@@ -29,6 +29,7 @@ os.environ["KERAS_BACKEND"] = "torch"  # before keras is imported, in this and e
 os.environ.setdefault("KERAS_TORCH_DEVICE", "cpu")  # a CPU benchmark, also where CUDA exists
 ADDITIVE, MHA = "AdditiveAttention", "MultiHeadAttention"
 WARM_LENGTH = 8  # a memory child's first, unmeasured call
+MINUTES = 0.4  # CPU-minutes an experiment: the earlier full run took 94 s over its 4
 # additive (batch, d), MHA (batch, d_model, heads), lengths, target length, repeats by length
 SIZES = {
     "full": ((4, 64), (8, 512, 8), (128, 512), 512, {128: 30, 512: 10}, 3),
@@ -59,6 +60,7 @@ def experiments(budget: str) -> list[Experiment]:
                 f"additive-L{n}",
                 "keras",
                 dict(layer=ADDITIVE, batch=batch, d=d, heads=None, memory=memory, **run),
+                minutes=MINUTES,
             )
         )
         out.append(
@@ -73,6 +75,7 @@ def experiments(budget: str) -> list[Experiment]:
                     memory=budget == "full",
                     **run,
                 ),
+                minutes=MINUTES,
             )
         )
     return out

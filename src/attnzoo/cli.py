@@ -52,7 +52,10 @@ def cmd_repro(args) -> None:
         for column in ("page", "benchmarks", "CPU-minutes"):
             table.add_column(column)
         for row in repro.listing(repro.find_checkout(), args.seeds):
-            table.add_row(row["page"], ", ".join(row["benches"]), f"{row['cpu_minutes']:.0f}")
+            minutes = f"{row['cpu_minutes']:.0f}"
+            if row["untimed"]:  # experiments without a declared cost or a timed run yet
+                minutes += f" + {row['untimed']} experiments not yet timed"
+            table.add_row(row["page"], ", ".join(row["benches"]), minutes)
         console.print(table)
         return
     out = Path(args.out) if args.out else None

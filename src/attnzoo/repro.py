@@ -66,19 +66,25 @@ def pages(root: Path) -> dict[str, dict[str, str]]:
 
 
 def listing(root: Path, seeds: int | None = None) -> list[dict]:
-    """Each page with its benches and their full budget in CPU-minutes (a bench shared by two
-    pages counts for each)."""
-    minutes: dict[str, float] = {}
+    """Each page with its benches, their full budget in CPU-minutes (a bench shared by two pages
+    counts for each) and the experiments no run has timed yet."""
+    found: dict[str, dict] = {}
     rows = []
     for page, benches in pages(root).items():
-        total = 0.0
         for bench, script in benches.items():
-            if bench not in minutes:
+            if bench not in found:
                 extra = ["--seeds", str(seeds)] if seeds else []
                 out = _python(root, script, "--list", "--budget", "full", *extra, capture=True)
-                minutes[bench] = json.loads(out.stdout.strip().splitlines()[-1])["minutes"]
-            total += minutes[bench]
-        rows.append({"page": page, "benches": sorted(benches), "cpu_minutes": total})
+                found[bench] = json.loads(out.stdout.strip().splitlines()[-1])
+        listed = [found[b] for b in benches]
+        rows.append(
+            {
+                "page": page,
+                "benches": sorted(benches),
+                "cpu_minutes": sum(x["minutes"] for x in listed),
+                "untimed": sum(len(x["untimed"]) for x in listed),
+            }
+        )
     return rows
 
 
