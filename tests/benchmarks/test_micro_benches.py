@@ -1,7 +1,7 @@
 """The micro-benchmarks on the driver: bench_attention's additive smoke rows (the OOM estimate
 and cap; every bench's smoke run with its correctness checks is tests/test_repro.py's), and the
-timing and peak-memory helpers of benchmarks/_common.py on their own. No timing is asserted: the machine's speed is not the
-code's."""
+timing and peak-memory helpers of benchmarks/_common.py on their own. No timing is asserted:
+the machine's speed is not the code's."""
 
 from __future__ import annotations
 
