@@ -578,8 +578,10 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     def selected(e: Experiment) -> bool:
         return not args.only or any(fnmatch.fnmatch(e.id, p) or e.group == p for p in args.only)
 
-    # What to run: (experiment, seed) pairs without a current row (all of them with --rerun);
-    # a unit re-runs whole when any of its pairs does.
+    # What to run: (experiment, seed) pairs without a current row (all of them with --rerun).
+    # A unit keeps its calibration while its sides' params stand, so an interrupted unit
+    # resumes under the calibration its finished runs had; calibrated anew (by --rerun, a new
+    # unit or a changed side), it re-runs whole: both sides always share one calibration.
     todo = []
     for e in filter(selected, experiments):
         for seed in range(_seeds(e, args.seeds)):
@@ -590,23 +592,24 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
             ]
             if args.rerun or not done:
                 todo.append((e, seed))
-    units = {e.unit for e, _ in todo if e.unit}
-    for e in experiments:
-        for seed in range(_seeds(e, args.seeds)):
-            if e.unit in units and (e, seed) not in todo:
-                todo.append((e, seed))
     calibrations = dict(earlier.get("calibrations", {}))
     extra: dict[str, dict] = {}
-    for unit in sorted(units):
-        ids = [e.id for e in experiments if e.unit == unit]
-        if bench.prepare is None:
-            break
-        print(f"[{bench.name}] preparing {unit}: {', '.join(ids)}", flush=True)
-        prepared = _run_child(bench, "--prepare", {"ids": ids, "budget": args.budget})
+    for unit in sorted({e.unit for e, _ in todo if e.unit} if bench.prepare else ()):
+        sides = [e for e in experiments if e.unit == unit]
+        params = json.loads(json.dumps({e.id: dict(e.params) for e in sides}))
+        kept = calibrations.get(unit, {})
+        if not args.rerun and kept.get("params") == params:
+            extra.update(kept["extra"])
+            continue
+        print(f"[{bench.name}] calibrating {unit}: {', '.join(params)}", flush=True)
+        prepared = _run_child(bench, "--prepare", {"ids": list(params), "budget": args.budget})
         if prepared["status"] != STATUS_OK:
             raise SystemExit(f"[{bench.name}] preparing {unit} failed: {prepared['error']}")
         extra.update(prepared["extra"])
-        calibrations[unit] = prepared["extra"]
+        calibrations[unit] = {"params": params, "extra": prepared["extra"]}
+        todo += [(e, s) for e in sides for s in range(_seeds(e, args.seeds)) if (e, s) not in todo]
+        # kept at once: a run interrupted from here on resumes under this calibration
+        write_json(path, relative_paths({**earlier, "calibrations": calibrations}, base))
     redone = {(e.id, seed) for e, seed in todo}
     rows = [r for r in rows if (r["id"], r["seed"]) not in redone]
 
