@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import report  # noqa: E402
+from tests.train.test_loop import cli  # noqa: E402
 
 # What a bench's smoke JSON must show beyond a clean run (the pipeline's correctness checks:
 # the compared implementations compute one function); a page's smoke run checks its benches.
@@ -65,9 +66,7 @@ CHECKS = {
 
 
 def attnzoo(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "attnzoo.cli", *args], cwd=cwd, capture_output=True, text=True
-    )
+    return cli(*args, cwd=cwd, timeout=1200)  # a page's smoke run takes minutes under load
 
 
 @pytest.mark.parametrize("page", sorted(report.PAGES))

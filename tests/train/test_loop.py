@@ -29,12 +29,12 @@ TINY = [
 ]
 
 
-def cli(*args, **kw):
+def cli(*args, timeout: float = 300, **kw):
     return subprocess.run(
         [sys.executable, "-m", "attnzoo.cli", *args],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         **kw,
     )
 
