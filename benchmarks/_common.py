@@ -1,15 +1,14 @@
-"""Shared helpers for the benchmark scripts in this folder.
+"""The one benchmark driver: experiments -> worker processes -> merge with earlier rows -> JSON
+-> tables.
 
-The rules they implement come from `/work/shared/PERF.md`:
-- time ratios in one process, implementations interleaved round by round after identical
-  warm-up, and report medians (`time_interleaved`);
-- measure peak memory in a fresh process per configuration, from `/proc/self/status` (VmHWM),
-  as the rise over a baseline taken after imports and input allocation (`PeakMemory`,
-  `peak_memory`); `ru_maxrss` of a child would start at its parent's peak;
-- record a configuration that does not fit in memory as `"status": "oom"` instead of crashing
-  (`_run_child` maps a worker killed by a signal or reporting an allocation failure to it).
+A script declares a `Bench` (its experiments per budget, the worker that runs one experiment
+for one seed in a fresh process, its targets and tables) and ends with `drive(BENCH)`. The
+rules of `/work/shared/PERF.md`: ratios in one process, implementations interleaved round by
+round after identical warm-up, medians (`time_interleaved`, `time_steps`); peak memory in a
+fresh process per configuration as the rise of VmHWM over a baseline taken after imports and
+inputs (`peak_memory`); a configuration that does not fit is a row with status "oom".
 
-This module imports only the standard library, so a worker pays for nothing it does not use.
+This module imports only the standard library at its top, so a worker pays for nothing else.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import gc
 import json
 import os
 import platform
+import re
 import resource
 import statistics
 import subprocess
@@ -28,185 +28,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-THREAD_ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_")
-
 MIB = 1 << 20
 GIB = 1 << 30
-
-STATUS_OK = "ok"
-STATUS_OOM = "oom"
-STATUS_ERROR = "error"
-
-# How a worker announces its result: the last stdout line starting with this prefix.
-RESULT_PREFIX = "@@RESULT "
-
-# Messages of the allocation failures torch and Python raise (torch's CPU allocator raises a
-# RuntimeError, not MemoryError).
-_OOM_MESSAGES = ("can't allocate memory", "out of memory", "cannot allocate memory")
-
-
-# 1. Timing ------------------------------------------------------------------------------------
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
-
-
-def time_interleaved(
-    fns: Mapping[str, Callable[[], Any]], *, repeats: int, warmup: int = 1
-) -> dict[str, list[float]]:
-    """Seconds per call of every function, measured round by round.
-
-    Each function is warmed up `warmup` times (all of them, before any timing), then every
-    round calls each function once; the order rotates between rounds so no function always
-    runs right after the same neighbour. Returns the per-call times, `repeats` per function.
-    """
-    names = list(fns)
-    for name in names:
-        for _ in range(warmup):
-            fns[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for round_index in range(repeats):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            fns[name]()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
-# 2. Peak memory -------------------------------------------------------------------------------
-
-
-def read_status_kib(field: str) -> int:
-    """A `/proc/self/status` field in KiB, e.g. "VmHWM" (peak resident set), "VmSize"."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
-def reset_peak_rss() -> bool:
-    """Reset VmHWM to the current resident set (Linux >= 4.0); False if not permitted.
-
-    Without the reset, memory freed during imports keeps VmHWM above the resident set and a
-    small configuration would register no rise at all.
-    """
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-    except OSError:
-        return False
-    return True
-
-
-class PeakMemory:
-    """Peak resident memory added by the code run after construction, in bytes.
-
-    Build it after imports and input allocation; `peak_bytes()` is then VmHWM minus the
-    baseline VmHWM (reset to the resident set first where the kernel allows).
-    """
-
-    def __init__(self) -> None:
-        gc.collect()
-        self.reset = reset_peak_rss()
-        self.baseline_kib = read_status_kib("VmHWM")
-
-    def peak_bytes(self) -> int:
-        return max(0, read_status_kib("VmHWM") - self.baseline_kib) * 1024
-
-
-def limit_address_space(extra_bytes: int) -> None:
-    """Cap this process's address space at its current size plus `extra_bytes`.
-
-    A configuration that would need more then fails with an allocation error inside the
-    worker (reported as "oom") instead of waking the kernel's OOM killer on a shared machine.
-    Start thread pools before calling this: thread stacks and malloc arenas count too.
-    """
-    limit = read_status_kib("VmSize") * 1024 + extra_bytes
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-
-
-def is_oom_error(error: BaseException) -> bool:
-    if isinstance(error, MemoryError):
-        return True
-    return isinstance(error, RuntimeError) and any(
-        message in str(error).lower() for message in _OOM_MESSAGES
-    )
-
-
-def emit_result(result: Mapping[str, Any]) -> None:
-    """Print a worker's result as the one line `_run_child` reads."""
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
-
-
-# 3. Results -----------------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def machine_info(**extra: Any) -> dict[str, Any]:
-    """Versions and hardware facts to store next to every result (torch imported lazily)."""
-    import torch
-
-    info = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "load_average": list(os.getloadavg()),
-        # Thread-pool settings change timings on a shared machine (e.g. OMP_WAIT_POLICY).
-        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(THREAD_ENV_PREFIXES)},
-    }
-    info.update(extra)
-    return info
-
-
-def write_json(path: str | os.PathLike, payload: Mapping[str, Any]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
-    return path
-
-
-def format_number(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "NO"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
-    return str(value)
-
-
-# 4. The driver --------------------------------------------------------------------------------
-#
-# A benchmark script declares a `Bench`: its experiments (per budget), the worker that runs one
-# experiment for one seed in a fresh process, the targets (data: id, key, comparison,
-# threshold) and the tables the docs show; it ends with `drive(BENCH)`. The driver runs the
-# (experiment, seed) pairs that have no current row, merges them with the earlier rows of the
-# JSON (a row is current when its params and budget are the experiment's), summarises every
-# numeric metric over seeds (mean, std, n), evaluates each target once on the mean and writes
-# one JSON with no absolute paths in it.
-
+STATUS_OK, STATUS_OOM, STATUS_ERROR = "ok", "oom", "error"
 BUDGETS = ("smoke", "full")
 ROOT = Path(__file__).resolve().parent.parent
 OPS = {"<=": float.__le__, ">=": float.__ge__, "<": float.__lt__, ">": float.__gt__}
+RESULT_PREFIX = "@@RESULT "  # a child's result: its last stdout line with this prefix
+# what torch's CPU allocator (a RuntimeError) and Python say when an allocation fails
+_OOM_MESSAGES = ("can't allocate memory", "out of memory", "cannot allocate memory")
+
+
+# 1. Declarations ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -244,18 +77,12 @@ class Target:
         row = {**asdict(self), "mean": None, "std": None, "n": 0, "met": False}
         if stat is None:
             return {**row, "verdict": "not measured"}
-        values = [float(v) for v in stat["values"]]
-        met = OPS[self.op](float(stat["mean"]), float(self.threshold))
-        every = all(OPS[self.op](v, float(self.threshold)) for v in values)
-        return {
-            **row,
-            **{k: stat[k] for k in ("mean", "std", "n", "min", "max")},
-            "met": met,
-            "every_seed_met": every,
-            "verdict": ("met" if every else "met on the mean, not by every seed")
-            if met
-            else "not met",
-        }
+        op, threshold = OPS[self.op], float(self.threshold)
+        met = op(float(stat["mean"]), threshold)
+        every = all(op(float(v), threshold) for v in stat["values"])
+        verdict = "not met" if not met else "met" if every else "met on the mean, not by every seed"
+        stats = {k: stat[k] for k in ("mean", "std", "n", "min", "max")}
+        return {**row, **stats, "met": met, "every_seed_met": every, "verdict": verdict}
 
 
 def targets(source: str, *rows: tuple) -> list[Target]:
@@ -328,28 +155,28 @@ class Bench:
     step: Callable[[Mapping[str, Any]], Callable[[], Any]] | None = None
 
 
+# 2. Summaries and tables ----------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
 def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     """Numeric leaves of nested dicts, keys joined with "." (bools and None left out)."""
     flat: dict[str, float] = {}
     for key, value in metrics.items():
-        name = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            flat.update(flatten(value, name + "."))
+            flat.update(flatten(value, f"{prefix}{key}."))
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            flat[name] = float(value)
+            flat[f"{prefix}{key}"] = float(value)
     return flat
 
 
 def summarise(values: Sequence[float]) -> dict[str, Any]:
-    n = len(values)
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if n > 1 else None,
-        "min": min(values),
-        "max": max(values),
-        "n": n,
-        "values": list(values),
-    }
+    std = statistics.stdev(values) if len(values) > 1 else None
+    stats = {"mean": statistics.fmean(values), "std": std, "min": min(values), "max": max(values)}
+    return {**stats, "n": len(values), "values": list(values)}
 
 
 def summary_of(rows: Sequence[Mapping[str, Any]], experiments: Sequence[Experiment]) -> dict:
@@ -358,7 +185,6 @@ def summary_of(rows: Sequence[Mapping[str, Any]], experiments: Sequence[Experime
     for e in experiments:
         ok = [r for r in rows if r["id"] == e.id and r.get("status") == STATUS_OK]
         flats = [flatten(r["metrics"]) for r in ok]
-        keys = sorted(set().union(*flats)) if flats else []
         # string metrics (a scorer's signature) kept where every seed agrees
         texts = [{k: v for k, v in r["metrics"].items() if isinstance(v, str)} for r in ok]
         same = {k: v for k, v in (texts or [{}])[0].items() if all(t.get(k) == v for t in texts)}
@@ -367,7 +193,9 @@ def summary_of(rows: Sequence[Mapping[str, Any]], experiments: Sequence[Experime
             "params": dict(e.params),
             "seeds": [r["seed"] for r in ok],
             "failed": [r["seed"] for r in rows if r["id"] == e.id and r not in ok],
-            "metrics": {k: summarise([f[k] for f in flats if k in f]) for k in keys},
+            "metrics": {
+                k: summarise([f[k] for f in flats if k in f]) for k in sorted(set().union(*flats))
+            },
             "text": same,
         }
     return summary
@@ -382,6 +210,14 @@ def by_seed(summary: Mapping[str, Any], experiment_id: str, key: str) -> dict[in
     return dict(zip(entry["seeds"], stat["values"], strict=True))
 
 
+def extreme(
+    summary: Mapping[str, Any], ids: Sequence[str], key: str, pick: Callable = max
+) -> float | None:
+    """The largest (`pick`) mean of `key` among experiments `ids`; None if one lacks it."""
+    values = [summary.get(i, {}).get("metrics", {}).get(key) for i in ids]
+    return pick(v["mean"] for v in values) if values and None not in values else None
+
+
 def derived_entry(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """A summary entry of `Bench.derive`'s metrics: each a number, or a list of values paired by
     seed (`by_seed`), summarised over them (n = the pairs)."""
@@ -390,20 +226,6 @@ def derived_entry(metrics: Mapping[str, Any]) -> dict[str, Any]:
     n = max((stat["n"] for stat in stats.values()), default=1)
     entry = {"group": "derived", "params": {}, "seeds": list(range(n)), "failed": [], "text": {}}
     return {**entry, "metrics": stats}
-
-
-def relative_paths(value: Any, base: Path = ROOT) -> Any:
-    """`value` with every path under `base` made relative to it; any other absolute path is an
-    error (results JSON is shared: no machine's paths in it)."""
-    if isinstance(value, Mapping):
-        return {k: relative_paths(v, base) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [relative_paths(v, base) for v in value]
-    if isinstance(value, str) and value.startswith("/"):
-        if not Path(value).is_relative_to(base):
-            raise ValueError(f"absolute path {value!r} in a result: write it relative to {base}")
-        return str(Path(value).relative_to(base))
-    return value
 
 
 def format_stat(stat: Mapping[str, Any] | None, digits: int = 2) -> str:
@@ -423,13 +245,22 @@ def readable(x: float) -> str:
     return f"{x:.0f}" if abs(x) >= 100 else f"{x:.2f}" if abs(x) >= 1 else f"{x:.3g}"
 
 
+def _param(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    return "-" if value is None else str(value)
+
+
 def cell(entry: Mapping[str, Any], column: Column, experiment_id: str, item: str = "") -> str:
-    if column.key in ("id", "each"):
-        return item or experiment_id
-    if column.key.startswith("params."):
-        value = entry["params"].get(column.key.split(".", 1)[1])
-        return format_number(value) if not isinstance(value, list) else ",".join(map(str, value))
     metrics, key = entry["metrics"], column.key
+    if key in ("id", "each"):
+        return item or experiment_id
+    if key.startswith("params."):
+        return _param(entry["params"].get(key.split(".", 1)[1]))
     if column.spread:
         low, high = ("min", "max") if column.spread == "range" else ("q1", "q3")
         stats = [metrics.get(f"{key}.{k}") for k in ("median", low, high)]
@@ -442,34 +273,84 @@ def cell(entry: Mapping[str, Any], column: Column, experiment_id: str, item: str
     return format_stat(metrics.get(key), column.digits)
 
 
-def _items(table: Table, data: Mapping[str, Any], i: str) -> dict[str, str]:
-    """`table.each`'s items of experiment `i` in the worker's order, with their status."""
-    rows = [r for r in data.get("rows", []) if r["id"] == i and r.get("status") == STATUS_OK]
-    items = rows[0]["metrics"].get(table.each, {}) if rows else {}
-    return {name: str(value.get("status", STATUS_OK)) for name, value in items.items()}
-
-
 def render_table(table: Table, data: Mapping[str, Any]) -> str:
     """A markdown table of the summary in `data` (a results JSON), with each row's n (seeds)."""
     summary = data["summary"]
     ids = [i for i in table.ids if i in summary]  # a budget may leave experiments out
     ids = ids or [i for i, e in summary.items() if e["group"] in table.groups]
-    header = [c.header if isinstance(c, Column) else c[0] for c in table.columns] + ["n"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     given = [c if isinstance(c, Column) else Column(*c) for c in table.columns]
+    header = [c.header for c in given] + ["n"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for i in ids:
-        entry = summary[i]
-        n = str(len(entry["seeds"]))
-        for item, status in (_items(table, data, i) if table.each else {"": STATUS_OK}).items():
-            columns = [
+        items = {"": STATUS_OK}
+        if table.each:  # the items of the first ok row, in the worker's order, with their status
+            rows = [
+                r for r in data.get("rows", []) if r["id"] == i and r.get("status") == STATUS_OK
+            ]
+            found = rows[0]["metrics"].get(table.each, {}) if rows else {}
+            items = {name: str(value.get("status", STATUS_OK)) for name, value in found.items()}
+        for item, status in items.items():
+            each = [
                 replace(c, key=c.key.replace("each.", f"{table.each}.{item}.", 1)) for c in given
             ]
-            cells = [cell(entry, c, i, item) for c in columns]
+            cells = [cell(summary[i], c, i, item) for c in each]
             if status != STATUS_OK:  # e.g. "OOM" in its metric columns
-                keep = [c.key == "each" or c.key.startswith(("id", "params.")) for c in columns]
+                keep = [c.key == "each" or c.key.startswith(("id", "params.")) for c in each]
                 cells = [x if k else status.upper() for x, k in zip(cells, keep, strict=True)]
-            lines.append("| " + " | ".join([*cells, n]) + " |")
+            lines.append("| " + " | ".join([*cells, str(len(summary[i]["seeds"]))]) + " |")
     return "\n".join(lines)
+
+
+# 3. The driver --------------------------------------------------------------------------------
+#
+# It runs the (experiment, seed) pairs that have no current row (a row is current when its
+# params and budget are the experiment's), merges them with the earlier rows of the JSON,
+# summarises every numeric metric over seeds (mean, std, n), evaluates each target once on the
+# mean and writes one JSON with no absolute paths in it.
+
+
+def relative_paths(value: Any, base: Path = ROOT) -> Any:
+    """`value` with every path under `base` made relative to it; any other absolute path is an
+    error (results JSON is shared: no machine's paths in it)."""
+    if isinstance(value, Mapping):
+        return {k: relative_paths(v, base) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [relative_paths(v, base) for v in value]
+    if isinstance(value, str) and value.startswith("/"):
+        if not Path(value).is_relative_to(base):
+            raise ValueError(f"absolute path {value!r} in a result: write it relative to {base}")
+        return str(Path(value).relative_to(base))
+    return value
+
+
+def _write_json(path: Path, payload: Mapping[str, Any], base: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(relative_paths(payload, base), indent=2) + "\n")
+
+
+def cpu_model() -> str:
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    found = re.search(r"^model name\s*:(.*)$", text, re.MULTILINE)
+    return found[1].strip() if found else platform.processor() or "unknown"
+
+
+def machine_info(**extra: Any) -> dict[str, Any]:
+    """Versions and hardware facts to store next to every result (torch imported lazily)."""
+    import torch
+
+    # thread-pool settings change timings on a shared machine (e.g. OMP_WAIT_POLICY)
+    prefixes = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_")
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "load_average": list(os.getloadavg()),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes)},
+        **extra,
+    }
 
 
 def _seeds(e: Experiment, override: int | None) -> int:
@@ -484,15 +365,23 @@ def _current(row: Mapping[str, Any], e: Experiment, budget: str) -> bool:
     )
 
 
-def _worker_env(threads: int) -> dict[str, str]:
-    # thread counts are the bench's; other settings (OMP_WAIT_POLICY=PASSIVE) pass through
+def _says_oom(text: str) -> bool:
+    return any(message in text.lower() for message in _OOM_MESSAGES)
+
+
+def is_oom_error(error: BaseException) -> bool:
+    return isinstance(error, MemoryError) or (
+        isinstance(error, RuntimeError) and _says_oom(str(error))
+    )
+
+
+def _run_child(bench: Bench, kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Run `kind` ("worker", "prepare" or "peak") in a fresh process of the bench's script with
+    the bench's thread count (other settings, e.g. OMP_WAIT_POLICY=PASSIVE, pass through); a
+    child killed by a signal or reporting an allocation failure is "oom"."""
     env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
-    return {**env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-
-
-def _run_child(bench: Bench, flag: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-    command = [sys.executable, bench.script, flag, json.dumps(payload, default=str)]
-    env = _worker_env(bench.threads)
+    env |= {"OMP_NUM_THREADS": str(bench.threads), "MKL_NUM_THREADS": str(bench.threads)}
+    command = [sys.executable, bench.script, "--child", kind, json.dumps(payload, default=str)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, env=env)
     except OSError as error:
@@ -501,27 +390,41 @@ def _run_child(bench: Bench, flag: str, payload: Mapping[str, Any]) -> dict[str,
         if line.startswith(RESULT_PREFIX) and done.returncode == 0:
             return {"status": STATUS_OK, **json.loads(line[len(RESULT_PREFIX) :])}
     tail = " | ".join(done.stderr.strip().splitlines()[-3:])
-    oom = done.returncode < 0 or any(m in done.stderr.lower() for m in _OOM_MESSAGES)
+    oom = done.returncode < 0 or _says_oom(done.stderr)
     return {
         "status": STATUS_OOM if oom else STATUS_ERROR,
         "error": tail or f"exit {done.returncode}",
     }
 
 
-def _in_child(bench: Bench, flag: str, payload: Mapping[str, Any]) -> None:
-    """The child side of `_run_child`: one worker call, or one unit's `prepare`."""
+def _in_child(bench: Bench, kind: str, payload: Mapping[str, Any]) -> None:
+    """The child side of `_run_child`: one worker call, one unit's `prepare` or one peak."""
     import torch
 
     torch.set_num_threads(bench.threads)
-    if flag == "--peak":
-        return _peak_child(bench, payload)
-    if flag == "--worker":
+    if kind == "peak":
+        result = _peak_child(bench, payload)
+    elif kind == "worker":
         ctx = Context(**{**payload["ctx"], "run_dir": Path(payload["ctx"]["run_dir"])})
-        emit_result({"metrics": bench.worker(payload["params"], ctx)})
+        result = {"metrics": bench.worker(payload["params"], ctx)}
     else:
-        found = bench.experiments(payload["budget"])
-        unit = [e for e in found if e.id in payload["ids"]]
-        emit_result({"extra": bench.prepare(unit, payload["budget"])})
+        unit = [e for e in bench.experiments(payload["budget"]) if e.id in payload["ids"]]
+        result = {"extra": bench.prepare(unit, payload["budget"])}
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def _listing(bench: Bench, experiments: list[Experiment], args: Any) -> dict[str, Any]:
+    """CPU-minutes of each experiment: declared, else timed by its current rows, else untimed."""
+    path = (args.results or ROOT / "benchmarks/results") / f"{bench.name}.json"
+    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    listing = []
+    for e in experiments:
+        timed = [r["seconds"] for r in rows if r.get("seconds") and _current(r, e, args.budget)]
+        each = e.minutes or (statistics.fmean(timed) * bench.threads / 60 if timed else None)
+        listing.append({**asdict(e), "seeds": _seeds(e, args.seeds), "minutes": each})
+    minutes = sum(x["minutes"] * x["seeds"] for x in listing if x["minutes"] is not None)
+    untimed = [x["id"] for x in listing if x["minutes"] is None]
+    return {"bench": bench.name, "minutes": minutes, "untimed": untimed, "experiments": listing}
 
 
 def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | None:
@@ -539,38 +442,22 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     parser.add_argument("--results", type=Path, help="results folder (smoke: runs/smoke)")
     parser.add_argument("--runs", type=Path, help="run folders (default beside --results)")
     parser.add_argument("--list", action="store_true", help="experiments and CPU-minutes, JSON")
-    for flag in ("--worker", "--prepare", "--peak"):
-        parser.add_argument(flag, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for flag in ("worker", "prepare", "peak"):
-        if getattr(args, flag):
-            return _in_child(bench, f"--{flag}", json.loads(getattr(args, flag)))
+    if args.child:
+        return _in_child(bench, args.child[0], json.loads(args.child[1]))
     if args.seeds is not None and args.seeds < 1:
         parser.error(f"--seeds: expected a count >= 1, got {args.seeds}")
     experiments = bench.experiments(args.budget)
-    jobs = bench.jobs if isinstance(bench.jobs, int) else bench.jobs[args.budget]
-    args.jobs = args.jobs or jobs
-    if args.list:  # CPU-minutes: declared, else timed by the current rows, else untimed
-        path = (args.results or ROOT / "benchmarks/results") / f"{bench.name}.json"
-        rows = json.loads(path.read_text())["rows"] if path.exists() else []
-        listing = []
-        for e in experiments:
-            timed = [r["seconds"] for r in rows if r.get("seconds") and _current(r, e, args.budget)]
-            each = e.minutes or (statistics.fmean(timed) * bench.threads / 60 if timed else None)
-            listing.append({**asdict(e), "seeds": _seeds(e, args.seeds), "minutes": each})
-        minutes = sum(x["minutes"] * x["seeds"] for x in listing if x["minutes"] is not None)
-        untimed = [x["id"] for x in listing if x["minutes"] is None]
-        summary = {"bench": bench.name, "minutes": minutes, "untimed": untimed}
-        print(json.dumps({**summary, "experiments": listing}))
+    jobs = args.jobs or (bench.jobs if isinstance(bench.jobs, int) else bench.jobs[args.budget])
+    if args.list:
+        print(json.dumps(_listing(bench, experiments, args)))
         return None
     # full: results/ and runs/bench/ of the repository; smoke (or --results): one folder
-    smoke = ROOT / "runs/smoke"
-    results = args.results or (ROOT / "benchmarks/results" if args.budget == "full" else smoke)
-    results = results.resolve()
+    full = ROOT / "benchmarks/results"
+    results = (args.results or (full if args.budget == "full" else ROOT / "runs/smoke")).resolve()
     base = ROOT if results.is_relative_to(ROOT) else results  # JSON paths are relative to it
-    runs = args.runs or (
-        ROOT / "runs/bench" if results == ROOT / "benchmarks/results" else results / "runs"
-    )
+    runs = args.runs or (ROOT / "runs/bench" if results == full else results / "runs")
     path = results / f"{bench.name}.json"
     earlier = json.loads(path.read_text()) if path.exists() else {}
     rows = [r for r in earlier.get("rows", []) if r.get("budget") == args.budget]
@@ -579,19 +466,18 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         return not args.only or any(fnmatch.fnmatch(e.id, p) or e.group == p for p in args.only)
 
     # What to run: (experiment, seed) pairs without a current row (all of them with --rerun).
+    todo = [
+        (e, seed)
+        for e in filter(selected, experiments)
+        for seed in range(_seeds(e, args.seeds))
+        if args.rerun
+        or not any(
+            r["id"] == e.id and r["seed"] == seed and _current(r, e, args.budget) for r in rows
+        )
+    ]
     # A unit keeps its calibration while its sides' params stand, so an interrupted unit
     # resumes under the calibration its finished runs had; calibrated anew (by --rerun, a new
     # unit or a changed side), it re-runs whole: both sides always share one calibration.
-    todo = []
-    for e in filter(selected, experiments):
-        for seed in range(_seeds(e, args.seeds)):
-            done = [
-                r
-                for r in rows
-                if r["id"] == e.id and r["seed"] == seed and _current(r, e, args.budget)
-            ]
-            if args.rerun or not done:
-                todo.append((e, seed))
     calibrations = dict(earlier.get("calibrations", {}))
     extra: dict[str, dict] = {}
     for unit in sorted({e.unit for e, _ in todo if e.unit} if bench.prepare else ()):
@@ -602,14 +488,14 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
             extra.update(kept["extra"])
             continue
         print(f"[{bench.name}] calibrating {unit}: {', '.join(params)}", flush=True)
-        prepared = _run_child(bench, "--prepare", {"ids": list(params), "budget": args.budget})
+        prepared = _run_child(bench, "prepare", {"ids": list(params), "budget": args.budget})
         if prepared["status"] != STATUS_OK:
             raise SystemExit(f"[{bench.name}] preparing {unit} failed: {prepared['error']}")
         extra.update(prepared["extra"])
         calibrations[unit] = {"params": params, "extra": prepared["extra"]}
         todo += [(e, s) for e in sides for s in range(_seeds(e, args.seeds)) if (e, s) not in todo]
         # kept at once: a run interrupted from here on resumes under this calibration
-        write_json(path, relative_paths({**earlier, "calibrations": calibrations}, base))
+        _write_json(path, {**earlier, "calibrations": calibrations}, base)
     redone = {(e.id, seed) for e, seed in todo}
     rows = [r for r in rows if (r["id"], r["seed"]) not in redone]
 
@@ -618,7 +504,7 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         ctx = dict(id=e.id, seed=seed, budget=args.budget, extra=extra.get(e.id, {}))
         ctx["run_dir"] = str(runs / bench.name / e.id / f"seed{seed}")
         start = time.perf_counter()
-        result = _run_child(bench, "--worker", {"params": dict(e.params), "ctx": ctx})
+        result = _run_child(bench, "worker", {"params": dict(e.params), "ctx": ctx})
         seconds = time.perf_counter() - start
         print(
             f"[{bench.name}] {e.id} seed {seed}: {result['status']} ({seconds:.0f} s)", flush=True
@@ -626,18 +512,16 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         row = {"id": e.id, "group": e.group, "seed": seed, "budget": args.budget}
         row.update(params=dict(e.params), extra=ctx["extra"], seconds=seconds, metrics={})
         row.update(cpu=cpu_model(), load_average=os.getloadavg()[0])  # rows may span machines
-        row.update(result)
-        return row
+        return {**row, **result}
 
-    print(f"[{bench.name}] {len(todo)} runs to do, {args.jobs} at a time", flush=True)
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+    print(f"[{bench.name}] {len(todo)} runs to do, {jobs} at a time", flush=True)
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
         rows += list(pool.map(run_one, todo))
     order = {e.id: i for i, e in enumerate(experiments)}
     rows = sorted((r for r in rows if r["id"] in order), key=lambda r: (order[r["id"]], r["seed"]))
     summary = summary_of(rows, experiments)
-    if bench.derive is not None:
-        for i, metrics in bench.derive(summary).items():
-            summary[i] = derived_entry(metrics)
+    for i, metrics in (bench.derive(summary) if bench.derive else {}).items():
+        summary[i] = derived_entry(metrics)
     data = {
         "bench": bench.name,
         "budget": args.budget,
@@ -651,32 +535,55 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         "summary": summary,
         "targets": [t.evaluate(summary) for t in bench.targets],
     }
-    if "converted" in earlier and any(
-        r.get("seconds") is None for r in rows
-    ):  # rows of the old JSON
+    if "converted" in earlier and any(r.get("seconds") is None for r in rows):  # old JSON's rows
         data["converted"] = earlier["converted"]
-    write_json(path, relative_paths(data, base))
+    _write_json(path, data, base)
     for table in bench.tables:
         print(f"\n{bench.name}: {table.name}\n{render_table(table, data)}")
     for t in data["targets"]:
         print(f"target {t['name']}: {t['verdict']} (mean {t['mean']}, n={t['n']})")
-    failed = [r for r in rows if r.get("status") != STATUS_OK]
-    for r in failed:
-        print(f"[{bench.name}] FAILED {r['id']} seed {r['seed']}: {r.get('error')}", flush=True)
+    for r in rows:
+        if r.get("status") != STATUS_OK:
+            print(f"[{bench.name}] FAILED {r['id']} seed {r['seed']}: {r.get('error')}", flush=True)
     return data
 
 
-# 5. Micro-benchmarks: implementations timed in one worker, peak memory in child processes ------
+# 4. Micro-benchmarks: implementations timed in one worker, peak memory in child processes ------
+
+
+def time_interleaved(
+    fns: Mapping[str, Callable[[], Any]], *, repeats: int, warmup: int = 1
+) -> dict[str, list[float]]:
+    """Seconds per call of every function, measured round by round.
+
+    Each function is warmed up `warmup` times (all of them, before any timing), then every
+    round calls each function once; the order rotates between rounds so no function always
+    runs right after the same neighbour. Returns the per-call times, `repeats` per function.
+    """
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
     """Median, quartiles and range of repeated timings (what seeds are to a trained run)."""
-    q1, _, q3 = (
-        statistics.quantiles(values, n=4, method="inclusive")
-        if len(values) > 1
-        else [values[0]] * 3
-    )
+    quartiles = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else []
+    q1, _, q3 = quartiles or [values[0]] * 3
     return {"median": median(values), "q1": q1, "q3": q3, "min": min(values), "max": max(values)}
+
+
+def per_round(numerator: Sequence[float], denominator: Sequence[float]) -> dict[str, float]:
+    """The spread of the ratios of two implementations' times of the same rounds."""
+    return spread([a / b for a, b in zip(numerator, denominator, strict=True)])
 
 
 def time_steps(
@@ -717,11 +624,6 @@ def time_steps(
     return {name: out[name] for name in builders}
 
 
-def per_round(numerator: Sequence[float], denominator: Sequence[float]) -> dict[str, float]:
-    """The spread of the ratios of two implementations' times of the same rounds."""
-    return spread([a / b for a, b in zip(numerator, denominator, strict=True)])
-
-
 def peak_memory(
     bench: Bench, spec: Mapping[str, Any], warm: Mapping[str, Any], limit_bytes: int = 0
 ) -> dict[str, Any]:
@@ -730,33 +632,41 @@ def peak_memory(
     size: it starts the thread pool and pays one-time lazy imports). With `limit_bytes` the
     child's address space may grow by that much: beyond it the call fails as "oom"."""
     payload = {"spec": dict(spec), "warm": dict(warm), "limit_bytes": limit_bytes}
-    result = _run_child(bench, "--peak", payload)
+    result = _run_child(bench, "peak", payload)
     return {k: v for k, v in result.items() if k in ("status", "peak_mib", "error")}
 
 
-def _peak_child(bench: Bench, payload: Mapping[str, Any]) -> None:
+def _status_kib(name: str) -> int:
+    """A `/proc/self/status` field in KiB: "VmHWM" (peak resident set), "VmSize"."""
+    return int(re.search(rf"^{name}:\s*(\d+)", Path("/proc/self/status").read_text(), re.M)[1])
+
+
+def _peak_child(bench: Bench, payload: Mapping[str, Any]) -> dict[str, Any]:
     assert bench.step is not None, f"bench {bench.name!r} has no step for peak memory"
     bench.step(payload["warm"])()
     gc.collect()
     step = bench.step(payload["spec"])
-    peak = PeakMemory()
-    if payload["limit_bytes"]:
-        limit_address_space(payload["limit_bytes"])
+    gc.collect()
+    # VmHWM reset to the resident set (Linux >= 4.0): else memory freed during imports keeps it
+    # above the resident set, and a small configuration would register no rise at all
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        reset = True
+    except OSError:
+        reset = False
+    baseline = _status_kib("VmHWM")
+    if payload["limit_bytes"]:  # an allocation error ("oom"), not the kernel's OOM killer
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = _status_kib("VmSize") * 1024 + payload["limit_bytes"]
+        limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     try:
         step()
     except Exception as error:
         if not is_oom_error(error):
             raise
-        return emit_result({"status": STATUS_OOM, "error": str(error)[:300]})
-    emit_result({"peak_mib": peak.peak_bytes() / MIB, "hwm_reset": peak.reset})
-
-
-def extreme(
-    summary: Mapping[str, Any], ids: Sequence[str], key: str, pick: Callable = max
-) -> float | None:
-    """The largest (`pick`) mean of `key` among experiments `ids`; None if one lacks it."""
-    values = [summary.get(i, {}).get("metrics", {}).get(key) for i in ids]
-    return pick(v["mean"] for v in values) if values and None not in values else None
+        return {"status": STATUS_OOM, "error": str(error)[:300]}
+    return {"peak_mib": max(0, _status_kib("VmHWM") - baseline) * 1024 / MIB, "hwm_reset": reset}
 
 
 def grad_step(forward: Callable[[], Any], leaves: Sequence[Any], out_shape, train: bool):
@@ -776,7 +686,7 @@ def grad_step(forward: Callable[[], Any], leaves: Sequence[Any], out_shape, trai
     return step
 
 
-# 6. Trained benchmarks ------------------------------------------------------------------------
+# 5. Trained benchmarks ------------------------------------------------------------------------
 #
 # A trained benchmark's worker trains through the library's one loop (`attnzoo.runs.run_train`)
 # in its run dir, or adopts the finished run already there (the headline runs may have been
@@ -860,11 +770,7 @@ def copy_run_figures(pairs: Mapping[str, Path], folder: Path) -> list[Path]:
     is (the committed one stays)."""
     import shutil
 
-    copied = []
-    for name, source in pairs.items():
-        if source.exists():
-            copied.append(Path(shutil.copyfile(source, Path(folder) / name)))
-    return copied
+    return [Path(shutil.copyfile(s, Path(folder) / n)) for n, s in pairs.items() if s.exists()]
 
 
 def draw_seeds(
