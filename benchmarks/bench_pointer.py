@@ -1,55 +1,37 @@
 """Pointer Network experiments (Vinyals et al. 2015) at the scale this CPU allows.
 
-Each experiment trains `pointer-net` on one task with the config of
-`attnzoo train pointer-net --task T` (one seed per run, one torch thread), then scores the
-held-out instances greedily (the run's final evaluation) and with beam search restricted to
-valid outputs.
-
-- sort_numbers: sort 5-10 uniform reals, tested at n = 5, 10 and (generalisation) 15.
-- convex_hull n = 10: accuracy and area coverage (Table 1's columns), and our own extra
-  metric, the share of outputs that are no simple polygon.
-- tsp n = 5 and n = 10, supervised by Held-Karp optimal tours: average tour length beside the
-  optimum (Table 2); and tsp n = 10 by REINFORCE with the rollout baseline (Kool et al. 2019).
+Each experiment trains `pointer-net` on one task as `attnzoo train pointer-net --task T` does,
+then scores the held-out instances greedily and with beam search over valid outputs:
+sort_numbers (5-10 reals, tested at 5, 10 and 15); convex_hull n = 10 (Table 1's columns and
+the share of outputs that are no simple polygon); tsp n = 5 and 10 supervised by Held-Karp
+tours (Table 2), and n = 10 by REINFORCE with the rollout baseline (Kool et al. 2019).
 
     python benchmarks/bench_pointer.py [--budget smoke|full] [--seeds N] [--only ID ...]
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
 import _common as C
 from _common import Bench, Experiment, Table, columns, drive, targets
 
 BEAM = 5
-# id -> (overrides, CPU-minutes per seed in the earlier single-seed runs, task)
-RUNS = {
-    "sort_numbers": (
-        ["train.steps=2000", "task.test_sizes=5,10,15", "task.n_test=10000"],
-        12.5,
-        "sort_numbers",
-    ),
-    "convex_hull-n10": (["train.steps=12000", "task.n_test=5000"], 27.5, "convex_hull"),
-    "tsp-n5": (
-        ["task.n_min=5", "task.n_max=5", "train.steps=3000", "task.n_test=2000"],
-        8.3,
-        "tsp",
-    ),
+RUNS = {  # id (TASK-...) -> (CPU-minutes per seed in the earlier single-seed runs, overrides)
+    "sort_numbers": (12.5, "train.steps=2000 task.test_sizes=5,10,15 task.n_test=10000"),
+    "convex_hull-n10": (27.5, "train.steps=12000 task.n_test=5000"),
+    "tsp-n5": (8.3, "task.n_min=5 task.n_max=5 train.steps=3000 task.n_test=2000"),
     "tsp-n10": (
-        ["train.steps=8000", "train.log_every=100", "train.eval_every=2000", "task.n_test=10000"],
         49.1,
-        "tsp",
+        "train.steps=8000 train.log_every=100 train.eval_every=2000 task.n_test=10000",
     ),
     "tsp-n10-reinforce": (
-        ["task.objective=reinforce", "train.steps=3000", "train.lr=5e-4", "task.n_test=10000"],
         21.1,
-        "tsp",
+        "task.objective=reinforce train.steps=3000 train.lr=5e-4 task.n_test=10000",
     ),
 }
-SMOKE = ["train.steps=4", "train.batch_size=8", "task.n_test=20", "model.hidden=16"]
-SMOKE += ["model.attn_hidden=16", "train.checkpoint_every=2"]
+SMOKE = " train.steps=4 train.batch_size=8 task.n_test=20 model.hidden=16 model.attn_hidden=16"
+SMOKE += " train.checkpoint_every=2"
 # The papers' numbers shown beside ours (derived entry "paper"; PAPERS.md, confirmed from
 # transcriptions): Vinyals 2015 (arXiv 1506.03134v2) Table 2 average tour lengths and Table 1
 # convex hull n = 50 (accuracy %, area coverage %).
@@ -62,8 +44,9 @@ PAPER = {
 
 def experiments(budget: str) -> list[Experiment]:
     found = []
-    for name, (sets, minutes, task) in RUNS.items():
-        params = {"task": task, "sets": sets + SMOKE * (budget == "smoke")}
+    for name, (minutes, sets) in RUNS.items():
+        task = name.split("-")[0]
+        params = {"task": task, "sets": (sets + SMOKE * (budget == "smoke")).split()}
         group = task.split("_")[0] if task != "sort_numbers" else "sort"
         found.append(Experiment(name, group, params, 1 if budget == "smoke" else 3, minutes))
     return found
@@ -94,10 +77,8 @@ def derive(summary: dict) -> dict:
 def figures(data: dict, folder: Path) -> list[Path]:
     """Seed 0's pointer figure of each run shown, when its run dir exists."""
     shown = ("tsp-n10", "convex_hull-n10", "sort_numbers")
-    pairs = {
-        f"pointer_{i}.png": C.bench_run_dir("pointer", i) / "figures/pointer.png" for i in shown
-    }
-    return C.copy_run_figures(pairs, folder)
+    run = {i: C.bench_run_dir("pointer", i) / "figures/pointer.png" for i in shown}
+    return C.copy_run_figures({f"pointer_{i}.png": path for i, path in run.items()}, folder)
 
 
 TARGETS = targets(

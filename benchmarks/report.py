@@ -6,7 +6,7 @@ so a sentence cannot disagree with its table. Functions a template can call:
 
     table(bench, name)            a table the bench script declares, with each row's n
     stat(bench, id, key, digits)  "mean ± std" over seeds (the mean alone for one seed)
-    mean / std / low / high (bench, id, key, digits)   one statistic
+    mean(bench, id, key, digits)  the mean alone
     n(bench, id)                  seeds measured
     target(bench, name)           the verdict, the mean and the interval over seeds
     param(bench, id, key)         a parameter of an experiment
@@ -22,12 +22,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import sys
 from pathlib import Path
 
 import jinja2
 
-sys.path.insert(0, str(Path(__file__).parent))
 from _common import ROOT, format_stat, readable, render_table
 
 TEMPLATES = ROOT / "docs" / "templates"
@@ -51,8 +49,7 @@ def bench_module(name: str):
     """The script behind results NAME.json: bench_NAME.py (its BENCH), or the script whose BENCH
     is named NAME."""
     named = SCRIPTS / f"bench_{name}.py"
-    paths = sorted(SCRIPTS.glob("bench_*.py"))
-    for path in [named] * named.exists() + paths:
+    for path in [named] * named.exists() + sorted(SCRIPTS.glob("bench_*.py")):
         module = importlib.import_module(path.stem)
         if getattr(module, "BENCH", None) is not None and module.BENCH.name == name:
             return module
@@ -92,12 +89,8 @@ class Page:
     def stat(self, bench: str, id: str, key: str, digits: int = 2) -> str:
         return format_stat(self.metric(bench, id, key), digits)
 
-    def number(self, field: str):
-        def get(bench: str, id: str, key: str, digits: int = 2) -> str:
-            value = self.metric(bench, id, key)[field]
-            return "-" if value is None else f"{value:.{digits}f}"
-
-        return get
+    def mean(self, bench: str, id: str, key: str, digits: int = 2) -> str:
+        return f"{self.metric(bench, id, key)['mean']:.{digits}f}"
 
     def n(self, bench: str, id: str) -> int:
         return len(self.entry(bench, id)["seeds"])
@@ -106,15 +99,13 @@ class Page:
         found = [t for t in self.data(bench)["targets"] if t["name"] == name]
         if not found:
             raise KeyError(f"{bench}.json has no target {name!r}")
-        t = found[0]
+        t, g = found[0], readable
         if t["n"] == 0:
             return f"**not measured** (target {t['op']} {t['threshold']:g})"
-        g = readable
         spread = "" if t["n"] == 1 else f", range {g(t['min'])} to {g(t['max'])}"
         stat = g(t["mean"]) if t["std"] is None else f"{g(t['mean'])} ± {g(t['std'])}"
-        return (
-            f"**{t['verdict']}**: {stat} (n={t['n']}{spread}; target {t['op']} {t['threshold']:g})"
-        )
+        limit = f"target {t['op']} {t['threshold']:g}"
+        return f"**{t['verdict']}**: {stat} (n={t['n']}{spread}; {limit})"
 
     def param(self, bench: str, id: str, key: str):
         return self.entry(bench, id)["params"][key]
@@ -123,26 +114,12 @@ class Page:
         return self.data(bench)["machine"][key]
 
     def render(self) -> str:
+        loader = jinja2.FileSystemLoader(TEMPLATES)
         env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(TEMPLATES),
-            undefined=jinja2.StrictUndefined,
-            keep_trailing_newline=True,
-            autoescape=False,
+            loader=loader, undefined=jinja2.StrictUndefined, keep_trailing_newline=True
         )
-        functions = dict(
-            table=self.table,
-            stat=self.stat,
-            mean=self.number("mean"),
-            std=self.number("std"),
-            low=self.number("min"),
-            high=self.number("max"),
-            n=self.n,
-            target=self.target,
-            param=self.param,
-            machine=self.machine,
-            data=self.data,
-        )
-        body = env.get_template(f"{self.page}.md").render(**functions)
+        names = ("table", "stat", "mean", "n", "target", "param", "machine", "data")
+        body = env.get_template(f"{self.page}.md").render({f: getattr(self, f) for f in names})
         return HEADER.format(page=self.page) + body
 
 
@@ -151,14 +128,13 @@ def render(page: str, results: Path = RESULTS, out: Path = ROOT / "docs") -> Pat
         raise SystemExit(f"report.py: PAGE: expected one of {sorted(PAGES)}, got {page!r}")
     view = Page(page, results)
     text = view.render()
-    path = out / f"{page}.md"
     (out / "figures").mkdir(parents=True, exist_ok=True)
     for bench in PAGES[page]:  # figures drawn from the JSON (and run dirs, where present)
         figures = bench_module(bench).BENCH.figures
         if figures is not None:
             figures(view.data(bench), out / "figures")
-    path.write_text(text)
-    return path
+    (out / f"{page}.md").write_text(text)
+    return out / f"{page}.md"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -169,13 +145,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pages", dest="list_pages", action="store_true")
     args = parser.parse_args(argv)
     if args.list_pages:  # page -> {bench: its script}, for `attnzoo repro`
-        scripts = {
-            b: str(Path(bench_module(b).__file__).resolve().relative_to(ROOT))
-            for b in set().union(*PAGES.values())
-        }
-        print(
-            json.dumps({page: {b: scripts[b] for b in benches} for page, benches in PAGES.items()})
-        )
+        script = {b: bench_module(b).__file__ for b in set().union(*PAGES.values())}
+        where = {b: str(Path(path).resolve().relative_to(ROOT)) for b, path in script.items()}
+        print(json.dumps({page: {b: where[b] for b in benches} for page, benches in PAGES.items()}))
         return
     for page in args.pages or [p.stem for p in sorted(TEMPLATES.glob("*.md"))]:
         print(f"wrote {render(page, args.results, args.out)}")
