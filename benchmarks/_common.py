@@ -102,10 +102,10 @@ class Column:
     sci: bool = False  # scientific notation (a difference near 0)
 
 
-def columns(spec: str, digits: int = 2) -> list[Column]:
-    """Columns from "header=key; header=key" (every one to `digits` places)."""
+def columns(spec: str, digits: int = 2, spread: str = "", sci: bool = False) -> list[Column]:
+    """Columns from "header=key; header=key", every one with the same other fields."""
     pairs = [item.rsplit("=", 1) for item in spec.split(";")]
-    return [Column(header.strip(), key.strip(), digits) for header, key in pairs]
+    return [Column(header.strip(), key.strip(), digits, spread, sci) for header, key in pairs]
 
 
 @dataclass(frozen=True)
@@ -552,13 +552,18 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
 
 
 def time_interleaved(
-    fns: Mapping[str, Callable[[], Any]], *, repeats: int, warmup: int = 1
+    fns: Mapping[str, Callable[[], Any]],
+    *,
+    repeats: int,
+    warmup: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, list[float]]:
     """Seconds per call of every function, measured round by round.
 
     Each function is warmed up `warmup` times (all of them, before any timing), then every
     round calls each function once; the order rotates between rounds so no function always
-    runs right after the same neighbour. Returns the per-call times, `repeats` per function.
+    runs right after the same neighbour. Returns the per-call times, `repeats` per function,
+    on `clock` (e.g. `time.thread_time`: this thread's CPU time).
     """
     names = list(fns)
     for name in names:
@@ -568,9 +573,9 @@ def time_interleaved(
     for round_index in range(repeats):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
+            start = clock()
             fns[name]()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return times
 
 
@@ -684,6 +689,32 @@ def grad_step(forward: Callable[[], Any], leaves: Sequence[Any], out_shape, trai
         forward().backward(grad_output)
 
     return step
+
+
+def optimizer_step(loss_of: Callable[[], Any], optimizer) -> Callable[[], None]:
+    """A training step: `loss_of()`, the gradients cleared, backward, `optimizer.step()`."""
+
+    def step() -> None:
+        loss = loss_of()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def padded_batch(batch, source_len, target_len, source_vocab, target_vocab, seed: int = 0):
+    """A random seq2seq batch (ids >= 4, past the special ones): sources padded with 0 from a
+    random length in [source_len / 2, source_len] (the first at full length), targets of
+    target_len + 1 tokens (target[:, :-1] in, target[:, 1:] out): (source, lengths, target)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(source_len // 2, source_len + 1, (batch,), generator=g)
+    lengths[0] = source_len
+    source = torch.randint(4, source_vocab, (batch, source_len), generator=g)
+    source[torch.arange(source_len)[None] >= lengths[:, None]] = 0
+    return source, lengths, torch.randint(4, target_vocab, (batch, target_len + 1), generator=g)
 
 
 # 5. Trained benchmarks ------------------------------------------------------------------------

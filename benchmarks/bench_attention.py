@@ -1,26 +1,18 @@
-"""Attention benchmark: every attnzoo score against the implementations it replaces.
+"""Attention benchmark: every attnzoo score against the implementations it replaces (IMPLS).
 
 An experiment is one score (additive at one d_hidden) or MultiHeadAttention at one batch,
 length and mode ("fwd": forward under no_grad; "fwd+bwd": forward and a backward from a random
 output gradient). Its worker process times every implementation interleaved round by round
-after identical warm-up (PERF.md): per implementation the median ms with its quartiles, and
-the per-round ratio attnzoo's time / its time with its range. Each implementation's peak
-memory is measured in a fresh child process: VmHWM after one call minus VmHWM after imports,
-inputs and one call at a tiny length. An implementation estimated above the memory budget, or
-running out of memory under a cap, is recorded as "oom".
+after identical warm-up (PERF.md) and measures each one's peak memory in a fresh child process
+(METHOD). An implementation estimated above the memory budget, or running out of memory under
+a cap, is recorded as "oom". keras.layers.AdditiveAttention has no W_a / U_a projections
+(d_hidden = d): it is timed beside attnzoo's Additive at d_hidden = d ("matched").
 
-Peers: "plain", the broadcast form a tutorial writes (softmax(q k^T s) @ v; for additive
-tanh(W_a q_i + U_a k_j) @ v_a); "sdpa", F.scaled_dot_product_attention on 4-D (batch, 1, len,
-d) inputs; nn.MultiheadAttention; the Keras 3 layers on the torch backend. On a machine shared
-with CPU-heavy jobs run with OMP_WAIT_POLICY=PASSIVE: libgomp's spin-waiting made the blockwise
-additive kernel 20x slower there (the JSON records such variables in machine.env).
+On a machine shared with CPU-heavy jobs run with OMP_WAIT_POLICY=PASSIVE: libgomp's
+spin-waiting made the blockwise additive kernel 20x slower there (the JSON records such
+variables in machine.env).
 
     python benchmarks/bench_attention.py [--budget smoke] [--only 'additive-*'] [--rerun]
-
-Note:
-    keras.layers.AdditiveAttention has no W_a / U_a projections: it computes
-    sum_d(scale_d * tanh(q_d + k_d)), i.e. d_hidden = d. It is timed beside attnzoo's Additive
-    at d_hidden = d; the targets compare with attnzoo at the larger d_hidden as stated.
 """
 
 from __future__ import annotations
@@ -263,16 +255,13 @@ def worker(params: dict, ctx) -> dict:
 def derive(summary: dict) -> dict[str, dict]:
     """Ratios across experiments, under names that do not depend on the budget's sizes."""
     params = {i: e["params"] for i, e in summary.items()}
+    tagged = {(p.get("score"), p.get("tag"), p.get("mode")): i for i, p in params.items()}
 
-    def find(score: str, tag: str, mode: str = TRAIN) -> str:
-        want = (score, tag, mode)
-        return next(
-            (i for i, p in params.items() if (p.get("score"), p.get("tag"), p.get("mode")) == want),
-            "",
-        )
+    def find(score: str, tag: str, mode: str = TRAIN) -> dict:  # empty where the budget has none
+        return summary.get(tagged.get((score, tag, mode)), {"params": {}, "metrics": {}})
 
-    def get(i: str, key: str):
-        return summary.get(i, {}).get("metrics", {}).get(key, {}).get("mean")
+    def get(entry: dict, key: str):
+        return entry["metrics"].get(key, {}).get("mean")
 
     def div(a, b):
         return a / b if a is not None and b else None
@@ -282,11 +271,10 @@ def derive(summary: dict) -> dict[str, dict]:
         for mode in (FWD, TRAIN):
             ids = [i for i, p in params.items() if (p.get("score"), p.get("mode")) == (score, mode)]
             key = "impls.sdpa.ratio.median"
-            out[f"{score}-{mode}"] = dict(
-                worst=extreme(summary, ids, key), best=extreme(summary, ids, key, min)
-            )
-    a, k, long = find("additive", "target"), find("additive", "matched"), find("additive", "long")
-    p, q = params.get(a, {}), params.get(long, {})
+            worst, best = (extreme(summary, ids, key, pick) for pick in (max, min))
+            out[f"{score}-{mode}"] = dict(worst=worst, best=best)
+    a, k, long = (find("additive", tag) for tag in ("target", "matched", "long"))
+    p, q = a["params"], long["params"]
     tanh_ms = div(get(find("additive", "target", FWD), "impls.attnzoo.ms.median"), 1e3)
     out["additive"] = {
         **{key: p.get(key) for key in ("batch", "length", "d_hidden")},
@@ -303,7 +291,7 @@ def derive(summary: dict) -> dict[str, dict]:
     m = find("mha", "target")
     peers = [get(m, f"impls.{i}.ratio.median") for i in ("torch_mha", "keras_mha")]
     out["mha"] = {
-        **{key: params.get(m, {}).get(key) for key in ("batch", "length", "d", "heads")},
+        **{key: m["params"].get(key) for key in ("batch", "length", "d", "heads")},
         "time_over_best_peer": None if None in peers else max(peers),
         "weights_time_over_torch": get(m, "impls.torch_mha_weights.ratio.median"),
     }

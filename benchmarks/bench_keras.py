@@ -1,17 +1,11 @@
-"""Keras benchmark: attnzoo.keras layers against Keras's own, on the torch backend.
-
-Experiments, at bench_attention.py's sizes:
-- AdditiveAttention, forward + backward from a random output gradient (batch 4, d 64):
-  attnzoo's drop-in against keras.layers.AdditiveAttention with the same weights (matched
-  features: Keras's score has d_hidden = d);
-- MultiHeadAttention training step, forward + backward of self-attention layer(x, x), dropout
-  0 (batch 8, d_model 512, 8 heads): attnzoo's layer built by `from_keras` against
-  keras.layers.MultiHeadAttention.
+"""Keras benchmark: attnzoo.keras layers against Keras's own, on the torch backend, at
+bench_attention.py's sizes: AdditiveAttention forward + backward (attnzoo's drop-in with the
+same weights; Keras's score has d_hidden = d), and a MultiHeadAttention training step of
+self-attention layer(x, x), dropout 0 (attnzoo's layer built by `from_keras`).
 
 An experiment's worker times both layers interleaved round by round after identical warm-up
-(PERF.md), measures each one's peak memory in a fresh child process (VmHWM after one call
-minus VmHWM after imports, inputs and a call at a tiny length, as bench_attention.py does) and
-the largest difference of their outputs on the same weights.
+(PERF.md), measures each one's peak memory in a fresh child process (as bench_attention.py
+does) and the largest difference of their outputs on the same weights.
 
     python benchmarks/bench_keras.py [--budget smoke]    # results/keras.json
 """
@@ -55,29 +49,10 @@ def experiments(budget: str) -> list[Experiment]:
     for n in lengths:
         run = dict(length=n, repeats=repeats[n], warmup=warmup, target=n == target)
         memory = budget == "full" or n == target
-        out.append(
-            Experiment(
-                f"additive-L{n}",
-                "keras",
-                dict(layer=ADDITIVE, batch=batch, d=d, heads=None, memory=memory, **run),
-                minutes=MINUTES,
-            )
-        )
-        out.append(
-            Experiment(
-                f"mha-L{n}",
-                "keras",
-                dict(
-                    layer=MHA,
-                    batch=mha_batch,
-                    d=d_model,
-                    heads=heads,
-                    memory=budget == "full",
-                    **run,
-                ),
-                minutes=MINUTES,
-            )
-        )
+        additive = dict(layer=ADDITIVE, batch=batch, d=d, heads=None, memory=memory)
+        mha = dict(layer=MHA, batch=mha_batch, d=d_model, heads=heads, memory=budget == "full")
+        for name, params in (("additive", additive), ("mha", mha)):
+            out.append(Experiment(f"{name}-L{n}", "keras", {**params, **run}, minutes=MINUTES))
     return out
 
 
@@ -136,18 +111,14 @@ def worker(params: dict, ctx) -> dict:
 
 def derive(summary: dict) -> dict[str, dict]:
     """The targets' values, at the target length whatever the budget's sizes."""
-    out = {}
+    out: dict[str, float] = {}
     for e in summary.values():
         if e["params"].get("target"):
             name = "additive" if e["params"]["layer"] == ADDITIVE else "mha"
-            m = e["metrics"]
-            for key, metric in (
-                ("time", "impls.keras.ratio.median"),
-                ("peak", "impls.keras.peak_ratio"),
-            ):
-                if metric in m:
-                    out.setdefault("target", {})[f"{name}_{key}_ratio"] = m[metric]["mean"]
-    return out
+            for key, metric in (("time", "keras.ratio.median"), ("peak", "keras.peak_ratio")):
+                if f"impls.{metric}" in e["metrics"]:
+                    out[f"{name}_{key}_ratio"] = e["metrics"][f"impls.{metric}"]["mean"]
+    return {"target": out} if out else {}
 
 
 TARGETS = targets(

@@ -14,10 +14,8 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
 import _common as C
 from _common import Bench, Experiment, Table, columns, drive, targets
 
@@ -126,13 +124,10 @@ def figures(data: dict, folder: Path) -> list[Path]:
     return drawn + C.copy_run_figures(shown, folder)
 
 
-COPY_TARGETS = [  # on bit_copy-ntm: name, key, op, threshold
-    ("copy: sequences to target", "sequences_to_target", "<=", 50000),
-    ("copy: share of seeds reaching the target", "reached_target", ">=", 1),
-]
 TARGETS = targets(
     "issue 5",
-    *((name, "bit_copy-ntm", key, op, x) for name, key, op, x in COPY_TARGETS),
+    ("copy: sequences to target", "bit_copy-ntm", "sequences_to_target", "<=", 50000),
+    ("copy: share of seeds reaching the target", "bit_copy-ntm", "reached_target", ">=", 1),
     ("copy, length 40: NTM / LSTM bit errors", "copy-ratio", "len40_ntm_over_lstm", "<", 0.25),
     ("training sequences/s: batched / per sample", "throughput", "speedup", ">=", 5),
 )

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from fnmatch import fnmatch
 from itertools import pairwise
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
 import _common as C
 from _common import Bench, Experiment, Table, columns, drive, targets
 
@@ -228,25 +226,19 @@ def figures(data: dict, folder: Path) -> list[Path]:
     alignment figures of the runs shown (when their run dirs exist)."""
     drawn = []
     for task in LENGTH:
-        groups: dict[str, list] = {}
+        key, groups = "bleu" if task == "kjv2web" else "exact_match", {}
         for row in data["rows"]:
-            if row["group"] == f"length-{task}" and row.get("status") == "ok":
-                kept = [b for b in row["metrics"]["by_length"] if b["n"] >= 50]
-                if not kept:
-                    continue
-                key = "bleu" if "bleu" in kept[0] else "exact_match"
+            kept = [b for b in row["metrics"].get("by_length", []) if b["n"] >= 50]
+            if row["group"] == f"length-{task}" and row.get("status") == "ok" and kept:
                 xs = [(b["min_len"] + b["max_len"]) / 2 for b in kept]
-                ys = [b[key] * (100 if key == "exact_match" else 1) for b in kept]
+                ys = [b[key] * (1 if key == "bleu" else 100) for b in kept]
                 groups.setdefault(row["params"]["name"], []).append((xs, ys))
         if groups:
-            labels = dict(
-                xlabel="source length (tokens, bucket middle)",
-                ylabel={"bleu": "BLEU"}.get(key, "exact match %"),
-            )
             title = f"{task}: score against source length (buckets of >= 50 sentences)"
-            drawn.append(
-                C.draw_seeds(Path(folder) / f"length_{task}.png", groups, title=title, **labels)
-            )
+            xlabel = "source length (tokens, bucket middle)"
+            ylabel = "BLEU" if key == "bleu" else "exact match %"
+            path = Path(folder) / f"length_{task}.png"
+            drawn.append(C.draw_seeds(path, groups, title=title, xlabel=xlabel, ylabel=ylabel))
     pairs = {}
     for task in ("dates", "numbers", "reverse", "kjv2web"):
         group = "decoders" if task in ("dates", "numbers") else "length"
@@ -267,10 +259,10 @@ def _length_table(task: str) -> Table:
     edges, score = LENGTH[task][1], "bleu" if task == "kjv2web" else "exact_pct"
     buckets = [f"{lo}-{hi - 1}=bucket.{lo}-{hi - 1}.{score}" for lo, hi in pairwise(edges)]
     overall = "all=bleu" if task == "kjv2web" else "all=exact_match_pct"
-    size = NAME[1:] + columns("hidden=hidden", 0) + RUN
-    return Table(
-        f"length-{task}", size + columns("; ".join([*buckets, overall]), 1), [f"length-{task}"]
+    cells = (
+        NAME[1:] + columns("hidden=hidden", 0) + RUN + columns("; ".join([*buckets, overall]), 1)
     )
+    return Table(f"length-{task}", cells, [f"length-{task}"])
 
 
 MATCHED_COLUMNS = NAME + columns("params=params; hidden=hidden; d_model=d_model; d_ff=d_ff", 0)
@@ -302,17 +294,7 @@ TABLES = [
         ids=["transformer-kjv_lm"],
     ),
 ]
-BENCH = Bench(
-    "seq2seq",
-    __file__,
-    experiments,
-    worker,
-    TARGETS,
-    TABLES,
-    prepare=prepare,
-    derive=derive,
-    figures=figures,
-)
+BENCH = Bench("seq2seq", __file__, experiments, worker, TARGETS, TABLES, prepare, derive, figures)
 
 if __name__ == "__main__":
     drive(BENCH)

@@ -18,11 +18,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from _common import Bench, Experiment, Table, drive, targets, time_steps
+import _common as C
+from _common import Bench, Experiment, Table, drive, targets
 from attnzoo.models.seq2seq import Seq2Seq, bahdanau
 
-# id -> batch, source length, target length, source vocabulary, target vocabulary, hidden
-SIZES = {
+KEYS = ("batch", "source_len", "target_len", "source_vocab", "target_vocab", "hidden")
+SIZES = {  # id -> KEYS
     "full": {
         "dates-sized": (64, 30, 11, 60, 20, 128),
         "kjv2web-sized": (64, 45, 50, 8000, 8000, 256),
@@ -75,61 +76,42 @@ class PlainBahdanau(nn.Module):
         return torch.cat(logits, 1)
 
 
-def make_batch(b, j, t, v_src, v_tgt, seed):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(j // 2, j + 1, (b,), generator=g)
-    lengths[0] = j
-    source = torch.randint(4, v_src, (b, j), generator=g)
-    source[torch.arange(j)[None] >= lengths[:, None]] = 0
-    target = torch.randint(4, v_tgt, (b, t + 1), generator=g)
-    return source, lengths, target[:, :-1], target[:, 1:]
-
-
 def experiments(budget: str) -> list[Experiment]:
-    keys = ("batch", "source_len", "target_len", "source_vocab", "target_vocab", "hidden")
     repeats = 15 if budget == "full" else 2
     return [
-        Experiment(name, "throughput", {**dict(zip(keys, sizes, strict=True)), "repeats": repeats})
+        Experiment(name, "throughput", {**dict(zip(KEYS, sizes, strict=True)), "repeats": repeats})
         for name, sizes in SIZES[budget].items()
     ]
 
 
 def worker(p: dict, ctx) -> dict:
-    b, j, t, v_src, v_tgt, hidden = (
-        p[k]
-        for k in ("batch", "source_len", "target_len", "source_vocab", "target_vocab", "hidden")
-    )
+    hidden, v_tgt = p["hidden"], p["target_vocab"]
     torch.manual_seed(0)
-    ours = Seq2Seq(bahdanau(hidden=hidden, attn_hidden=hidden, embed_dim=hidden // 2), v_src, v_tgt)
+    config = bahdanau(hidden=hidden, attn_hidden=hidden, embed_dim=hidden // 2)
+    ours = Seq2Seq(config, p["source_vocab"], v_tgt)
     plain = PlainBahdanau(ours)
-    source, lengths, target_in, target_out = make_batch(b, j, t, v_src, v_tgt, 0)
+    source, lengths, target = C.padded_batch(*(p[k] for k in KEYS[:5]))
+    target_in, target_out = target[:, :-1], target[:, 1:]
     ours.eval()
     with torch.no_grad():  # same weights, same function
-        torch.testing.assert_close(
-            plain(source, lengths, target_in),
-            ours(source, lengths, target_in).logits,
-            rtol=1e-4,
-            atol=1e-5,
-        )
+        logits = ours(source, lengths, target_in).logits
+        torch.testing.assert_close(plain(source, lengths, target_in), logits, rtol=1e-4, atol=1e-5)
     ours.train()
     opt = torch.optim.AdamW([*ours.parameters(), *plain.encoder.parameters()], lr=1e-4)
 
     def step(logits_of):
-        def run():
-            loss = F.cross_entropy(logits_of().reshape(-1, v_tgt), target_out.reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+        def loss():
+            return F.cross_entropy(logits_of().reshape(-1, v_tgt), target_out.reshape(-1))
 
-        return lambda: run
+        return lambda: C.optimizer_step(loss, opt)
 
     builders = {
         "attnzoo": step(lambda: ours(source, lengths, target_in).logits),
         "plain": step(lambda: plain(source, lengths, target_in)),
     }
-    impls = time_steps(builders, repeats=p["repeats"], warmup=2, reference={"attnzoo": "plain"})
+    impls = C.time_steps(builders, repeats=p["repeats"], warmup=2, reference={"attnzoo": "plain"})
     for impl in impls.values():
-        impl["tokens_per_s"] = b * t / impl["ms"]["median"] * 1e3
+        impl["tokens_per_s"] = p["batch"] * p["target_len"] / impl["ms"]["median"] * 1e3
     return {"impls": impls, "speedup": impls["attnzoo"].pop("ratio")}
 
 

@@ -1,21 +1,15 @@
 """Transformer throughput: attnzoo's Transformer against `torch.nn.Transformer` and
 x-transformers' `XTransformer` at one configuration, and cached against uncached decoding.
 
-1. Training target tokens/s (forward, cross-entropy, backward, AdamW step) at d_model 256,
-   4 heads, 3 + 3 layers, d_ff 1024, batch 32, source and target length 64, one vocabulary,
-   fp32, sources padded to random lengths. attnzoo's model is loaded from the
-   nn.Transformer's weights (`Transformer.from_torch`) and checked to give the same loss, so
-   those two compute one function; x-transformers has the same sizes and its own defaults
-   otherwise (GELU feed-forward, no q/k/v biases, learned positions). The target experiment
-   uses dropout 0 (the only setting where attnzoo and nn.Transformer compute one function:
-   each library puts dropout in different places); a dropout 0.1 one, each library at its own
-   placement, is reported beside it.
-2. attnzoo under `torch.autocast("cpu", dtype=torch.bfloat16)` against nn.Transformer fp32
-   (timed in the dropout-0 experiment).
-3. Greedy decoding of 128 tokens with key/value caches against recomputing the prefix at every
-   step, batch 1 and 32, same model, identical tokens checked.
-
-Every comparison is timed interleaved in one worker process, one thread; ratios are per round.
+1. Training target tokens/s (forward, cross-entropy, backward, AdamW step) at FULL's sizes,
+   fp32, sources padded to random lengths. attnzoo's model is loaded from the nn.Transformer's
+   weights (`Transformer.from_torch`) and checked to give the same loss; x-transformers has the
+   same sizes and its own defaults otherwise (GELU, no q/k/v biases, learned positions). The
+   target experiment uses dropout 0, where attnzoo and nn.Transformer compute one function;
+   dropout 0.1, each library at its own placement, is reported beside it.
+2. attnzoo under `torch.autocast("cpu", dtype=torch.bfloat16)` against nn.Transformer fp32.
+3. Greedy decoding with key/value caches against recomputing the prefix at every step, batch 1
+   and 32, same model, identical tokens checked.
 
     python benchmarks/bench_transformer.py [--budget smoke]    # results/transformer.json
 """
@@ -28,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from _common import Bench, Experiment, Table, drive, per_round, targets, time_steps
+import _common as C
+from _common import Bench, Experiment, Table, drive, targets
 from attnzoo.core import sinusoidal_encoding
 from attnzoo.decoding import greedy
 from attnzoo.models.transformer import Transformer
@@ -77,17 +72,6 @@ class TorchSeq2Seq(nn.Module):
         return self.output(hidden)  # (b, t, V)
 
 
-def make_batch(c: dict, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    b, n, v = c["batch"], c["length"], c["vocab"]
-    lengths = torch.randint(n // 2, n + 1, (b,), generator=g)
-    lengths[0] = n
-    source = torch.randint(4, v, (b, n), generator=g)
-    source[torch.arange(n)[None] >= lengths[:, None]] = 0
-    target = torch.randint(4, v, (b, n + 1), generator=g)
-    return source, lengths, target  # target[:, :-1] in, target[:, 1:] out
-
-
 def build_models(c: dict, dropout: float):
     torch.manual_seed(0)
     plain = TorchSeq2Seq(c, dropout)
@@ -126,7 +110,8 @@ def experiments(budget: str) -> list[Experiment]:
 def training(c: dict) -> dict:
     """Training-step times of each implementation (and, at dropout 0, attnzoo in bf16)."""
     models, missing = build_models(c, c["dropout"])
-    source, lengths, target = make_batch(c)
+    n, v = c["length"], c["vocab"]
+    source, lengths, target = C.padded_batch(c["batch"], n, n, v, v)
     target_in, target_out = target[:, :-1], target[:, 1:]
 
     def loss_of(name, model):
@@ -142,27 +127,23 @@ def training(c: dict) -> dict:
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
     def step(name, model, bf16=False):
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-        def run():
+        def loss():
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss = loss_of(name, model)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+                return loss_of(name, model)
 
-        return lambda: (model.train(), run)[1]
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        return lambda: (model.train(), C.optimizer_step(loss, optimizer))[1]
 
     builders = {name: step(name, model) for name, model in models.items()}
     if c["dropout"] == 0.0:
         builders["attnzoo_bf16"] = step("attnzoo", models["attnzoo"], bf16=True)
-    impls = time_steps(builders, repeats=c["repeats"], warmup=2)
+    impls = C.time_steps(builders, repeats=c["repeats"], warmup=2)
     for impl in impls.values():
         impl["tokens_per_s"] = c["batch"] * c["length"] / impl["ms"]["median"] * 1e3
     times = {name: impl["times_ms"] for name, impl in impls.items()}
-    ratios = {f"vs_{n}": per_round(times[n], times["attnzoo"]) for n in times if n != "attnzoo"}
+    ratios = {f"vs_{n}": C.per_round(times[n], times["attnzoo"]) for n in times if n != "attnzoo"}
     if "attnzoo_bf16" in times:
-        ratios["bf16_vs_torch"] = per_round(times["torch"], times["attnzoo_bf16"])
+        ratios["bf16_vs_torch"] = C.per_round(times["torch"], times["attnzoo_bf16"])
     return {
         "impls": impls,
         **ratios,
@@ -174,8 +155,8 @@ def training(c: dict) -> dict:
 def decoding(c: dict) -> dict:
     """Greedy decoding of `steps` tokens with and without key/value caches."""
     model = build_models(c, 0.0)[0]["attnzoo"].eval()
-    batch = c["decode_batch"]
-    source, lengths, _ = make_batch({**c, "batch": batch}, seed=1)
+    batch, n, v = c["decode_batch"], c["length"], c["vocab"]
+    source, lengths, _ = C.padded_batch(batch, n, n, v, v, seed=1)
     with torch.no_grad():
         memory = model.encode(source, lengths)
     # eos=-1 never matches, so both run exactly `steps` steps
@@ -185,17 +166,14 @@ def decoding(c: dict) -> dict:
         return lambda: greedy(model.decode_step, model.start(memory, cache=cache), batch, **kwargs)
 
     identical = torch.equal(run(True)(), run(False)())
-    impls = time_steps(
+    impls = C.time_steps(
         {"cached": lambda: run(True), "uncached": lambda: run(False)},
         repeats=c["repeats"],
         warmup=0,
         reference={"cached": "uncached"},
     )
-    return {
-        "impls": impls,
-        "speedup": impls["cached"].pop("ratio"),
-        "identical_tokens": float(identical),
-    }
+    speedup = impls["cached"].pop("ratio")
+    return {"impls": impls, "speedup": speedup, "identical_tokens": float(identical)}
 
 
 def worker(params: dict, ctx) -> dict:
