@@ -88,9 +88,7 @@ def test_forward_penalty_ignores_padding_steps_after_end():
     model = build(soft(**SMALL, doubly_stochastic=0.5))
     images, tokens, lengths = inputs()
     out = model(images, tokens, lengths)
-    assert out.penalty.item() == pytest.approx(
-        _penalty_loop(out.weights, lengths, 0.5), rel=1e-10
-    )
+    assert out.penalty.item() == pytest.approx(_penalty_loop(out.weights, lengths, 0.5), rel=1e-10)
     longer = torch.cat([tokens, torch.zeros(3, 4, dtype=torch.long)], 1)  # more padding
     out2 = model(images, longer, lengths)
     assert out2.penalty.item() == pytest.approx(out.penalty.item(), rel=1e-10)
@@ -116,7 +114,9 @@ def test_hard_variant_gradients_route_per_the_toolkit():
     assert enc.abs().max() > 0
     real = torch.arange(tokens.shape[1]) < lengths[:, None]
     reward = torch.randn(3, 1, dtype=torch.float64)
-    policy = reinforce_loss(out.log_pi, reward, 0.1, entropy=out.entropy, entropy_weight=0.01, mask=real)
+    policy = reinforce_loss(
+        out.log_pi, reward, 0.1, entropy=out.entropy, entropy_weight=0.01, mask=real
+    )
     grads = torch.autograd.grad(policy.total, score_params[0])
     assert grads[0].abs().max() > 0
     # padding steps take no part in the policy term

@@ -35,8 +35,13 @@ def task(digits):
 
 
 def test_captions_follow_the_grammar_and_name_every_digit(task):
-    scene = compose(task.config, task.digits.test_images, task.digits.test_labels, 64,
-                    torch.Generator().manual_seed(0))
+    scene = compose(
+        task.config,
+        task.digits.test_images,
+        task.digits.test_labels,
+        64,
+        torch.Generator().manual_seed(0),
+    )
     batch, texts = collate(scene)
     counts = (scene.slots >= 0).sum(-1)
     assert set(counts.tolist()) == {1, 2, 3, 4}
@@ -46,7 +51,9 @@ def test_captions_follow_the_grammar_and_name_every_digit(task):
         assert named == [NUMBERS[int(d)] for d in scene.labels[k] if d >= 0]
         assert int(batch.has_box[k].sum()) == int(counts[k])
         assert detokenize(batch.tokens_out[k].tolist()) == text
-        assert batch.tokens_in[k, 0] == BOS and batch.tokens_out[k, int(batch.lengths[k]) - 1] == END
+        assert (
+            batch.tokens_in[k, 0] == BOS and batch.tokens_out[k, int(batch.lengths[k]) - 1] == END
+        )
     # a relation says where the first digit's quadrant is: above (different rows) or left of
     one = scene.slots[:, :2]
     for k, text in enumerate(texts):
@@ -58,8 +65,13 @@ def test_captions_follow_the_grammar_and_name_every_digit(task):
 def test_each_box_holds_its_digits_ink(task):
     """With one digit per image, nearly all of the image's ink lies inside its box."""
     config = DigitCaptionsConfig(min_digits=1, max_digits=1, n_valid=40)
-    scene = compose(config, task.digits.train_images[:500], task.digits.train_labels[:500], 32,
-                    torch.Generator().manual_seed(1))
+    scene = compose(
+        config,
+        task.digits.train_images[:500],
+        task.digits.train_labels[:500],
+        32,
+        torch.Generator().manual_seed(1),
+    )
     box = scene.boxes[:, 0]  # (n, 4)
     assert (box[:, :2] >= 0).all() and (box[:, 2:] <= config.canvas).all()
     ys, xs = torch.meshgrid(torch.arange(64.0) + 0.5, torch.arange(64.0) + 0.5, indexing="ij")
@@ -101,7 +113,9 @@ def test_box_cover_against_a_pixel_level_reference():
     grid, canvas = (4, 8), 32
     weights = torch.rand(5, 32, generator=g, dtype=torch.float64).softmax(-1)
     corners = torch.randint(0, 30, (5, 2), generator=g).double()
-    boxes = torch.cat([corners, corners + torch.randint(1, 9, (5, 2), generator=g)], -1).clamp(max=32)
+    boxes = torch.cat([corners, corners + torch.randint(1, 9, (5, 2), generator=g)], -1).clamp(
+        max=32
+    )
     got = (weights * box_cover(boxes, grid, canvas)).sum(-1)
     for k in range(5):
         x0, y0, x1, y1 = (int(v) for v in boxes[k])
@@ -124,8 +138,10 @@ def test_the_loss_adds_the_penalty_and_counts_real_tokens(task):
     loss, count = task.loss(model, batch)
     assert count == int((batch.tokens_out != 0).sum())
     out = model(batch.images, batch.tokens_in, batch.lengths, sample=True)
-    nll = -(out.log_probs.gather(-1, batch.tokens_out.unsqueeze(-1)).squeeze(-1)
-            * (batch.tokens_out != 0)).sum()
+    nll = -(
+        out.log_probs.gather(-1, batch.tokens_out.unsqueeze(-1)).squeeze(-1)
+        * (batch.tokens_out != 0)
+    ).sum()
     assert loss.item() == pytest.approx((nll + out.penalty).item(), rel=1e-5)
     hard_model = ShowAttendTell(hard(**small), **task.model_dims())
     assert not bool(hard_model.reward_baseline.started)
@@ -157,4 +173,37 @@ def test_vocabulary_and_config_errors():
         DigitCaptionsConfig(small=(14, 20), large=(18, 30))
     with pytest.raises(ValueError, match="small"):
         DigitCaptionsConfig(small=(14,))
-    assert captions.MAX_LEN >= len("a large one above a small two and a large three left of a small four".split()) + 1
+    longest = scene_words(4)
+    assert len(longest) + 1 == captions.MAX_LEN  # + <end>
+
+
+def scene_words(k: int) -> list[str]:
+    """The words of a caption of k digits with the longest relation ("left of") in each pair."""
+    words = []
+    for p in range(0, k, 2):
+        words += ["and"] * bool(p) + ["a", "large", "one"]
+        if p + 1 < k:
+            words += ["left", "of", "a", "small", "two"]
+    return words
+
+
+def test_figures_and_explorer_show_each_words_attention(task, tmp_path):
+    """The hard model's explorer rows are the sampled cells (one-hot) and the picture is
+    written; every row of the explorer is one output word (or <end>)."""
+    torch.manual_seed(0)
+    small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8)
+    for config in (soft(**small), hard(**small)):
+        model = ShowAttendTell(config, **task.model_dims()).eval()
+        if config.variant == "hard":  # one picture is enough to see it written
+            (path,) = task.figures(model, tmp_path, count=1)
+            assert path.name == "captions.png" and path.stat().st_size > 0
+        data = task.explore(model, 2)
+        gh, gw = model.grid
+        for example in data["examples"]:
+            (kind,) = example["attention"]
+            w = kind["weights"][0, 0]
+            assert kind["rows"] == [*example["prediction"].split(), "<end>"][: len(w)]
+            assert example["grid"] == [gh, gw] and w.shape[-1] == gh * gw
+            if config.variant == "hard":
+                assert ((w == 0) | (w == 1)).all()
+                assert example["sizes"] == [task.config.canvas // gh]

@@ -98,7 +98,9 @@ class ShowAttendTellConfig:
                 fail("ShowAttendTellConfig", name, "a number >= 0", getattr(self, name))
         if not 0 <= self.baseline_momentum < 1:
             fail(
-                "ShowAttendTellConfig", "baseline_momentum", "a number in [0, 1)",
+                "ShowAttendTellConfig",
+                "baseline_momentum",
+                "a number in [0, 1)",
                 self.baseline_momentum,
             )
 
@@ -153,7 +155,9 @@ def matched_hidden(reference: ShowAttendTellConfig) -> int:
     while parameter_count(replace(base, hidden=hidden)) < target:
         hidden += 1
     below = replace(base, hidden=max(1, hidden - 1))
-    if abs(parameter_count(below) - target) < abs(parameter_count(replace(base, hidden=hidden)) - target):
+    if abs(parameter_count(below) - target) < abs(
+        parameter_count(replace(base, hidden=hidden)) - target
+    ):
         return below.hidden
     return hidden
 
@@ -194,8 +198,13 @@ class CaptionState:
         pick = lambda x: None if x is None else x.index_select(0, index)  # noqa: E731
         keys = None if self.keys is None else self.keys.index_select(index)
         return CaptionState(
-            pick(self.h), pick(self.c), pick(self.annotations), pick(self.mean), keys,
-            self.generator, pick(self.weights),
+            pick(self.h),
+            pick(self.c),
+            pick(self.annotations),
+            pick(self.mean),
+            keys,
+            self.generator,
+            pick(self.weights),
         )
 
 

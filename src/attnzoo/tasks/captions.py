@@ -351,8 +351,11 @@ class DigitCaptionsTask:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         d = self.digits
         scene = compose(
-            self.config, d.train_images[: self.n_train], d.train_labels[: self.n_train],
-            batch_size, g,
+            self.config,
+            d.train_images[: self.n_train],
+            d.train_labels[: self.n_train],
+            batch_size,
+            g,
         )
         scene = Scene(*(x[rank::world] for x in scene))
         batch, _ = collate(scene, step)
@@ -471,7 +474,9 @@ class DigitCaptionsTask:
                 uniforms.append(uniform.cpu())
         n = len(references)
         metrics: dict = {
-            "exact_match_pct": 100.0 * sum(h == r for h, r in zip(hypotheses, references)) / n,
+            "exact_match_pct": 100.0
+            * sum(h == r for h, r in zip(hypotheses, references, strict=True))
+            / n,
             "n": n,
         }
         for order in range(1, 5):
@@ -558,13 +563,10 @@ class DigitCaptionsTask:
                 if hard:
                     example["sizes"] = [c.canvas // gh]
             examples.append(example)
-        note = (
-            "Each word's attention over the feature map's cells, drawn over the image; "
-            + (
-                "hard attention: the location sampled at each step (one-hot)"
-                if hard
-                else "the path joins each step's centre of mass"
-            )
+        note = "Each word's attention over the feature map's cells, drawn over the image; " + (
+            "hard attention: the location sampled at each step (one-hot)"
+            if hard
+            else "the path joins each step's centre of mass"
         )
         title = f"digit captions, {c.canvas} x {c.canvas}: test images"
         return {"layout": "image", "title": title, "note": note, "examples": examples}

@@ -36,18 +36,20 @@ def caption_attention_figure(
     for r, (image, words, weights, grid, label) in enumerate(rows):
         image = image.float().cpu()
         maps = upsample(weights.cpu(), grid, tuple(image.shape))
+        maps = (maps / maps.flatten(1).amax(1).clamp_min(1e-12)[:, None, None]).numpy()
+        image = image.numpy()
         axes[r, 0].imshow(image, cmap="gray", vmin=0, vmax=1)
         axes[r, 0].set_title(label or "image", fontsize=7)
         for k in range(columns - 1):
             ax = axes[r, k + 1]
             if k < min(len(words), len(maps)):
                 ax.imshow(image, cmap="gray", vmin=0, vmax=1)
-                level = maps[k] / maps[k].max().clamp_min(1e-12)
-                ax.imshow(level, cmap="inferno", alpha=0.55, vmin=0, vmax=1)
+                ax.imshow(maps[k], cmap="inferno", alpha=0.55, vmin=0, vmax=1)
                 ax.set_title(words[k], fontsize=7)
         for ax in axes[r]:
             ax.set_xticks([])
             ax.set_yticks([])
-            ax.axis("off") if not ax.images else None
+            if not ax.images:
+                ax.axis("off")
     fig.tight_layout(pad=0.3)
     return fig
