@@ -13,10 +13,12 @@ beside the uniform baseline (box area / canvas area):
 - none: the LSTM captioner without attention (the mean annotation at every step), its LSTM
   widened to the soft model's parameter count (within 2%).
 
-The budget is reduced (`FULL`, one seed per row) to fit this machine's shared CPU; the page
-says so. Xu 2015's numbers are BLEU on Flickr8k/COCO: a different dataset and scale.
+The budget is reduced (`FULL`) to fit this machine's shared CPU, and the committed results
+were run with `--seeds 1` (the rule's `SEEDS` per row when the machine allows); the page says
+so. Xu 2015's numbers are BLEU on Flickr8k/COCO: a different dataset and scale.
 
     python benchmarks/bench_show_attend_tell.py [--budget smoke|full] [--only ID ...] [--seeds N]
+    python benchmarks/bench_show_attend_tell.py --seeds 1     # what the committed JSON ran
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ MODELS = {"soft": "show-attend-tell", "hard": "show-attend-tell-hard", "none": "
 # the reduced budget of every row (one thread; ~0.2 s of CPU a step at batch 64)
 FULL = ["train.steps=1600", "train.batch_size=64", "train.eval_every=0"]
 MINUTES = 6.0
+SEEDS = 3  # the project's rule for a trained comparison; this page's run used `--seeds 1`
 SMOKE = ["train.steps=3", "train.batch_size=4", "task.n_test=8", "task.n_valid=8"]
 SMOKE += ["model.hidden=16", "model.embed_dim=8", "model.attn_hidden=8", "train.checkpoint_every=2"]
 # Xu et al. 2015 (arXiv:1502.03044v3) Table 1, BLEU-4 (PAPERS.md, confirmed from
@@ -47,7 +50,7 @@ def experiments(budget: str) -> list[Experiment]:
             variant,
             "captions",
             {"model": model, "sets": SMOKE if smoke else FULL},
-            1,
+            1 if smoke else SEEDS,
             0.2 if smoke else MINUTES,
         )
         for variant, model in MODELS.items()
@@ -84,17 +87,13 @@ def derive(summary: dict) -> dict:
         "setup": setup,
     }
     soft, hard = (C.by_seed(summary, i, "exact_match_pct") for i in ("soft", "hard"))
-    seeds = sorted(soft.keys() & hard.keys())
-    compare: dict = {}
-    if seeds:
-        compare["hard_minus_soft_exact_match"] = [hard[s] - soft[s] for s in seeds]
     ps, pn = C.by_seed(summary, "soft", "params"), C.by_seed(summary, "none", "params")
-    if ps.keys() & pn.keys():
-        compare["baseline_params_over_soft"] = [
-            pn[s] / ps[s] for s in sorted(ps.keys() & pn.keys())
-        ]
-    if compare:
-        derived["compare"] = compare
+    derived["compare"] = {
+        "hard_minus_soft_exact_match": [
+            hard[s] - soft[s] for s in sorted(soft.keys() & hard.keys())
+        ],
+        "baseline_params_over_soft": [pn[s] / ps[s] for s in sorted(ps.keys() & pn.keys())],
+    }
     return derived
 
 

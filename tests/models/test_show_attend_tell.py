@@ -84,6 +84,7 @@ def test_doubly_stochastic_term_matches_a_loop_over_real_steps_only():
     assert doubly_stochastic(garbage, real, 0.3).item() == pytest.approx(got.item(), rel=1e-12)
 
 
+@torch.no_grad()
 def test_forward_penalty_ignores_padding_steps_after_end():
     model = build(soft(**SMALL, doubly_stochastic=0.5))
     images, tokens, lengths = inputs()
