@@ -207,3 +207,15 @@ def test_figures_and_explorer_show_each_words_attention(task, tmp_path):
             if config.variant == "hard":
                 assert ((w == 0) | (w == 1)).all()
                 assert example["sizes"] == [task.config.canvas // gh]
+
+
+def test_the_explorer_refuses_a_grid_that_does_not_fit_the_columns(task):
+    from attnzoo.viz.explore import validate
+
+    torch.manual_seed(0)
+    small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8)
+    data = task.explore(ShowAttendTell(soft(**small), **task.model_dims()).eval(), 1)
+    validate(data)
+    data["examples"][0]["grid"] = [3, 5]
+    with pytest.raises(ValueError, match="grid"):
+        validate(data)
