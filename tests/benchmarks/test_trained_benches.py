@@ -14,8 +14,9 @@ import _common
 import bench_ntm
 import bench_pointer
 import bench_seq2seq
+import bench_show_attend_tell
 
-BENCHES = (bench_ntm, bench_pointer, bench_seq2seq)
+BENCHES = (bench_ntm, bench_pointer, bench_seq2seq, bench_show_attend_tell)
 HEADLINE = {  # (bench, id) -> overrides: the CLI runs adopted as they are
     ("ntm", "bit_copy-ntm"): [
         "task.test_lengths=10,20,30,40,50,60,80",

@@ -11,7 +11,8 @@ the model offers (documented with the task of that interface, e.g.
 - "pointer": `(config, input_dim, end_token)`;
 - "bits": `(config, input_size, output_size)`;
 - "image": `(config, image_size, channels, classes)`;
-- "multi_image": `(config, image_size, channels, classes, labels)`.
+- "multi_image": `(config, image_size, channels, classes, labels)`;
+- "caption": `(config, vocab, max_len, image_size, channels)`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from attnzoo.models import dram, image_baselines, ram, seq2seq, transformer
+from attnzoo.models import dram, image_baselines, ram, seq2seq, show_attend_tell, transformer
 from attnzoo.models.ntm import NTM, LSTMBaseline, lstm, ntm
 from attnzoo.models.pointer_net import PointerNet, PointerNetConfig
 from attnzoo.models.seq2seq import Seq2Seq, bahdanau, encdec, luong, simple
@@ -138,5 +139,24 @@ MODELS = {
         image_baselines.MultiHeadConvNet,
         "two-layer convnet with one softmax head per label (Ba 2014 baseline)",
         interface="multi_image",
+    ),
+    "show-attend-tell": ModelSpec(
+        show_attend_tell.soft,
+        show_attend_tell.ShowAttendTell,
+        "Show, Attend and Tell, soft attention: CNN annotations, LSTM, additive attention "
+        "(Xu 2015)",
+        interface="caption",
+    ),
+    "show-attend-tell-hard": ModelSpec(
+        show_attend_tell.hard,
+        show_attend_tell.ShowAttendTell,
+        "Show, Attend and Tell, hard attention: a sampled location, REINFORCE (Xu 2015)",
+        interface="caption",
+    ),
+    "lstm-captioner": ModelSpec(
+        show_attend_tell.no_attention,
+        show_attend_tell.ShowAttendTell,
+        "LSTM captioner without attention (mean annotation), sized to the soft model",
+        interface="caption",
     ),
 }

@@ -22,7 +22,7 @@ class TaskSpec:
     module: str  # attnzoo.tasks.<module>
     config_class: str
     description: str
-    interface: str  # seq2seq | lm | pointer | bits | image | multi_image
+    interface: str  # seq2seq | lm | pointer | bits | image | multi_image | caption
     train: dict  # the default budget: TrainConfig fields (sized for a 2-core CPU)
     eval: dict = field(default_factory=dict)  # EvalConfig fields
     defaults: dict = field(default_factory=dict)  # the config's values for this task name
@@ -228,4 +228,13 @@ TASKS = {
             ("mnist_addition", "addition", "the sum of two MNIST digits on one canvas (Ba 2014)"),
         )
     },
+    # Digit captions for Show, Attend and Tell (Xu 2015) and its no-attention baseline: untuned
+    "digit_captions": TaskSpec(
+        "captions",
+        "DigitCaptionsConfig",
+        "caption 1-4 MNIST digits on 64 x 64: size, digit, relation (Xu 2015 at CPU scale)",
+        "caption",
+        train={**_image_train(6000), "lr": 2e-3, "log_every": 200, "eval_every": 2000},
+        eval=dict(limit=0),  # all DigitCaptionsConfig.n_test images
+    ),
 }

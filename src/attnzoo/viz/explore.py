@@ -35,6 +35,8 @@ Schema (version 1)::
         "glimpses": (R, 2) each step's glimpse centre (x, y) in pixels from the top-left
             corner ([] without glimpses),
         "sizes": [int]: the sides of the retina's square patches, pixels ([] without),
+        "grid": [rows, columns] (optional): the columns are the cells of this grid over the
+            image, row-major; the page draws the step's weights over the image,
       }]
     }
 
@@ -161,6 +163,16 @@ def _check_image(where: str, example: dict) -> None:
     for kind in example["attention"]:
         if len(kind["rows"]) != len(glimpses):
             _fail(f"{where}.glimpses", f"{len(kind['rows'])} (x, y) centres", len(glimpses))
+    grid = example.get("grid")
+    if grid is not None:
+        cells = {len(kind["columns"]) for kind in example["attention"]}
+        if (
+            not isinstance(grid, list)
+            or len(grid) != 2
+            or not all(isinstance(v, int) and v > 0 for v in grid)
+            or any(c != grid[0] * grid[1] for c in cells)
+        ):
+            _fail(f"{where}.grid", f"[rows, columns] with rows * columns in {sorted(cells)}", grid)
     sizes = example["sizes"]
     if not isinstance(sizes, list) or not all(isinstance(v, int) and v > 0 for v in sizes):
         _fail(f"{where}.sizes", "a list of positive ints", repr(sizes))

@@ -191,6 +191,14 @@
           add("rect", { x: c * px, y: r * px, width: px, height: px, fill: "rgb(" + grey + "," + grey + "," + grey + ")" });
         }
       }));
+      if (e.grid && row) {
+        // attention over a grid of cells (e.g. a CNN's feature map), drawn over the image
+        const [gh, gw] = e.grid, ch = (height * px) / gh, cw = (width * px) / gw;
+        const top = Math.max(1, ...row);
+        row.forEach((level, j) => {
+          if (level > 0) add("rect", { x: (j % gw) * cw, y: Math.floor(j / gw) * ch, width: cw, height: ch, fill: "#ff7f0e", "fill-opacity": (0.7 * level) / top, class: "grid-cell" });
+        });
+      }
       const seen = e.glimpses.slice(0, state.step + 1);
       if (seen.length) {
         const d = seen.map(([x, y], s) => (s ? "L" : "M") + x * px + " " + y * px).join(" ");

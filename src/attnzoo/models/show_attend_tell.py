@@ -1,0 +1,377 @@
+"""Show, Attend and Tell (Xu et al. 2015, arXiv:1502.03044v3): an image captioner whose LSTM
+attends over the L annotation vectors of a convolutional feature map at every word.
+
+    a = {a_1..a_L} = CNN(image)                         annotations, a_i in R^D (sec. 3.1.1)
+    c_0 = f_init,c(mean_i a_i), h_0 = f_init,h(mean_i a_i)          (sec. 3.1.2, two MLPs)
+    e_ti = f_att(a_i, h_{t-1}) = w^T tanh(W_a a_i + W_h h_{t-1})    (eq. 4, additive)
+    alpha_t = softmax(e_t)                                          (eq. 5)
+    z_t = beta_t * sum_i alpha_ti a_i,  beta_t = sigmoid(f_beta(h_{t-1}))   (soft, sec. 4.2.1)
+    z_t = a_{s_t},  s_t ~ Multinoulli(alpha_t)                      (hard, sec. 4.1)
+    i, f, o, g, c_t, h_t = LSTM([E y_{t-1}; z_t], h_{t-1}, c_t-1)  (eq. 1-3)
+    p(y_t) = softmax(L_o (E y_{t-1} + L_h h_t + L_z z_t))           (eq. 7, the deep output)
+
+`variant` switches the attention: "soft" (deterministic, trained by back-propagation with the
+doubly stochastic regulariser lambda * sum_i (1 - sum_t alpha_ti)^2, eq. 14), "hard"
+(stochastic, trained by REINFORCE with a moving-average baseline and an entropy bonus: the
+task's loss with `attnzoo.core.hard`, eq. 10-12), or "none" (the baseline: z_t is the mean
+annotation at every step, no attention, no beta).
+
+The additive score is `attnzoo.core.scores.Additive`: W_a a_i is computed once per image
+(`attnzoo.core.attention.prepare_key`), and soft attention runs through core `attention()`.
+
+Note:
+    - The encoder is a small CNN (`channels`, 3 x 3 convolutions, ReLU, 2 x 2 max pooling)
+      trained from scratch with the captioner in the same run; the paper uses a VGG net
+      pre-trained on ImageNet and kept fixed. Its last convolution keeps the resolution, so
+      the L = (H / 2^pools) * (W / 2^pools) cells see ~30 pixels each.
+    - The regulariser sums over the real caption steps only (the words and <end>), never over
+      padding after <end>; the paper's captions are bucketed by length and have none.
+    - Hard attention: the paper also replaces the sampled location by its expectation with
+      probability 0.5 in training; here every training step samples. At evaluation the hard
+      model samples too (from the task's seeded generator), so its figures show the locations
+      it actually used. The moving-average baseline tracks the whole caption's log-likelihood.
+    - lambda defaults to 0.1, not the paper's 1: with T ~ 12 words and L = 64 cells, the term
+      (summed per caption, as the log-likelihood is) pushes attention to spread over every
+      cell, and at 1 it outweighs the caption's log-likelihood once that is learned.
+    - Dropout on the LSTM output before the deep output (the paper's dropout; its rate here is
+      `dropout`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnzoo.core.attention import attention, prepare_key
+from attnzoo.core.checks import check_size, fail
+from attnzoo.core.hard import MovingAverageBaseline
+from attnzoo.core.normalisers import sample_hard
+from attnzoo.core.scores import Additive
+from attnzoo.core.types import PreparedKey
+
+VARIANTS = ("soft", "hard", "none")
+
+
+@dataclass(frozen=True)
+class ShowAttendTellConfig:
+    """Attributes:
+    variant: soft | hard | none (no attention: the mean annotation at every step).
+    channels: output channels of the encoder's 3 x 3 convolutions; each but the last is
+        followed by 2 x 2 max pooling (D, the annotation size, is the last).
+    embed_dim: m, the word embedding (also the deep output's width).
+    hidden: n, the LSTM's width.
+    attn_hidden: the additive score's tanh layer.
+    dropout: before the deep output.
+    doubly_stochastic: lambda of the regulariser (soft only; 0: off).
+    entropy_weight: lambda_e of the entropy bonus (hard only).
+    reinforce_weight: lambda_r of the REINFORCE terms (hard only).
+    baseline_momentum: the moving-average baseline's momentum (hard only; the paper: 0.9).
+    """
+
+    variant: str = "soft"
+    channels: tuple[int, ...] = (16, 32, 64, 64)
+    embed_dim: int = 64
+    hidden: int = 192
+    attn_hidden: int = 64
+    dropout: float = 0.1
+    doubly_stochastic: float = 0.1
+    entropy_weight: float = 0.01
+    reinforce_weight: float = 1.0
+    baseline_momentum: float = 0.9
+
+    def __post_init__(self):
+        if self.variant not in VARIANTS:
+            fail("ShowAttendTellConfig", "variant", f"one of {list(VARIANTS)}", repr(self.variant))
+        if not isinstance(self.channels, tuple | list) or not self.channels:
+            fail("ShowAttendTellConfig", "channels", "a non-empty tuple of ints", self.channels)
+        for c in self.channels:
+            check_size("ShowAttendTellConfig", "channels", c)
+        for name in ("embed_dim", "hidden", "attn_hidden"):
+            check_size("ShowAttendTellConfig", name, getattr(self, name))
+        if not 0 <= self.dropout < 1:
+            fail("ShowAttendTellConfig", "dropout", "a number in [0, 1)", self.dropout)
+        for name in ("doubly_stochastic", "entropy_weight", "reinforce_weight"):
+            if not getattr(self, name) >= 0:
+                fail("ShowAttendTellConfig", name, "a number >= 0", getattr(self, name))
+        if not 0 <= self.baseline_momentum < 1:
+            fail(
+                "ShowAttendTellConfig",
+                "baseline_momentum",
+                "a number in [0, 1)",
+                self.baseline_momentum,
+            )
+
+
+def soft(**overrides) -> ShowAttendTellConfig:
+    """Soft (deterministic) attention, CPU-sized."""
+    return ShowAttendTellConfig(**{"variant": "soft", **overrides})
+
+
+def hard(**overrides) -> ShowAttendTellConfig:
+    """Hard (stochastic) attention, CPU-sized."""
+    return ShowAttendTellConfig(**{"variant": "hard", **overrides})
+
+
+def no_attention(**overrides) -> ShowAttendTellConfig:
+    """The baseline without attention; unless `hidden` is given, its LSTM is widened to the
+    soft model's parameter count (`matched_hidden`)."""
+    config = ShowAttendTellConfig(**{"variant": "none", **overrides})
+    if "hidden" not in overrides:
+        config = replace(config, hidden=matched_hidden(replace(config, variant="soft")))
+    return config
+
+
+def parameter_count(config: ShowAttendTellConfig, vocab: int = 20) -> int:
+    """Parameters of `ShowAttendTell(config, vocab)`, counted from the sizes (building a model
+    to count it would draw from the global random generator, or pay ~7 s for the first meta
+    build: a preset must do neither). Tested equal to the built model's count."""
+    c = config
+    d, n, m, a = c.channels[-1], c.hidden, c.embed_dim, c.attn_hidden
+    count, previous = 0, 1  # the image channels are not known here: counted as 1, see below
+    for out in c.channels:
+        count += previous * out * 9 + out
+        previous = out
+    count += 2 * (d * n + n)  # f_init,h and f_init,c
+    count += vocab * m  # E
+    if c.variant != "none":
+        count += n * a + d * a + a  # W_h, W_a, w of the additive score
+    if c.variant == "soft":
+        count += n + 1  # f_beta
+    count += 4 * n * (m + d) + 4 * n * n + 8 * n  # the LSTM cell
+    count += n * m + m + d * m + m * vocab + vocab  # L_h, L_z, L_o
+    return count
+
+
+def matched_hidden(reference: ShowAttendTellConfig) -> int:
+    """The LSTM width at which the no-attention model has the parameter count closest to
+    `reference`'s (the vocabulary's and the image channels' parameters are the same on both
+    sides: they do not depend on the width)."""
+    target = parameter_count(reference)
+    base = replace(reference, variant="none")
+    hidden = reference.hidden  # the count grows with the width: walk up until it passes
+    while parameter_count(replace(base, hidden=hidden)) < target:
+        hidden += 1
+    below = replace(base, hidden=max(1, hidden - 1))
+    if abs(parameter_count(below) - target) < abs(
+        parameter_count(replace(base, hidden=hidden)) - target
+    ):
+        return below.hidden
+    return hidden
+
+
+class Encoder(nn.Module):
+    """The CNN: 3 x 3 convolutions with ReLU, 2 x 2 max pooling after each but the last.
+    images (b, channels, H, W) -> annotations (b, L, D), L = h * w of the last map."""
+
+    def __init__(self, in_channels: int, channels: tuple[int, ...]):
+        super().__init__()
+        layers: list[nn.Module] = []
+        for k, out in enumerate(channels):
+            layers += [nn.Conv2d(in_channels, out, 3, padding=1), nn.ReLU()]
+            if k < len(channels) - 1:
+                layers.append(nn.MaxPool2d(2))
+            in_channels = out
+        self.net = nn.Sequential(*layers)
+        self.pools = len(channels) - 1
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        maps = self.net(images)  # (b, D, h, w)
+        return maps.flatten(2).transpose(1, 2)  # (b, L, D)
+
+
+@dataclass
+class CaptionState:
+    """One decoding step's state (the engine's `reorder` protocol)."""
+
+    h: torch.Tensor  # (b, n)
+    c: torch.Tensor  # (b, n)
+    annotations: torch.Tensor  # (b, L, D)
+    mean: torch.Tensor  # (b, D)
+    keys: PreparedKey | None  # W_a a, once per image
+    generator: torch.Generator | None
+    weights: torch.Tensor | None = None  # (b, L) the last step's attention (one-hot if hard)
+
+    def reorder(self, index: torch.Tensor) -> CaptionState:
+        pick = lambda x: None if x is None else x.index_select(0, index)  # noqa: E731
+        keys = None if self.keys is None else self.keys.index_select(index)
+        return CaptionState(
+            pick(self.h),
+            pick(self.c),
+            pick(self.annotations),
+            pick(self.mean),
+            keys,
+            self.generator,
+            pick(self.weights),
+        )
+
+
+@dataclass
+class CaptionOutput:
+    log_probs: torch.Tensor  # (b, t, V)
+    penalty: torch.Tensor  # () the doubly stochastic term, summed over images (0 without)
+    weights: torch.Tensor | None  # (b, t, L) alpha_t (hard: the distribution sampled from)
+    grid: tuple[int, int]  # the feature map's (h, w): L = h * w
+    log_pi: torch.Tensor | None = None  # (b, t) log alpha_{t, s_t} (hard)
+    entropy: torch.Tensor | None = None  # (b, t) H(alpha_t) (hard)
+    locations: torch.Tensor | None = None  # (b, t) s_t (hard)
+
+
+class ShowAttendTell(nn.Module):
+    """Show, Attend and Tell ("caption" interface, `attnzoo.tasks.captions`).
+
+    Args:
+        config: `ShowAttendTellConfig`.
+        vocab: words, id 0 the padding.
+        max_len: unused (the decoder has no length limit).
+        image_size: (H, W), each divisible by 2^(pools).
+        channels: image channels.
+    """
+
+    def __init__(
+        self,
+        config: ShowAttendTellConfig,
+        vocab: int,
+        max_len: int | None = None,
+        image_size: tuple[int, int] = (64, 64),
+        channels: int = 1,
+    ):
+        super().__init__()
+        c = self.config = config
+        check_size("ShowAttendTell", "vocab", vocab)
+        self.encoder = Encoder(channels, tuple(c.channels))
+        scale = 2**self.encoder.pools
+        if any(s % scale for s in image_size):
+            fail("ShowAttendTell", "image_size", f"sides divisible by {scale}", image_size)
+        self.grid = (image_size[0] // scale, image_size[1] // scale)
+        d = c.channels[-1]
+        self.init_h = nn.Sequential(nn.Linear(d, c.hidden), nn.Tanh())  # f_init,h
+        self.init_c = nn.Sequential(nn.Linear(d, c.hidden), nn.Tanh())  # f_init,c
+        self.embed = nn.Embedding(vocab, c.embed_dim, padding_idx=0)  # E
+        self.attends = c.variant != "none"
+        if self.attends:
+            self.score = Additive(c.hidden, d, c.attn_hidden)  # f_att
+        if c.variant == "soft":
+            self.beta = nn.Linear(c.hidden, 1)  # f_beta
+        self.cell = nn.LSTMCell(c.embed_dim + d, c.hidden)
+        self.drop = nn.Dropout(c.dropout)
+        self.out_h = nn.Linear(c.hidden, c.embed_dim)  # L_h
+        self.out_z = nn.Linear(d, c.embed_dim, bias=False)  # L_z
+        self.out = nn.Linear(c.embed_dim, vocab)  # L_o
+        if c.variant == "hard":
+            self.reward_baseline = MovingAverageBaseline(c.baseline_momentum)
+
+    # ----- encoder and start -----
+    def start(self, images: torch.Tensor, generator: torch.Generator | None = None):
+        """images (b, channels, H, W) -> the decoder's first state."""
+        if images.dim() != 4:
+            fail("ShowAttendTell", "images", "(batch, channels, H, W)", tuple(images.shape))
+        a = self.encoder(images)  # (b, L, D)
+        mean = a.mean(1)  # (b, D)
+        keys = prepare_key(self.score, a, value=a) if self.attends else None
+        return CaptionState(self.init_h(mean), self.init_c(mean), a, mean, keys, generator)
+
+    # ----- one step -----
+    def _attend(self, state: CaptionState, sample: bool):
+        """z_t from h_{t-1}: (z (b, D), alpha (b, L) or None, log_pi, entropy, location)."""
+        if not self.attends:
+            return state.mean, None, None, None, None
+        query = state.h.unsqueeze(1)  # (b, 1, n)
+        if self.config.variant == "soft":
+            out = attention(
+                query, state.keys, state.keys.value, score=self.score, return_weights=True
+            )
+            beta = torch.sigmoid(self.beta(state.h))  # (b, 1)
+            return beta * out.context.squeeze(1), out.weights.squeeze(1), None, None, None
+        logits = self.score.logits(query, state.keys.tensor).squeeze(1)  # (b, L)
+        log_alpha = torch.log_softmax(logits, -1)  # (b, L)
+        alpha = log_alpha.exp()
+        entropy = -(alpha * log_alpha).sum(-1)  # (b,)
+        if sample:
+            choice = sample_hard(logits, generator=state.generator)
+            index, log_pi = choice.index, choice.log_prob  # (b,), (b,)
+        else:  # the mode (used only when asked: evaluation samples too)
+            index = log_alpha.argmax(-1)
+            log_pi = log_alpha.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+        z = state.annotations[torch.arange(len(index), device=index.device), index]  # (b, D)
+        return z, alpha, log_pi, entropy, index
+
+    def _step(self, y_prev: torch.Tensor, state: CaptionState, sample: bool):
+        """y_{t-1} ids (b,) -> (logits (b, V), new state, alpha, log_pi, entropy, location)."""
+        z, alpha, log_pi, entropy, location = self._attend(state, sample)
+        e = self.embed(y_prev)  # (b, m)
+        h, c = self.cell(torch.cat([e, z], -1), (state.h, state.c))  # (b, n) each
+        deep = e + self.out_h(self.drop(h)) + self.out_z(z)  # (b, m), eq. 7
+        logits = self.out(deep)  # (b, V)
+        shown = alpha
+        if location is not None:  # hard: what the step looked at is the sampled cell
+            shown = F.one_hot(location, alpha.shape[-1]).to(alpha.dtype)
+        new = replace(state, h=h, c=c, weights=shown)
+        return logits, new, alpha, log_pi, entropy, location
+
+    # ----- training: teacher forcing -----
+    def forward(
+        self,
+        images: torch.Tensor,
+        tokens_in: torch.Tensor,
+        lengths: torch.Tensor,
+        *,
+        sample: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> CaptionOutput:
+        """Teacher forcing. images (b, C, H, W); tokens_in (b, t) <bos> + words, padded;
+        lengths (b,) real steps (words + <end>). Returns `CaptionOutput`; `penalty` is the
+        doubly stochastic term lambda * sum_b sum_i (1 - sum_{t < length_b} alpha_bti)^2."""
+        if tokens_in.dim() != 2 or tokens_in.shape[0] != images.shape[0]:
+            fail(
+                "ShowAttendTell",
+                "tokens_in",
+                f"(batch = {images.shape[0]}, steps) token ids",
+                tuple(tokens_in.shape),
+            )
+        state = self.start(images, generator)
+        steps = tokens_in.shape[1]
+        logits, alphas, log_pis, entropies, locations = [], [], [], [], []
+        for y_prev in tokens_in.unbind(1):
+            out, state, alpha, log_pi, entropy, location = self._step(y_prev, state, sample)
+            logits.append(out)
+            alphas.append(alpha)
+            log_pis.append(log_pi)
+            entropies.append(entropy)
+            locations.append(location)
+        log_probs = torch.log_softmax(torch.stack(logits, 1), -1)  # (b, t, V)
+        zero = log_probs.new_zeros(())
+        if not self.attends:
+            return CaptionOutput(log_probs, zero, None, self.grid)
+        weights = torch.stack(alphas, 1)  # (b, t, L)
+        real = torch.arange(steps, device=weights.device) < lengths.to(weights.device)[:, None]
+        penalty = zero
+        if self.config.variant == "soft" and self.config.doubly_stochastic:
+            penalty = doubly_stochastic(weights, real, self.config.doubly_stochastic)
+        if self.config.variant == "soft":
+            return CaptionOutput(log_probs, penalty, weights, self.grid)
+        return CaptionOutput(
+            log_probs,
+            penalty,
+            weights,
+            self.grid,
+            torch.stack(log_pis, 1),
+            torch.stack(entropies, 1),
+            torch.stack(locations, 1),
+        )
+
+    # ----- decoding engine -----
+    def decode_step(self, tokens: torch.Tensor, state: CaptionState):
+        """tokens (b,) -> log-probabilities (b, V), new state (whose `weights` are this step's
+        attention). Hard attention samples its location from the state's generator."""
+        logits, state, *_ = self._step(tokens, state, sample=True)
+        return torch.log_softmax(logits.float(), -1), state
+
+
+def doubly_stochastic(weights: torch.Tensor, real: torch.Tensor, lam: float) -> torch.Tensor:
+    """lambda * sum_b sum_i (1 - sum_t alpha_bti)^2 over the real steps (Xu 2015 eq. 14):
+    weights (b, t, L), real (b, t) bool -> a scalar. Padding steps add nothing to sum_t."""
+    attended = (weights * real.unsqueeze(-1)).sum(1)  # (b, L)
+    return lam * (1 - attended).pow(2).sum()

