@@ -11,7 +11,8 @@ the model offers (documented with the task of that interface, e.g.
 - "pointer": `(config, input_dim, end_token)`;
 - "bits": `(config, input_size, output_size)`;
 - "image": `(config, image_size, channels, classes)`;
-- "multi_image": `(config, image_size, channels, classes, labels)`.
+- "multi_image": `(config, image_size, channels, classes, labels)`;
+- "fewshot": `(config, image_size, channels, ways, shots)`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from attnzoo.models import dram, image_baselines, ram, seq2seq, transformer
+from attnzoo.models import dram, image_baselines, protonet, ram, seq2seq, snail, transformer
 from attnzoo.models.ntm import NTM, LSTMBaseline, lstm, ntm
 from attnzoo.models.pointer_net import PointerNet, PointerNetConfig
 from attnzoo.models.seq2seq import Seq2Seq, bahdanau, encdec, luong, simple
@@ -138,5 +139,17 @@ MODELS = {
         image_baselines.MultiHeadConvNet,
         "two-layer convnet with one softmax head per label (Ba 2014 baseline)",
         interface="multi_image",
+    ),
+    "snail": ModelSpec(
+        snail.snail,
+        snail.SNAIL,
+        "SNAIL: 4-block conv embedding, TC blocks + causal attention blocks (Mishra 2017)",
+        interface="fewshot",
+    ),
+    "protonet": ModelSpec(
+        protonet.protonet,
+        protonet.ProtoNet,
+        "prototypical network, SNAIL's embedding (Snell 2017 baseline)",
+        interface="fewshot",
     ),
 }

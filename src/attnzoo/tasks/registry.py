@@ -22,7 +22,7 @@ class TaskSpec:
     module: str  # attnzoo.tasks.<module>
     config_class: str
     description: str
-    interface: str  # seq2seq | lm | pointer | bits | image | multi_image
+    interface: str  # seq2seq | lm | pointer | bits | image | multi_image | fewshot
     train: dict  # the default budget: TrainConfig fields (sized for a 2-core CPU)
     eval: dict = field(default_factory=dict)  # EvalConfig fields
     defaults: dict = field(default_factory=dict)  # the config's values for this task name
@@ -228,4 +228,19 @@ TASKS = {
             ("mnist_addition", "addition", "the sum of two MNIST digits on one canvas (Ba 2014)"),
         )
     },
+    # Few-shot glyphs for SNAIL and prototypical networks (Mishra 2017, sec. 5.1): untuned
+    # CPU budgets; GlyphsConfig.test_episodes held-out episodes are scored (eval.limit 0: all)
+    **{
+        f"glyphs{suffix}": TaskSpec(
+            "glyphs",
+            "GlyphsConfig",
+            f"{ways}-way {shots}-shot characters of held-out scripts (fonts, Omniglot stand-in)",
+            "fewshot",
+            train=dict(steps=3000, batch_size=32, lr=1e-3, warmup=100, checkpoint_every=500),
+            eval=dict(limit=0),
+            defaults={"ways": ways, "shots": shots},
+        )
+        for suffix, ways, shots in (("", 5, 1), ("_5shot", 5, 5), ("_20way", 20, 1))
+    },
 }
+
