@@ -405,6 +405,14 @@ class GlyphsTask:
     def __init__(self, config: GlyphsConfig, *, seed: int = 0, eval_config: EvalConfig | None):
         self.config, self.seed = config, seed
         self.eval_config = eval_config or EvalConfig()
+        named = {group_of(p) for p in coverage()} - {None}
+        if not set(config.test_scripts) <= named:  # before the classes are drawn
+            fail(
+                "GlyphsConfig",
+                "test_scripts",
+                f"scripts among {sorted(named)}",
+                repr(tuple(config.test_scripts)),
+            )
         self.inventory = inventory(
             tuple(config.test_scripts), float(config.min_distance), config.min_classes
         )
@@ -459,10 +467,9 @@ class GlyphsTask:
         chunks = []
         for k in range(math.ceil(count / EVAL_CHUNK)):
             g = torch.Generator().manual_seed((self.config.seed * 7919 + salt) * 100_003 + k)
-            size = min(EVAL_CHUNK, count - k * EVAL_CHUNK)
-            chunks.append(
-                episodes(self.config, self.inventory, pool, size, self.config.eval_queries, g)
-            )
+            whole = episodes(self.config, self.inventory, pool, EVAL_CHUNK, self.config.eval_queries, g)
+            size = min(EVAL_CHUNK, count - k * EVAL_CHUNK)  # a chunk is drawn whole, then cut
+            chunks.append(EpisodeBatch(*(t[:size] for t in whole[:5]), 0, size * whole.query.shape[1]))
         return chunks
 
     @torch.no_grad()
