@@ -176,7 +176,7 @@ TARGETS = targets(
     ("reduced budget: SNAIL minus ProtoNet accuracy", "reduced-glyphs", "gain", ">=", 0),
 )
 RUN = columns("setting=params.task; model=params.model", 0)
-RUN += columns("accuracy %=accuracy; 95% interval=ci95", 2)
+RUN += columns("accuracy %=accuracy; ± ci95=ci95", 2)
 RUN += columns("test episodes=n; steps=steps; episodes trained=episodes_trained", 0)
 RUN += columns("budget min=budget_minutes; train min=train_minutes", 1)
 RUN += columns("params=params", 0)

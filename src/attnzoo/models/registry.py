@@ -12,7 +12,8 @@ the model offers (documented with the task of that interface, e.g.
 - "bits": `(config, input_size, output_size)`;
 - "image": `(config, image_size, channels, classes)`;
 - "multi_image": `(config, image_size, channels, classes, labels)`;
-- "fewshot": `(config, image_size, channels, ways, shots)`.
+- "fewshot": `(config, image_size, channels, ways, shots)`;
+- "bandit": `(config, arms, pulls)`.
 """
 
 from __future__ import annotations
@@ -151,5 +152,11 @@ MODELS = {
         protonet.ProtoNet,
         "prototypical network, SNAIL's embedding (Snell 2017 baseline)",
         interface="fewshot",
+    ),
+    "snail-bandit": ModelSpec(
+        snail.snail_bandit,
+        snail.SnailPolicy,
+        "SNAIL as a bandit policy: 2 TC blocks + causal attention, REINFORCE (Mishra 2017)",
+        interface="bandit",
     ),
 }

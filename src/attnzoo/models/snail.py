@@ -250,3 +250,71 @@ class SNAIL(nn.Module):
                 t = w.shape[-1]
                 named.append((f"attention block {k + 1} (causal)", w.view(b, q, 1, t, t)))
         return FewShotOutput(log_probs, named)
+
+
+# Bandits (sec. 5.3) -----------------------------------------------------------------------------
+
+
+class PolicyOutput(NamedTuple):
+    logits: torch.Tensor  # (batch, steps, arms): the arm to pull at each step
+    value: torch.Tensor  # (batch, steps): the expected rewards to go (the baseline)
+    attention: list  # (name, weights (batch, heads, steps, steps)) per attention block, or []
+
+
+@dataclass(frozen=True)
+class SnailPolicyConfig:
+    """The bandit agent (Mishra 2017, appendix C, as read here: TCBlock(T, 32), TCBlock(T, 32),
+    AttentionBlock(32, 32), then a policy and a value head; not confirmed from a copy here).
+
+    Attributes:
+    filters: D of each TC block.
+    layers: TC blocks before the attention block.
+    key_size: K of the attention block.
+    value_size: V of the attention block.
+    """
+
+    filters: int = 32
+    layers: int = 2
+    key_size: int = 32
+    value_size: int = 32
+
+    def __post_init__(self):
+        for name in ("filters", "layers", "key_size", "value_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                fail("SnailPolicyConfig", name, "a positive int", repr(value))
+
+
+def snail_bandit(**overrides) -> SnailPolicyConfig:
+    """Mishra 2017, appendix C (see the class docstring)."""
+    return replace(SnailPolicyConfig(), **overrides)
+
+
+class SnailPolicy(nn.Module):
+    """SNAIL as a recurrent policy over a bandit episode ("bandit" interface,
+    `attnzoo.tasks.bandits`): inputs (b, t, arms + 2) -> logits (b, t, arms), value (b, t)."""
+
+    def __init__(self, config: SnailPolicyConfig, arms: int, pulls: int):
+        super().__init__()
+        check_size("SnailPolicy", "arms", arms)
+        check_size("SnailPolicy", "pulls", pulls)
+        self.arms, self.pulls = arms, pulls
+        width = arms + 2
+        self.tc = nn.ModuleList()
+        for _ in range(config.layers):
+            self.tc.append(TCBlock(width, pulls, config.filters))
+            width = self.tc[-1].out_channels
+        self.attend = AttentionBlock(width, config.key_size, config.value_size)
+        width = self.attend.out_channels
+        self.policy = nn.Linear(width, arms)
+        self.value = nn.Linear(width, 1)
+
+    def forward(self, inputs: torch.Tensor, return_weights: bool = False) -> PolicyOutput:
+        if inputs.dim() != 3 or inputs.shape[-1] != self.arms + 2:
+            fail("SnailPolicy", "inputs", f"(batch, steps, {self.arms + 2})", tuple(inputs.shape))
+        x = inputs
+        for block in self.tc:
+            x = block(x)  # (b, t, C)
+        x, w = self.attend(x, return_weights)  # (b, t, C + V)
+        named = [("attention block (causal)", w.unsqueeze(1))] if return_weights else []
+        return PolicyOutput(self.policy(x), self.value(x).squeeze(-1), named)

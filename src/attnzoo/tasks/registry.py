@@ -242,5 +242,18 @@ TASKS = {
         )
         for suffix, ways, shots in (("", 5, 1), ("_5shot", 5, 5), ("_20way", 20, 1))
     },
+    # Bernoulli bandits for SNAIL's policy (Mishra 2017, sec. 5.3): untuned CPU budgets
+    **{
+        f"bandits{suffix}": TaskSpec(
+            "bandits",
+            "BanditsConfig",
+            f"Bernoulli bandits, {arms} arms, {pulls} pulls (REINFORCE; UCB1, Thompson beside)",
+            "bandit",
+            train=dict(steps=steps, batch_size=64, lr=1e-3, warmup=50, checkpoint_every=500),
+            eval=dict(limit=0),
+            defaults={"arms": arms, "pulls": pulls},
+        )
+        for suffix, arms, pulls, steps in (("", 5, 10, 2000), ("_n10_k100", 10, 100, 2000))
+    },
 }
 
