@@ -9,6 +9,10 @@ time.
    the held-out scripts with a 95% interval.
 2. "reduced": the 5-way 1-shot unit at a budget that fits a shared 2-core CPU next to other
    jobs (one seed, a few minutes a side), run while the full budget has not been.
+3. "bandits": SNAIL's bandit policy (`snail-bandit`) trained by REINFORCE with a learned value
+   baseline on Bernoulli bandits (N = 5 arms, K = 10 pulls; N = 10, K = 100), scored on the
+   held-out draws beside UCB1, Thompson sampling, a random policy and the oracle on the same
+   draws; "reduced-bandits" is the first at a few minutes.
 
     python benchmarks/bench_snail.py [--budget smoke|full] [--seeds N] [--only ID|GROUP ...]
 """
@@ -24,7 +28,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _common as C
 from _common import Bench, Experiment, Table, columns, drive, targets
 
-SETTINGS = {"glyphs": "5-way 1-shot", "glyphs_5shot": "5-way 5-shot", "glyphs_20way": "20-way 1-shot"}
+SETTINGS = {
+    "glyphs": "5-way 1-shot",
+    "glyphs_5shot": "5-way 5-shot",
+    "glyphs_20way": "20-way 1-shot",
+}
 MODELS = ("snail", "protonet")
 FULL_MINUTES = 20  # per side and seed, of the matched units
 REDUCED_MINUTES = 9  # per side, of the reduced unit
@@ -39,13 +47,24 @@ PAPER = {
 }
 
 
+# id -> (task, overrides, CPU-minutes per seed (a guess until timed), seeds)
+BANDITS = {
+    "bandits-n5-k10": ("bandits", ["train.steps=6000"], 40.0, 3),
+    "bandits-n10-k100": ("bandits_n10_k100", ["train.steps=2000", "train.batch_size=32"], 150.0, 3),
+    "reduced-bandits-n5-k10": ("bandits", ["train.steps=500"], 4.0, 1),
+}
+BANDIT_SMOKE = ["train.steps=3", "train.batch_size=4", "task.test_episodes=20", "model.filters=4"]
+
+
 def experiments(budget: str) -> list[Experiment]:
     rows = [  # id, group, task, model, minutes of budget
         (f"matched-{task}-{model}", "matched", task, model, FULL_MINUTES)
         for task in SETTINGS
         for model in MODELS
     ]
-    rows += [(f"reduced-glyphs-{model}", "reduced", "glyphs", model, REDUCED_MINUTES) for model in MODELS]
+    rows += [
+        (f"reduced-glyphs-{model}", "reduced", "glyphs", model, REDUCED_MINUTES) for model in MODELS
+    ]
     found = []
     for id, group, task, model, minutes in rows:
         sets, seeds = [], 3 if group == "matched" else 1
@@ -56,6 +75,14 @@ def experiments(budget: str) -> list[Experiment]:
         params = {"model": model, "task": task, "sets": sets, "budget_minutes": minutes}
         unit = id.rsplit("-", 1)[0]
         found.append(Experiment(id, group, params, seeds, minutes + 1, unit))
+    for id, (task, sets, minutes, seeds) in BANDITS.items():
+        if budget == "smoke":
+            if not id.startswith("reduced"):
+                continue
+            sets, minutes = BANDIT_SMOKE, 0.1
+        group = "reduced-bandits" if id.startswith("reduced") else "bandits"
+        params = {"model": "snail-bandit", "task": task, "sets": sets}
+        found.append(Experiment(id, group, params, seeds, minutes))
     return found
 
 
@@ -90,6 +117,9 @@ def prepare(unit: list[Experiment], budget: str) -> dict[str, dict]:
 def worker(params: dict, ctx: C.Context) -> dict:
     sets = [*params["sets"], *ctx.extra.get("sets", [])]
     metrics, config, _, _ = C.train_worker(sets, params["model"], params["task"], ctx, figures=3)
+    if "budget_minutes" not in params:  # a bandit run: the task's metrics say it all
+        metrics["episodes_trained"] = config["train"]["steps"] * config["train"]["batch_size"]
+        return {k: v for k, v in metrics.items() if v is not None}
     metrics["budget_minutes"] = params["budget_minutes"]
     metrics["sec_per_step_planned"] = ctx.extra.get("sec_per_step")
     metrics["sec_per_step_run"] = 60 * metrics["train_minutes"] / max(1, metrics["steps_run"])
@@ -128,6 +158,8 @@ def figures(data: dict, folder: Path) -> list[Path]:
         / "figures/episodes.png"
         for m in MODELS
     }
+    run = C.bench_run_dir("snail", "reduced-bandits-n5-k10") / "figures/bandit_rewards.png"
+    pairs["snail_bandit_rewards.png"] = run
     return drawn + C.copy_run_figures(pairs, folder)
 
 
@@ -169,11 +201,25 @@ TARGETS = targets(
         for t, x in (("glyphs", 95), ("glyphs_5shot", 98), ("glyphs_20way", 85))
     ),
     *(
-        (f"{SETTINGS[t]}: SNAIL minus ProtoNet accuracy (equal time)", f"matched-{t}", "gain", ">=", 0)
+        (
+            f"{SETTINGS[t]}: SNAIL minus ProtoNet accuracy (equal time)",
+            f"matched-{t}",
+            "gain",
+            ">=",
+            0,
+        )
         for t in SETTINGS
     ),
     ("reduced budget, 5-way 1-shot accuracy %", "reduced-glyphs-snail", "accuracy", ">=", 95),
     ("reduced budget: SNAIL minus ProtoNet accuracy", "reduced-glyphs", "gain", ">=", 0),
+    *(
+        (f"bandits {name}: SNAIL / Thompson sampling reward", id, "agent_over_thompson", ">=", 0.95)
+        for name, id in (
+            ("N=5, K=10", "bandits-n5-k10"),
+            ("N=10, K=100", "bandits-n10-k100"),
+            ("N=5, K=10, reduced budget", "reduced-bandits-n5-k10"),
+        )
+    ),
 )
 RUN = columns("setting=params.task; model=params.model", 0)
 RUN += columns("accuracy %=accuracy; ± ci95=ci95", 2)
@@ -183,10 +229,19 @@ RUN += columns("params=params", 0)
 DATA = columns("setting=params.task; classes=classes; scripts=scripts", 0)
 DATA += columns("background classes=classes_background; evaluation classes=classes_evaluation", 0)
 DATA += columns("background scripts=scripts_background; evaluation scripts=scripts_evaluation", 0)
+POLICY = "; ".join(
+    f"{name}=reward_{name}; ± {name}=ci95_{name}" for name in ("agent", "ucb1", "thompson")
+)
+BANDIT = columns("run=id", 0) + columns("arms=arms; pulls=pulls; held-out episodes=n", 0)
+BANDIT += columns(f"{POLICY}; random=reward_random; oracle=reward_oracle", 2)
+BANDIT += columns("SNAIL / Thompson=agent_over_thompson", 3)
+BANDIT += columns("steps=steps; episodes trained=episodes_trained", 0)
+BANDIT += columns("train min=train_minutes", 1)
 TABLES = [
     Table("matched", RUN, ["matched"]),
     Table("reduced", RUN, ["reduced"]),
     Table("data", DATA, ids=["reduced-glyphs-snail", "matched-glyphs-snail"]),
+    Table("bandits", BANDIT, ids=list(BANDITS)),
 ]
 BENCH = Bench(
     "snail",

@@ -72,7 +72,9 @@ def test_dense_block_is_a_gated_causal_dilated_convolution():
     torch.testing.assert_close(block(x), torch.cat([x, expected], -1))
 
 
-@pytest.mark.parametrize(("length", "dilations"), [(6, [2, 4, 8]), (21, [2, 4, 8, 16, 32]), (2, [2])])
+@pytest.mark.parametrize(
+    ("length", "dilations"), [(6, [2, 4, 8]), (21, [2, 4, 8, 16, 32]), (2, [2])]
+)
 def test_tc_block_dilations_follow_the_appendix(length, dilations):
     block = TCBlock(4, length, 3)
     assert [b.dilation for b in block.blocks] == dilations
@@ -207,7 +209,13 @@ def test_shapes_weights_and_overfitting_a_tiny_batch(make):
 
 
 def test_a_two_block_snail_and_another_embedding_depth():
-    model = SNAIL(SnailConfig(embed_dim=4, embed_blocks=2, filters=3, keys=(4, 4), values=(2, 2)), SIZE, 1, 2, 1)
+    model = SNAIL(
+        SnailConfig(embed_dim=4, embed_blocks=2, filters=3, keys=(4, 4), values=(2, 2)),
+        SIZE,
+        1,
+        2,
+        1,
+    )
     assert model.embed.size == 4 * 7 * 7 and len(model.tc) == 1
     support, labels, query = episode(ways=2, shots=1, queries=1)
     assert model(support, labels, query).log_probs.shape == (2, 1, 2)
@@ -233,9 +241,15 @@ def test_runs_on_the_device(make, device):
         (lambda: SNAIL(snail(), SIZE, 1, 0, 1), "'ways'"),
         (lambda: SNAIL(snail(embed_blocks=6), SIZE, 1, 2, 1), "'image_size'"),
         (lambda: tiny_snail()(*episode(ways=2)), "'support'"),
-        (lambda: tiny_protonet()(episode()[0], episode()[1][:, :3], episode()[2]), "'support_labels'"),
+        (
+            lambda: tiny_protonet()(episode()[0], episode()[1][:, :3], episode()[2]),
+            "'support_labels'",
+        ),
         (lambda: tiny_snail()(episode()[0], episode()[1], torch.rand(2, 1, 1, 27, 28)), "'query'"),
-        (lambda: tiny_snail()(episode()[0], episode()[1].float(), episode()[2]), "'support_labels'"),
+        (
+            lambda: tiny_snail()(episode()[0], episode()[1].float(), episode()[2]),
+            "'support_labels'",
+        ),
     ],
 )
 def test_bad_values_are_named(make, message):

@@ -26,7 +26,9 @@ def tiny_policy():
 
 def test_draws_are_bernoulli_of_the_probabilities_and_deterministic(task):
     a, b = task.batch(3, 2000, "cpu"), task.batch(3, 2000, "cpu")
-    assert torch.equal(a.payoff, b.payoff) and not torch.equal(a.payoff, task.batch(4, 2000, "cpu").payoff)
+    assert torch.equal(a.payoff, b.payoff) and not torch.equal(
+        a.payoff, task.batch(4, 2000, "cpu").payoff
+    )
     assert a.payoff.shape == (2000, 6, 3) and a.items == 2000 * 6
     assert set(a.payoff.unique().tolist()) <= {0.0, 1.0}
     # the share of wins per arm is its probability (binned over episodes)
@@ -51,7 +53,9 @@ def test_ucb1_against_a_loop():
             if t < 3:
                 a = t
             else:
-                a = max(range(3), key=lambda k: (s[k] / n[k] + math.sqrt(2 * math.log(t) / n[k]), -k))
+                a = max(
+                    range(3), key=lambda k: (s[k] / n[k] + math.sqrt(2 * math.log(t) / n[k]), -k)
+                )
             assert got[e, t] == payoff[e, t, a]
             n[a] += 1
             s[a] += payoff[e, t, a]
@@ -115,7 +119,11 @@ def test_figures_and_explore(task, tmp_path):
 
 @pytest.mark.parametrize(
     ("changes", "message"),
-    [({"arms": 1}, "'arms'"), ({"pulls": 0}, "'pulls'"), ({"entropy_weight": 1}, "'entropy_weight'")],
+    [
+        ({"arms": 1}, "'arms'"),
+        ({"pulls": 0}, "'pulls'"),
+        ({"entropy_weight": 1}, "'entropy_weight'"),
+    ],
 )
 def test_bad_config_values_are_named(changes, message):
     with pytest.raises(ValueError, match=message):

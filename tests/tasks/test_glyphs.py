@@ -53,7 +53,7 @@ def test_warps_vary_the_instances_within_range():
     canvas = torch.zeros(4, G.CANVAS, G.CANVAS, dtype=torch.uint8)
     canvas[:, 20:36, 24:32] = 255
     out = G.warp(CONFIG, canvas, torch.Generator().manual_seed(0))
-    assert out.shape == (4, 1, G.SIDE, G.SIDE) and 0 <= out.min() and out.max() <= 1
+    assert out.shape == (4, 1, G.SIDE, G.SIDE) and out.min() >= 0 and out.max() <= 1
     assert not torch.allclose(out[0], out[1])
 
 
@@ -67,7 +67,7 @@ def test_episodes_are_well_formed_and_deterministic(task):
     assert a.query.shape == (6, CONFIG.queries, 1, G.SIDE, G.SIDE) and a.items == 6 * 3
     for labels in a.support_labels:  # every label K times, in a shuffled order
         assert torch.bincount(labels, minlength=n).tolist() == [k] * n
-    assert 0 <= a.query_labels.min() and a.query_labels.max() < n
+    assert a.query_labels.min() >= 0 and a.query_labels.max() < n
     assert all(len(set(c.tolist())) == n for c in a.classes)
     assert set(a.classes.flatten().tolist()) <= set(task.inventory.background)
 
@@ -129,9 +129,12 @@ def test_the_loss_never_reads_the_query_labels_as_input(task):
     loss, count = task.loss(Spy(), batch)
     (args,) = seen
     assert not any(a is batch.query_labels for a in args) and len(args) == 4
-    expected = -F.log_softmax(
-        F.one_hot(batch.support_labels[:, :1], 4).float() * 10, -1
-    ).expand(-1, 3, -1).gather(-1, batch.query_labels.unsqueeze(-1)).sum()
+    expected = (
+        -F.log_softmax(F.one_hot(batch.support_labels[:, :1], 4).float() * 10, -1)
+        .expand(-1, 3, -1)
+        .gather(-1, batch.query_labels.unsqueeze(-1))
+        .sum()
+    )
     torch.testing.assert_close(loss, expected) and count == 9
 
 

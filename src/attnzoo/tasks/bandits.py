@@ -56,7 +56,10 @@ class BanditsConfig:
 
     def __post_init__(self):
         check_counts(
-            "BanditsConfig", self, positive=("arms", "pulls", "test_episodes"), non_negative=("seed",)
+            "BanditsConfig",
+            self,
+            positive=("arms", "pulls", "test_episodes"),
+            non_negative=("seed",),
         )
         if self.arms < 2:
             fail("BanditsConfig", "arms", "an int >= 2", repr(self.arms))
@@ -162,7 +165,9 @@ class BanditsTask:
         whole = draw(self.config, batch_size, g)
         probs, payoff = whole.probs[rank::world], whole.payoff[rank::world]
         move = {"device": device, "non_blocking": True}
-        return BanditBatch(probs.to(**move), payoff.to(**move), step, payoff.shape[0] * payoff.shape[1])
+        return BanditBatch(
+            probs.to(**move), payoff.to(**move), step, payoff.shape[0] * payoff.shape[1]
+        )
 
     def loss(self, model: torch.nn.Module, batch: BanditBatch) -> tuple[torch.Tensor, int]:
         """REINFORCE with the model's value as a learned baseline, on the rewards to go of
@@ -200,8 +205,14 @@ class BanditsTask:
             "agent": agent.double().cpu().numpy(),
             "ucb1": ucb1(payoff),
             "thompson": thompson(payoff, self.config.seed + 23),
-            "random": payoff[rows, np.arange(self.config.pulls), rng.integers(0, self.config.arms, payoff.shape[:2])],
-            "oracle": payoff[rows, np.arange(self.config.pulls), batch.probs.numpy().argmax(1)[:, None]],
+            "random": payoff[
+                rows,
+                np.arange(self.config.pulls),
+                rng.integers(0, self.config.arms, payoff.shape[:2]),
+            ],
+            "oracle": payoff[
+                rows, np.arange(self.config.pulls), batch.probs.numpy().argmax(1)[:, None]
+            ],
         }
 
     @torch.no_grad()
@@ -210,12 +221,20 @@ class BanditsTask:
         `ci95` (1.96 standard errors over episodes), and the agent's over Thompson's."""
         count = self.eval_config.limit or self.config.test_episodes
         found = self.scores(model, count)
-        metrics: dict[str, float] = {"n": count, "arms": self.config.arms, "pulls": self.config.pulls}
+        metrics: dict[str, float] = {
+            "n": count,
+            "arms": self.config.arms,
+            "pulls": self.config.pulls,
+        }
         for name, rewards in found.items():
             total = rewards.sum(1)
             metrics[f"reward_{name}"] = float(total.mean())
-            metrics[f"ci95_{name}"] = float(1.96 * total.std(ddof=1) / math.sqrt(count)) if count > 1 else 0.0
-        metrics["agent_over_thompson"] = metrics["reward_agent"] / max(metrics["reward_thompson"], 1e-9)
+            metrics[f"ci95_{name}"] = (
+                float(1.96 * total.std(ddof=1) / math.sqrt(count)) if count > 1 else 0.0
+            )
+        metrics["agent_over_thompson"] = metrics["reward_agent"] / max(
+            metrics["reward_thompson"], 1e-9
+        )
         return metrics
 
     @torch.no_grad()
@@ -226,19 +245,30 @@ class BanditsTask:
         device = model_device(model)
         on = BanditBatch(batch.probs.to(device), batch.payoff.to(device), 0, batch.items)
         actions, rewards = rollout(model, on, None, greedy=True)
-        out = model(inputs_of(actions[:, :-1], rewards[:, :-1], self.config.arms), return_weights=True)
+        out = model(
+            inputs_of(actions[:, :-1], rewards[:, :-1], self.config.arms), return_weights=True
+        )
         examples = []
         for k in range(count):
-            pulls = [f"pull {t + 1}: arm {int(a)} -> {int(r)}" for t, (a, r) in enumerate(zip(actions[k], rewards[k], strict=True))]
+            pulls = [
+                f"pull {t + 1}: arm {int(a)} -> {int(r)}"
+                for t, (a, r) in enumerate(zip(actions[k], rewards[k], strict=True))
+            ]
             inputs = ["start", *pulls[:-1]]
             kinds = [
-                {"name": name, "rows": pulls, "columns": inputs, "weights": w[k].float().cpu()[None]}
+                {
+                    "name": name,
+                    "rows": pulls,
+                    "columns": inputs,
+                    "weights": w[k].float().cpu()[None],
+                }
                 for name, w in out.attention
             ]
             best = int(batch.probs[k].argmax())
             examples.append(
                 {
-                    "input": "arm probabilities " + ", ".join(f"{p:.2f}" for p in batch.probs[k].tolist()),
+                    "input": "arm probabilities "
+                    + ", ".join(f"{p:.2f}" for p in batch.probs[k].tolist()),
                     "reference": f"best arm {best}",
                     "prediction": f"reward {int(rewards[k].sum())} of {self.config.pulls}",
                     "correct": None,
@@ -260,7 +290,9 @@ class BanditsTask:
         ax = fig.add_subplot()
         for name, rewards in found.items():
             ax.plot(np.arange(1, self.config.pulls + 1), rewards.mean(0), marker="o", label=name)
-        ax.set(xlabel="pull", ylabel="mean reward", title=f"{self.config.arms} arms, held-out episodes")
+        ax.set(
+            xlabel="pull", ylabel="mean reward", title=f"{self.config.arms} arms, held-out episodes"
+        )
         ax.grid(alpha=0.3)
         ax.legend()
         path = Path(folder) / "bandit_rewards.png"

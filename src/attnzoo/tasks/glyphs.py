@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import NamedTuple
 
@@ -60,7 +60,8 @@ CANVAS = 2 * SIDE  # the side glyphs are drawn at before the warp
 FIT = 44  # the side of the box a glyph is fitted into on the canvas
 FONT_SIZE = 40  # points: the size a glyph is rendered at before fitting
 EVAL_CHUNK = 50  # held-out episodes are generated in chunks of this many
-FACES = (  # the faces matplotlib ships (mpl-data/fonts/ttf); a class is drawn in those that cover it
+# the faces matplotlib ships (mpl-data/fonts/ttf); a class is drawn in those that cover it
+FACES = (
     "DejaVuSans.ttf",
     "DejaVuSans-Bold.ttf",
     "DejaVuSans-Oblique.ttf",
@@ -205,13 +206,13 @@ def group_of(point: int) -> str | None:
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _font(face: int, size: int):
     image_font = require("PIL.ImageFont")
     return image_font.truetype(str(font_dir() / FACES[face]), size)
 
 
-@lru_cache(maxsize=None)
+@cache
 def render(point: int, face: int) -> torch.Tensor:
     """The character in FACES[face], fitted (aspect kept) into a FIT box at the centre of a
     CANVAS x CANVAS canvas: uint8 (CANVAS, CANVAS), ink 255. Cached per process."""
@@ -268,7 +269,9 @@ def inventory(test_scripts: tuple[str, ...], min_distance: float, min_classes: i
     limit = min_distance**2 * small.shape[1]
     close = torch.cat(
         [
-            squared[i : i + 512, None] - 2 * small[i : i + 512] @ small.T + squared[None]  # (512, n)
+            squared[i : i + 512, None]
+            - 2 * small[i : i + 512] @ small.T
+            + squared[None]  # (512, n)
             < limit
             for i in range(0, len(small), 512)
         ]
@@ -293,9 +296,7 @@ def inventory(test_scripts: tuple[str, ...], min_distance: float, min_classes: i
 # 2. Instances ---------------------------------------------------------------------------------
 
 
-def warp(
-    config: GlyphsConfig, glyphs: torch.Tensor, generator: torch.Generator
-) -> torch.Tensor:
+def warp(config: GlyphsConfig, glyphs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Canvases (n, CANVAS, CANVAS) uint8 -> instances (n, 1, SIDE, SIDE) in [0, 1]:
     1. stroke: a blend of weight t ~ U(-stroke, stroke) towards the 3 x 3 dilation (t > 0) or
        erosion (t < 0);
@@ -467,9 +468,13 @@ class GlyphsTask:
         chunks = []
         for k in range(math.ceil(count / EVAL_CHUNK)):
             g = torch.Generator().manual_seed((self.config.seed * 7919 + salt) * 100_003 + k)
-            whole = episodes(self.config, self.inventory, pool, EVAL_CHUNK, self.config.eval_queries, g)
+            whole = episodes(
+                self.config, self.inventory, pool, EVAL_CHUNK, self.config.eval_queries, g
+            )
             size = min(EVAL_CHUNK, count - k * EVAL_CHUNK)  # a chunk is drawn whole, then cut
-            chunks.append(EpisodeBatch(*(t[:size] for t in whole[:5]), 0, size * whole.query.shape[1]))
+            chunks.append(
+                EpisodeBatch(*(t[:size] for t in whole[:5]), 0, size * whole.query.shape[1])
+            )
         return chunks
 
     @torch.no_grad()
@@ -508,15 +513,13 @@ class GlyphsTask:
     def _describe(self, batch: EpisodeBatch, k: int) -> list[str]:
         """Names of episode k's labels: the script and the character's code point."""
         inv = self.inventory
-        return [
-            f"{inv.scripts[c]} U+{inv.points[c]:04X}" for c in batch.classes[k].tolist()
-        ]
+        return [f"{inv.scripts[c]} U+{inv.points[c]:04X}" for c in batch.classes[k].tolist()]
 
     @torch.no_grad()
     def explore(self, model: torch.nn.Module, count: int) -> dict:
-        """The explorer's data (layout "tokens"): `count` test episodes, one query each; the
-        rows and columns are the sequence's positions (support, then the query), each
-        attention block a layer."""
+        """The explorer's data (layout "tokens"): `count` test episodes (at most EVAL_CHUNK),
+        one query each; the rows and columns are the sequence's positions (support, then the
+        query), each attention block a layer."""
         chunk = self.held_out("test", min(count, EVAL_CHUNK))[0]
         chunk = chunk._replace(query=chunk.query[:, :1], query_labels=chunk.query_labels[:, :1])
         out = self.predict(model, _to(chunk, model_device(model), 0), return_weights=True)

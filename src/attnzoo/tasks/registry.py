@@ -256,4 +256,3 @@ TASKS = {
         for suffix, arms, pulls, steps in (("", 5, 10, 2000), ("_n10_k100", 10, 100, 2000))
     },
 }
-

@@ -420,7 +420,9 @@ def episode_figure(
     predicted (rows,), weights (rows, columns): columns = the n support positions (then the
     query itself), or the classes."""
     support, query = _array(support), _array(query)
-    labels, truth, guess = (np.asarray(x).astype(int) for x in (support_labels, query_labels, predicted))
+    labels, truth, guess = (
+        np.asarray(x).astype(int) for x in (support_labels, query_labels, predicted)
+    )
     rows, n = support.shape[:2]
     extra = 1 if weights is not None else 0
     fig = Figure(figsize=(8, 1.3 * rows * (1 + 0.8 * extra) + 0.4), dpi=100)
