@@ -169,3 +169,17 @@ def test_bad_config_values_are_named(changes, message):
 def test_an_unknown_test_script_is_named():
     with pytest.raises(ValueError, match="'test_scripts'.*Klingon"):
         G.GlyphsTask(G.GlyphsConfig(test_scripts=("Klingon",)), seed=0, eval_config=None)
+
+
+def test_the_episode_figure_names_the_weights_columns():
+    from attnzoo.viz import episode_figure
+
+    support, labels = torch.rand(1, 3, 28, 28), torch.tensor([[2, 0, 1]])
+    args = (support, labels, torch.rand(1, 28, 28), torch.tensor([1]), torch.tensor([1]))
+    over_classes = episode_figure(*args, torch.rand(1, 3), "prototypes", ["c0", "c1", "c2"])
+    over_positions = episode_figure(*args, torch.rand(1, 4), "attention")
+    ticks = [
+        [t.get_text() for t in fig.axes[-1].get_xticklabels()]
+        for fig in (over_classes, over_positions)
+    ]
+    assert ticks == [["c0", "c1", "c2"], ["2", "0", "1", "q"]]

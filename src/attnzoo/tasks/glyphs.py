@@ -562,10 +562,12 @@ class GlyphsTask:
         chunk = self.held_out("test", min(max(1, count), EVAL_CHUNK))[0]
         chunk = chunk._replace(query=chunk.query[:, :1], query_labels=chunk.query_labels[:, :1])
         out = self.predict(model, _to(chunk, model_device(model), 0), return_weights=True)
-        weights, name = None, ""
+        weights, name, columns = None, "", []
         if out.attention:
             name, last = out.attention[-1]
             weights = last[:count, 0, :, -1].mean(1).float().cpu()  # (count, columns)
+            if weights.shape[-1] != chunk.support.shape[1] + 1:  # over the classes
+                columns = [f"class {k}" for k in range(weights.shape[-1])]
         fig = episode_figure(
             chunk.support[:count, :, 0],
             chunk.support_labels[:count],
@@ -574,6 +576,7 @@ class GlyphsTask:
             out.log_probs[:count, 0].argmax(-1).cpu(),
             weights,
             name,
+            columns,
         )
         path = Path(folder) / "episodes.png"
         fig.savefig(path, dpi=100)

@@ -412,13 +412,15 @@ def episode_figure(
     predicted,
     weights=None,
     weights_name: str = "",
+    weights_columns: Sequence[str] = (),
 ) -> Figure:
     """Few-shot episodes, one per row: the support images with their labels, the query with its
     true and predicted label, and (`weights`) the query's attention over the columns.
 
     support (rows, n, H, W), support_labels (rows, n), query (rows, H, W), query_labels and
-    predicted (rows,), weights (rows, columns): columns = the n support positions (then the
-    query itself), or the classes."""
+    predicted (rows,), weights (rows, columns) with the columns' names `weights_columns` (one
+    list for every row, e.g. the classes) or, when empty, each row's support labels and "q"
+    (the sequence's positions, the query last)."""
     support, query = _array(support), _array(query)
     labels, truth, guess = (
         np.asarray(x).astype(int) for x in (support_labels, query_labels, predicted)
@@ -445,9 +447,7 @@ def episode_figure(
             w = _array(weights)[r]
             ax = fig.add_subplot(grid[top + 1, :])
             ax.bar(np.arange(len(w)), w, color="tab:blue")
-            names = [f"{labels[r, j]}" for j in range(min(n, len(w)))] + ["q"] * (len(w) > n)
-            if len(w) != n and len(w) != n + 1:
-                names = [f"class {k}" for k in range(len(w))]
+            names = list(weights_columns) or [f"{y}" for y in labels[r]] + ["q"]
             ax.set_xticks(np.arange(len(w)), names, fontsize=7)
             ax.set_ylim(0, 1)
             ax.set_ylabel("weight", fontsize=7)
