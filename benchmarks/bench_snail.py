@@ -40,7 +40,8 @@ CALIBRATION = {"steps": 10, "rounds": 2}  # steps per calibration run, timed rou
 SMOKE = ["model.embed_dim=8", "task.test_episodes=50", "train.batch_size=4", "train.warmup=2"]
 SMOKE_SNAIL = ["model.filters=8", "model.keys=8,8,8", "model.values=4,4,4"]
 # Mishra 2017 (arXiv 1707.03141) Table 1, Omniglot, accuracy %: SNAIL, and prototypical
-# networks as that table quotes Snell 2017 (PAPERS.md confirms SNAIL's row)
+# networks as that table quotes Snell 2017 (PAPERS.md confirms SNAIL's row; the ProtoNet row is
+# recalled, not confirmed from a copy here)
 PAPER = {
     "snail": {"glyphs": 99.07, "glyphs_5shot": 99.78, "glyphs_20way": 97.64, "20way_5shot": 99.36},
     "protonet": {"glyphs": 98.8, "glyphs_5shot": 99.7, "glyphs_20way": 96.0, "20way_5shot": 98.9},
