@@ -12,7 +12,9 @@ the model offers (documented with the task of that interface, e.g.
 - "bits": `(config, input_size, output_size)`;
 - "image": `(config, image_size, channels, classes)`;
 - "multi_image": `(config, image_size, channels, classes, labels)`;
-- "caption": `(config, vocab, max_len, image_size, channels)`.
+- "caption": `(config, vocab, max_len, image_size, channels)`;
+- "fewshot": `(config, image_size, channels, ways, shots)`;
+- "bandit": `(config, arms, pulls)`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from attnzoo.models import dram, image_baselines, ram, seq2seq, show_attend_tell, transformer
+from attnzoo.models import (
+    dram,
+    image_baselines,
+    protonet,
+    ram,
+    seq2seq,
+    show_attend_tell,
+    snail,
+    transformer,
+)
 from attnzoo.models.ntm import NTM, LSTMBaseline, lstm, ntm
 from attnzoo.models.pointer_net import PointerNet, PointerNetConfig
 from attnzoo.models.seq2seq import Seq2Seq, bahdanau, encdec, luong, simple
@@ -158,5 +169,23 @@ MODELS = {
         show_attend_tell.ShowAttendTell,
         "LSTM captioner without attention (mean annotation), sized to the soft model",
         interface="caption",
+    ),
+    "snail": ModelSpec(
+        snail.snail,
+        snail.SNAIL,
+        "SNAIL: 4-block conv embedding, TC blocks + causal attention blocks (Mishra 2017)",
+        interface="fewshot",
+    ),
+    "protonet": ModelSpec(
+        protonet.protonet,
+        protonet.ProtoNet,
+        "prototypical network, SNAIL's embedding (Snell 2017 baseline)",
+        interface="fewshot",
+    ),
+    "snail-bandit": ModelSpec(
+        snail.snail_bandit,
+        snail.SnailPolicy,
+        "SNAIL as a bandit policy: 2 TC blocks + causal attention, REINFORCE (Mishra 2017)",
+        interface="bandit",
     ),
 }

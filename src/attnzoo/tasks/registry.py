@@ -22,7 +22,7 @@ class TaskSpec:
     module: str  # attnzoo.tasks.<module>
     config_class: str
     description: str
-    interface: str  # seq2seq | lm | pointer | bits | image | multi_image | caption
+    interface: str  # seq2seq|lm|pointer|bits|image|multi_image|caption|fewshot|bandit
     train: dict  # the default budget: TrainConfig fields (sized for a 2-core CPU)
     eval: dict = field(default_factory=dict)  # EvalConfig fields
     defaults: dict = field(default_factory=dict)  # the config's values for this task name
@@ -237,4 +237,31 @@ TASKS = {
         train={**_image_train(6000), "lr": 2e-3, "log_every": 200, "eval_every": 2000},
         eval=dict(limit=0),  # all DigitCaptionsConfig.n_test images
     ),
+    # Few-shot glyphs for SNAIL and prototypical networks (Mishra 2017, sec. 5.1): untuned
+    # CPU budgets; GlyphsConfig.test_episodes held-out episodes are scored (eval.limit 0: all)
+    **{
+        f"glyphs{suffix}": TaskSpec(
+            "glyphs",
+            "GlyphsConfig",
+            f"{ways}-way {shots}-shot characters of held-out scripts (fonts, Omniglot stand-in)",
+            "fewshot",
+            train=dict(steps=3000, batch_size=32, lr=1e-3, warmup=100, checkpoint_every=500),
+            eval=dict(limit=0),
+            defaults={"ways": ways, "shots": shots},
+        )
+        for suffix, ways, shots in (("", 5, 1), ("_5shot", 5, 5), ("_20way", 20, 1))
+    },
+    # Bernoulli bandits for SNAIL's policy (Mishra 2017, sec. 5.3): untuned CPU budgets
+    **{
+        f"bandits{suffix}": TaskSpec(
+            "bandits",
+            "BanditsConfig",
+            f"Bernoulli bandits, {arms} arms, {pulls} pulls (REINFORCE; UCB1, Thompson beside)",
+            "bandit",
+            train=dict(steps=steps, batch_size=64, lr=1e-3, warmup=50, checkpoint_every=500),
+            eval=dict(limit=0),
+            defaults={"arms": arms, "pulls": pulls},
+        )
+        for suffix, arms, pulls, steps in (("", 5, 10, 2000), ("_n10_k100", 10, 100, 2000))
+    },
 }

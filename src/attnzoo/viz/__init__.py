@@ -2,6 +2,7 @@
 
 from attnzoo.viz.figures import (
     alignment_figure,
+    episode_figure,
     glimpse_figure,
     head_grid_figure,
     loss_figure,
@@ -11,6 +12,7 @@ from attnzoo.viz.figures import (
 
 __all__ = [
     "alignment_figure",
+    "episode_figure",
     "glimpse_figure",
     "head_grid_figure",
     "loss_figure",

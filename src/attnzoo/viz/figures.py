@@ -402,3 +402,55 @@ def _retina(patches: np.ndarray) -> np.ndarray:
         start = (side - g * 2**s) // 2
         out[start : start + up.shape[0], start : start + up.shape[1]] = up
     return out
+
+
+def episode_figure(
+    support,
+    support_labels,
+    query,
+    query_labels,
+    predicted,
+    weights=None,
+    weights_name: str = "",
+    weights_columns: Sequence[str] = (),
+) -> Figure:
+    """Few-shot episodes, one per row: the support images with their labels, the query with its
+    true and predicted label, and (`weights`) the query's attention over the columns.
+
+    support (rows, n, H, W), support_labels (rows, n), query (rows, H, W), query_labels and
+    predicted (rows,), weights (rows, columns) with the columns' names `weights_columns` (one
+    list for every row, e.g. the classes) or, when empty, each row's support labels and "q"
+    (the sequence's positions, the query last)."""
+    support, query = _array(support), _array(query)
+    labels, truth, guess = (
+        np.asarray(x).astype(int) for x in (support_labels, query_labels, predicted)
+    )
+    rows, n = support.shape[:2]
+    extra = 1 if weights is not None else 0
+    fig = Figure(figsize=(8, 1.3 * rows * (1 + 0.8 * extra) + 0.4), dpi=100)
+    grid = fig.add_gridspec(rows * (1 + extra), n + 1, height_ratios=[1, 0.8][: 1 + extra] * rows)
+    for r in range(rows):
+        top = r * (1 + extra)
+        for j in range(n + 1):
+            ax = fig.add_subplot(grid[top, j])
+            ax.imshow(support[r, j] if j < n else query[r], cmap="gray_r", vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if j < n:
+                ax.set_title(f"label {labels[r, j]}", fontsize=8)
+            else:
+                mark = "right" if truth[r] == guess[r] else "WRONG"
+                ax.set_title(f"query: {truth[r]}\npredicted {guess[r]} ({mark})", fontsize=8)
+                for side in ax.spines.values():
+                    side.set_color("tab:red")
+        if extra:
+            w = _array(weights)[r]
+            ax = fig.add_subplot(grid[top + 1, :])
+            ax.bar(np.arange(len(w)), w, color="tab:blue")
+            names = list(weights_columns) or [f"{y}" for y in labels[r]] + ["q"]
+            ax.set_xticks(np.arange(len(w)), names, fontsize=7)
+            ax.set_ylim(0, 1)
+            ax.set_ylabel("weight", fontsize=7)
+            ax.set_title(f"query's weights: {weights_name}", fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,261 @@
+"""SNAIL experiments (Mishra et al. 2017, sec. 5.1) on `glyphs`, the offline Omniglot stand-in,
+against prototypical networks (Snell et al. 2017) with the same embedding, at equal training
+time.
+
+1. "matched": per setting (5-way 1-shot `glyphs`, 5-way 5-shot `glyphs_5shot`, 20-way 1-shot
+   `glyphs_20way`) a unit of `snail` and `protonet`, each trained by the one loop for the
+   unit's wall-clock budget over its own seconds per step, measured by `prepare` in one process
+   (short runs of both sides, interleaved); scored on `GlyphsConfig.test_episodes` episodes of
+   the held-out scripts with a 95% interval.
+2. "reduced": the 5-way 1-shot unit at a budget that fits a shared 2-core CPU next to other
+   jobs (one seed, a few minutes a side), run while the full budget has not been.
+3. "bandits": SNAIL's bandit policy (`snail-bandit`) trained by REINFORCE with a learned value
+   baseline on Bernoulli bandits (N = 5 arms, K = 10 pulls; N = 10, K = 100), scored on the
+   held-out draws beside UCB1, Thompson sampling, a random policy and the oracle on the same
+   draws; "reduced-bandits" is the first at a few minutes.
+
+    python benchmarks/bench_snail.py [--budget smoke|full] [--seeds N] [--only ID|GROUP ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _common as C
+from _common import Bench, Experiment, Table, columns, drive, targets
+
+SETTINGS = {
+    "glyphs": "5-way 1-shot",
+    "glyphs_5shot": "5-way 5-shot",
+    "glyphs_20way": "20-way 1-shot",
+}
+MODELS = ("snail", "protonet")
+FULL_MINUTES = 20  # per side and seed, of the matched units
+REDUCED_MINUTES = 9  # per side, of the reduced unit
+CALIBRATION = {"steps": 10, "rounds": 2}  # steps per calibration run, timed rounds
+SMOKE = ["model.embed_dim=8", "task.test_episodes=50", "train.batch_size=4", "train.warmup=2"]
+SMOKE_SNAIL = ["model.filters=8", "model.keys=8,8,8", "model.values=4,4,4"]
+# Mishra 2017 (arXiv 1707.03141) Table 1, Omniglot, accuracy %: SNAIL, and prototypical
+# networks as that table quotes Snell 2017 (PAPERS.md confirms SNAIL's row; the ProtoNet row is
+# recalled, not confirmed from a copy here)
+PAPER = {
+    "snail": {"glyphs": 99.07, "glyphs_5shot": 99.78, "glyphs_20way": 97.64, "20way_5shot": 99.36},
+    "protonet": {"glyphs": 98.8, "glyphs_5shot": 99.7, "glyphs_20way": 96.0, "20way_5shot": 98.9},
+}
+
+
+# id -> (task, overrides, CPU-minutes per seed (a guess until timed), seeds)
+BANDITS = {
+    "bandits-n5-k10": ("bandits", ["train.steps=6000"], 40.0, 3),
+    "bandits-n10-k100": ("bandits_n10_k100", ["train.steps=2000", "train.batch_size=32"], 150.0, 3),
+    "reduced-bandits-n5-k10": ("bandits", ["train.steps=3000"], 3.0, 1),
+}
+BANDIT_SMOKE = ["train.steps=3", "train.batch_size=4", "task.test_episodes=20", "model.filters=4"]
+
+
+def experiments(budget: str) -> list[Experiment]:
+    rows = [  # id, group, task, model, minutes of budget
+        (f"matched-{task}-{model}", "matched", task, model, FULL_MINUTES)
+        for task in SETTINGS
+        for model in MODELS
+    ]
+    rows += [
+        (f"reduced-glyphs-{model}", "reduced", "glyphs", model, REDUCED_MINUTES) for model in MODELS
+    ]
+    found = []
+    for id, group, task, model, minutes in rows:
+        sets, seeds = [], 3 if group == "matched" else 1
+        if budget == "smoke":
+            if not id.startswith("reduced"):
+                continue
+            sets, minutes = SMOKE + SMOKE_SNAIL * (model == "snail"), 0.05
+        params = {"model": model, "task": task, "sets": sets, "budget_minutes": minutes}
+        unit = id.rsplit("-", 1)[0]
+        found.append(Experiment(id, group, params, seeds, minutes + 1, unit))
+    for id, (task, sets, minutes, seeds) in BANDITS.items():
+        if budget == "smoke":
+            if not id.startswith("reduced"):
+                continue
+            sets, minutes = BANDIT_SMOKE, 0.1
+        group = "reduced-bandits" if id.startswith("reduced") else "bandits"
+        params = {"model": "snail-bandit", "task": task, "sets": sets}
+        found.append(Experiment(id, group, params, seeds, minutes))
+    return found
+
+
+def prepare(unit: list[Experiment], budget: str) -> dict[str, dict]:
+    """Both sides' seconds per training step, measured by the training loop itself in this one
+    process: rounds of runs of CALIBRATION["steps"] steps, one per side, the order rotating,
+    a first round as warm-up (it also fills the glyph cache); a side's seconds per step are
+    the median over its runs; its steps are the unit's budget over them."""
+    import tempfile
+
+    from attnzoo import runs
+
+    seconds: dict[str, list[float]] = {e.id: [] for e in unit}
+    k, load = CALIBRATION["steps"], os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(1 + CALIBRATION["rounds"]):
+            for e in unit[r % len(unit) :] + unit[: r % len(unit)]:
+                sets = [*e.params["sets"], f"train.steps={k}", "train.warmup=1", "eval.limit=1"]
+                config = C.resolved_config(sets, e.params["model"], e.params["task"], 0)
+                runs.run_train(config, Path(tmp) / e.id, overwrite=True, progress=False)
+                timing = json.loads((Path(tmp) / e.id / "timing.json").read_text())
+                seconds[e.id] += [timing["train_seconds"] / k] * (r > 0)
+    prepared = {}
+    for e in unit:
+        per_step = C.median(seconds[e.id])
+        steps = max(1, int(60 * e.params["budget_minutes"] / per_step))
+        prepared[e.id] = {"sets": [f"train.steps={steps}"], "sec_per_step": per_step}
+        prepared[e.id].update(load_average=load, calibration=CALIBRATION)
+    return prepared
+
+
+def worker(params: dict, ctx: C.Context) -> dict:
+    sets = [*params["sets"], *ctx.extra.get("sets", [])]
+    metrics, config, _, _ = C.train_worker(sets, params["model"], params["task"], ctx, figures=3)
+    if "budget_minutes" not in params:  # a bandit run: the task's metrics say it all
+        metrics["episodes_trained"] = config["train"]["steps"] * config["train"]["batch_size"]
+        return {k: v for k, v in metrics.items() if v is not None}
+    metrics["budget_minutes"] = params["budget_minutes"]
+    metrics["sec_per_step_planned"] = ctx.extra.get("sec_per_step")
+    metrics["sec_per_step_run"] = 60 * metrics["train_minutes"] / max(1, metrics["steps_run"])
+    metrics["episodes_trained"] = config["train"]["steps"] * config["train"]["batch_size"]
+    metrics["classes"] = metrics["classes_background"] + metrics["classes_evaluation"]
+    metrics["scripts"] = metrics["scripts_background"] + metrics["scripts_evaluation"]
+    return {k: v for k, v in metrics.items() if v is not None}
+
+
+def derive(summary: dict) -> dict:
+    """The paper's numbers, and per unit and seed SNAIL's accuracy minus the prototypical
+    network's and its training minutes over the other's (did "equal time" hold?)."""
+    derived: dict = {"paper": PAPER}
+    units = [(f"matched-{t}", t) for t in SETTINGS] + [("reduced-glyphs", "glyphs")]
+    for unit, _ in units:
+        ids = [f"{unit}-{m}" for m in MODELS]
+        (s, p), (sm, pm) = (
+            [C.by_seed(summary, i, k) for i in ids] for k in ("accuracy", "train_minutes")
+        )
+        seeds = sorted(s.keys() & p.keys() & sm.keys() & pm.keys())
+        if seeds:
+            derived[unit] = {
+                "gain": [s[k] - p[k] for k in seeds],
+                "train_minutes_ratio": [sm[k] / pm[k] for k in seeds],
+            }
+    return derived
+
+
+def figures(data: dict, folder: Path) -> list[Path]:
+    """The glyph gallery (drawn from the task itself: classes of background and evaluation
+    scripts, instances in a row) and seed 0's episode figure of each reduced run (when its run
+    dir exists)."""
+    drawn = [gallery(Path(folder) / "glyphs_gallery.png")]
+    pairs = {
+        f"snail_episodes_{m}.png": C.bench_run_dir("snail", f"reduced-glyphs-{m}")
+        / "figures/episodes.png"
+        for m in MODELS
+    }
+    run = C.bench_run_dir("snail", "reduced-bandits-n5-k10") / "figures/bandit_rewards.png"
+    pairs["snail_bandit_rewards.png"] = run
+    return drawn + C.copy_run_figures(pairs, folder)
+
+
+def gallery(path: Path, rows: int = 8, instances: int = 8) -> Path:
+    """`rows` classes (half background, half evaluation), `instances` instances each."""
+    import torch
+    from matplotlib.figure import Figure
+
+    from attnzoo.tasks import glyphs as G
+
+    config = G.GlyphsConfig()
+    inv = G.inventory(config.test_scripts, config.min_distance, config.min_classes)
+    g = torch.Generator().manual_seed(0)
+    picks = []
+    for pool in (inv.background, inv.evaluation):
+        order = torch.randperm(len(pool), generator=g)[: rows // 2].tolist()
+        picks += [pool[i] for i in order]
+    fig = Figure(figsize=(8, 1.1 * rows), dpi=100)
+    axes = fig.subplots(rows, instances)
+    for r, c in enumerate(picks):
+        images = G.draw(config, inv, torch.tensor([c] * instances), g)
+        for j in range(instances):
+            axes[r, j].imshow(images[j, 0], cmap="gray_r", vmin=0, vmax=1)
+            axes[r, j].set_xticks([])
+            axes[r, j].set_yticks([])
+        split = "background" if c in inv.background else "evaluation"
+        axes[r, 0].set_title(
+            f"{split}: {inv.scripts[c]} U+{inv.points[c]:04X}", fontsize=8, loc="left"
+        )
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+TARGETS = targets(
+    "issue 14",
+    *(
+        (f"{SETTINGS[t]} accuracy % (held-out scripts)", f"matched-{t}-snail", "accuracy", ">=", x)
+        for t, x in (("glyphs", 95), ("glyphs_5shot", 98), ("glyphs_20way", 85))
+    ),
+    *(
+        (
+            f"{SETTINGS[t]}: SNAIL minus ProtoNet accuracy (equal time)",
+            f"matched-{t}",
+            "gain",
+            ">=",
+            0,
+        )
+        for t in SETTINGS
+    ),
+    ("reduced budget, 5-way 1-shot accuracy %", "reduced-glyphs-snail", "accuracy", ">=", 95),
+    ("reduced budget: SNAIL minus ProtoNet accuracy", "reduced-glyphs", "gain", ">=", 0),
+    *(
+        (f"bandits {name}: SNAIL / Thompson sampling reward", id, "agent_over_thompson", ">=", 0.95)
+        for name, id in (
+            ("N=5, K=10", "bandits-n5-k10"),
+            ("N=10, K=100", "bandits-n10-k100"),
+            ("N=5, K=10, reduced budget", "reduced-bandits-n5-k10"),
+        )
+    ),
+)
+RUN = columns("setting=params.task; model=params.model", 0)
+RUN += columns("accuracy %=accuracy; ± ci95=ci95", 2)
+RUN += columns("test episodes=n; steps=steps; episodes trained=episodes_trained", 0)
+RUN += columns("budget min=budget_minutes; train min=train_minutes", 1)
+RUN += columns("params=params", 0)
+DATA = columns("setting=params.task; classes=classes; scripts=scripts", 0)
+DATA += columns("background classes=classes_background; evaluation classes=classes_evaluation", 0)
+DATA += columns("background scripts=scripts_background; evaluation scripts=scripts_evaluation", 0)
+POLICY = "; ".join(
+    f"{name}=reward_{name}; ± {name}=ci95_{name}" for name in ("agent", "ucb1", "thompson")
+)
+BANDIT = columns("run=id", 0) + columns("arms=arms; pulls=pulls; held-out episodes=n", 0)
+BANDIT += columns(f"{POLICY}; random=reward_random; oracle=reward_oracle", 2)
+BANDIT += columns("SNAIL / Thompson=agent_over_thompson", 3)
+BANDIT += columns("steps=steps; episodes trained=episodes_trained", 0)
+BANDIT += columns("train min=train_minutes", 1)
+TABLES = [
+    Table("matched", RUN, ["matched"]),
+    Table("reduced", RUN, ["reduced"]),
+    Table("data", DATA, ids=["reduced-glyphs-snail", "matched-glyphs-snail"]),
+    Table("bandits", BANDIT, ids=list(BANDITS)),
+]
+BENCH = Bench(
+    "snail",
+    __file__,
+    experiments,
+    worker,
+    TARGETS,
+    TABLES,
+    prepare=prepare,
+    derive=derive,
+    figures=figures,
+    jobs=1,
+)
+
+if __name__ == "__main__":
+    drive(BENCH)

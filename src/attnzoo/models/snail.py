@@ -1,0 +1,320 @@
+"""SNAIL: a Simple Neural Attentive meta-Learner (Mishra, Rohaninejad, Chen & Abbeel 2017,
+arXiv:1707.03141, sec. 3 and appendix B), for N-way K-shot classification ("fewshot"
+interface, `attnzoo.tasks.glyphs`).
+
+An episode is one sequence: the N K support examples, each its embedding beside its label's
+one-hot, then the query, its embedding beside zeros (its label is never an input). Temporal
+convolution (TC) blocks and causal attention blocks, interleaved, read the sequence; a 1 x 1
+convolution at the query's position gives the N class scores.
+
+- Embedding (the few-shot papers' Omniglot network, Vinyals 2016): 4 blocks of 3 x 3
+  convolution with 64 filters, batch norm, ReLU, 2 x 2 max pooling: 28 x 28 -> 64 numbers.
+- `DenseBlock(R, D)`: `x -> concat(x, tanh(conv_f(x)) * sigmoid(conv_g(x)))`, the convolutions
+  causal, kernel 2, dilation R, D filters (appendix B).
+- `TCBlock(T, D)`: DenseBlocks of dilation 2^i for i = 1 .. ceil(log2 T).
+- `AttentionBlock(K, V)`: `x -> concat(x, softmax(Q K^T / sqrt(K)) V)`, causal, queries and
+  keys of size K and values of size V by linear maps of x, through core `attention()`.
+- Omniglot (appendix B): AttentionBlock(64, 32), TCBlock(T, 128), AttentionBlock(256, 128),
+  TCBlock(T, 128), AttentionBlock(512, 256), then the 1 x 1 convolution to N.
+
+Note:
+    The appendix's dilations start at 2 (i = 1), so the convolutions never see an odd offset;
+    kept as written (the attention blocks reach every earlier position). Several queries of an
+    episode (`queries > 1`) are several sequences that share the support's embeddings, as if
+    each were its own episode with the same support.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnzoo.core.attention import attention
+from attnzoo.core.checks import check_size, fail
+
+
+class FewShotOutput(NamedTuple):
+    log_probs: torch.Tensor  # (batch, queries, ways)
+    # (name, weights (batch, queries, heads, rows, columns)) per attention kind; [] without
+    attention: list
+
+
+def check_episode(owner: str, support, support_labels, query, channels, image_size, n_support):
+    """Fail naming the first argument whose shape does not fit the model."""
+    side = (channels, *image_size)
+    if support.dim() != 5 or tuple(support.shape[1:]) != (n_support, *side):
+        wanted = f"(batch, {n_support}, {', '.join(map(str, side))})"
+        fail(owner, "support", wanted, tuple(support.shape))
+    if tuple(support_labels.shape) != tuple(support.shape[:2]):
+        fail(owner, "support_labels", f"{tuple(support.shape[:2])}", tuple(support_labels.shape))
+    if support_labels.dtype != torch.long:
+        fail(owner, "support_labels", "a long tensor", support_labels.dtype)
+    if query.dim() != 5 or query.shape[0] != support.shape[0] or tuple(query.shape[2:]) != side:
+        wanted = f"({support.shape[0]}, queries, {', '.join(map(str, side))})"
+        fail(owner, "query", wanted, tuple(query.shape))
+
+
+@dataclass(frozen=True)
+class SnailConfig:
+    """Attributes:
+    embed_dim: filters of each embedding block (its output size: 28 x 28 pools to 1 x 1).
+    embed_blocks: embedding blocks (conv, batch norm, ReLU, 2 x 2 max pool).
+    filters: D of every TC block.
+    keys: K of each attention block; a TC block sits between consecutive attention blocks.
+    values: V of each attention block.
+    """
+
+    embed_dim: int = 64
+    embed_blocks: int = 4
+    filters: int = 128
+    keys: tuple[int, ...] = (64, 256, 512)
+    values: tuple[int, ...] = (32, 128, 256)
+
+    def __post_init__(self):
+        for name in ("embed_dim", "embed_blocks", "filters"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                fail("SnailConfig", name, "a positive int", repr(value))
+        for name in ("keys", "values"):
+            value = getattr(self, name)
+            if (
+                not isinstance(value, tuple | list)
+                or not value
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+            ):
+                fail("SnailConfig", name, "a non-empty tuple of positive ints", repr(value))
+        if len(self.keys) != len(self.values):
+            fail("SnailConfig", "values", f"{len(self.keys)} sizes, one per key size", self.values)
+
+
+def snail(**overrides) -> SnailConfig:
+    """Mishra 2017, appendix B, Omniglot."""
+    return replace(SnailConfig(), **overrides)
+
+
+class ConvEmbedding(nn.Module):
+    """`blocks` x (3 x 3 conv of `dim` filters, batch norm, ReLU, 2 x 2 max pool), flattened:
+    the embedding of SNAIL, prototypical and matching networks on Omniglot."""
+
+    def __init__(self, channels: int, dim: int, blocks: int, image_size: tuple[int, int]):
+        super().__init__()
+        layers: list[nn.Module] = []
+        for k in range(blocks):
+            layers += [
+                nn.Conv2d(channels if k == 0 else dim, dim, 3, padding=1),
+                nn.BatchNorm2d(dim),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+            ]
+        self.net = nn.Sequential(*layers)
+        height, width = image_size
+        for _ in range(blocks):
+            height, width = height // 2, width // 2
+        if height < 1 or width < 1:
+            fail("ConvEmbedding", "image_size", f"at least {2**blocks} a side", image_size)
+        self.size = dim * height * width
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """images (..., channels, H, W) -> (..., size)."""
+        lead = images.shape[:-3]
+        out = self.net(images.flatten(0, -4))  # (n, dim, h, w)
+        return out.flatten(1).view(*lead, self.size)  # (..., size)
+
+
+class DenseBlock(nn.Module):
+    """x (b, T, C) -> concat(x, tanh(conv_f x) * sigmoid(conv_g x)) (b, T, C + D): causal
+    convolutions of kernel 2 and dilation R (the input shifted right by R, zeros in front)."""
+
+    def __init__(self, channels: int, dilation: int, filters: int):
+        super().__init__()
+        self.dilation = dilation
+        self.conv = nn.Conv1d(channels, 2 * filters, kernel_size=2, dilation=dilation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.pad(x.transpose(1, 2), (self.dilation, 0))  # (b, C, R + T)
+        f, g = self.conv(h).chunk(2, dim=1)  # (b, D, T) each
+        return torch.cat([x, (torch.tanh(f) * torch.sigmoid(g)).transpose(1, 2)], -1)
+
+
+class TCBlock(nn.Module):
+    """DenseBlocks of dilation 2^i, i = 1 .. ceil(log2 T): (b, T, C) -> (b, T, C + n D)."""
+
+    def __init__(self, channels: int, length: int, filters: int):
+        super().__init__()
+        count = max(1, math.ceil(math.log2(length)))
+        self.blocks = nn.ModuleList(
+            DenseBlock(channels + i * filters, 2 ** (i + 1), filters) for i in range(count)
+        )
+        self.out_channels = channels + count * filters
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class AttentionBlock(nn.Module):
+    """x (b, T, C) -> concat(x, causal softmax(q k^T / sqrt(K)) v) (b, T, C + V), with q, k of
+    size K and v of size V linear maps of x; also the weights (b, T, T)."""
+
+    def __init__(self, channels: int, key_size: int, value_size: int):
+        super().__init__()
+        self.query = nn.Linear(channels, key_size)
+        self.key = nn.Linear(channels, key_size)
+        self.value = nn.Linear(channels, value_size)
+        self.out_channels = channels + value_size
+
+    def forward(self, x: torch.Tensor, return_weights: bool = False):
+        out = attention(
+            self.query(x),  # (b, T, K)
+            self.key(x),  # (b, T, K)
+            self.value(x),  # (b, T, V)
+            score="scaled_dot",
+            causal=True,
+            return_weights=return_weights,
+        )
+        return torch.cat([x, out.context], -1), out.weights  # (b, T, C + V), (b, T, T)
+
+
+class SNAIL(nn.Module):
+    """The SNAIL classifier of the module docstring."""
+
+    def __init__(
+        self,
+        config: SnailConfig,
+        image_size: tuple[int, int],
+        channels: int,
+        ways: int,
+        shots: int,
+    ):
+        super().__init__()
+        for name, value in (("channels", channels), ("ways", ways), ("shots", shots)):
+            check_size("SNAIL", name, value)
+        self.config, self.ways, self.shots = config, ways, shots
+        self.image_size, self.channels = tuple(image_size), channels
+        self.embed = ConvEmbedding(channels, config.embed_dim, config.embed_blocks, image_size)
+        self.length = ways * shots + 1  # T
+        width = self.embed.size + ways
+        self.label_channels = (self.embed.size, width)  # where the one-hot sits in every input
+        self.attend = nn.ModuleList()
+        self.tc = nn.ModuleList()
+        for k, (key, value) in enumerate(zip(config.keys, config.values, strict=True)):
+            if k > 0:
+                self.tc.append(TCBlock(width, self.length, config.filters))
+                width = self.tc[-1].out_channels
+            self.attend.append(AttentionBlock(width, key, value))
+            width = self.attend[-1].out_channels
+        self.out = nn.Linear(width, ways)  # the 1 x 1 convolution
+
+    def sequence(self, x: torch.Tensor, return_weights: bool = False):
+        """x (b, T, embed + ways) -> class logits at every position (b, T, ways) and each
+        attention block's weights (b, T, T) (None unless asked)."""
+        weights = []
+        for k, block in enumerate(self.attend):
+            if k > 0:
+                x = self.tc[k - 1](x)
+            x, w = block(x, return_weights)
+            weights.append(w)
+        return self.out(x), weights
+
+    def forward(
+        self,
+        support: torch.Tensor,
+        support_labels: torch.Tensor,
+        query: torch.Tensor,
+        return_weights: bool = False,
+    ) -> FewShotOutput:
+        """support (b, N K, c, H, W), support_labels (b, N K), query (b, q, c, H, W) ->
+        log_probs (b, q, N); each query is its own sequence after the support."""
+        n = self.ways * self.shots
+        check_episode("SNAIL", support, support_labels, query, self.channels, self.image_size, n)
+        b, q = query.shape[:2]
+        embedded = self.embed(torch.cat([support, query], 1))  # (b, n + q, E)
+        support_x, query_x = embedded.split([n, q], 1)
+        labels = F.one_hot(support_labels, self.ways).to(support_x.dtype)  # (b, n, N)
+        support_x = torch.cat([support_x, labels], -1)  # (b, n, E + N)
+        query_x = torch.cat([query_x, query_x.new_zeros(b, q, self.ways)], -1)  # (b, q, E + N)
+        x = torch.cat(
+            [support_x.unsqueeze(1).expand(b, q, n, -1), query_x.unsqueeze(2)], 2
+        )  # (b, q, T, E + N)
+        logits, weights = self.sequence(x.flatten(0, 1), return_weights)  # (b q, T, N)
+        log_probs = torch.log_softmax(logits[:, -1], -1).view(b, q, self.ways)
+        named = []
+        if return_weights:
+            for k, w in enumerate(weights):
+                t = w.shape[-1]
+                named.append((f"attention block {k + 1} (causal)", w.view(b, q, 1, t, t)))
+        return FewShotOutput(log_probs, named)
+
+
+# Bandits (sec. 5.3) -----------------------------------------------------------------------------
+
+
+class PolicyOutput(NamedTuple):
+    logits: torch.Tensor  # (batch, steps, arms): the arm to pull at each step
+    value: torch.Tensor  # (batch, steps): the expected rewards to go (the baseline)
+    attention: list  # (name, weights (batch, heads, steps, steps)) per attention block, or []
+
+
+@dataclass(frozen=True)
+class SnailPolicyConfig:
+    """The bandit agent (Mishra 2017, appendix C, as read here: TCBlock(T, 32), TCBlock(T, 32),
+    AttentionBlock(32, 32), then a policy and a value head; not confirmed from a copy here).
+
+    Attributes:
+    filters: D of each TC block.
+    layers: TC blocks before the attention block.
+    key_size: K of the attention block.
+    value_size: V of the attention block.
+    """
+
+    filters: int = 32
+    layers: int = 2
+    key_size: int = 32
+    value_size: int = 32
+
+    def __post_init__(self):
+        for name in ("filters", "layers", "key_size", "value_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                fail("SnailPolicyConfig", name, "a positive int", repr(value))
+
+
+def snail_bandit(**overrides) -> SnailPolicyConfig:
+    """Mishra 2017, appendix C (see the class docstring)."""
+    return replace(SnailPolicyConfig(), **overrides)
+
+
+class SnailPolicy(nn.Module):
+    """SNAIL as a recurrent policy over a bandit episode ("bandit" interface,
+    `attnzoo.tasks.bandits`): inputs (b, t, arms + 2) -> logits (b, t, arms), value (b, t)."""
+
+    def __init__(self, config: SnailPolicyConfig, arms: int, pulls: int):
+        super().__init__()
+        check_size("SnailPolicy", "arms", arms)
+        check_size("SnailPolicy", "pulls", pulls)
+        self.arms, self.pulls = arms, pulls
+        width = arms + 2
+        self.tc = nn.ModuleList()
+        for _ in range(config.layers):
+            self.tc.append(TCBlock(width, pulls, config.filters))
+            width = self.tc[-1].out_channels
+        self.attend = AttentionBlock(width, config.key_size, config.value_size)
+        width = self.attend.out_channels
+        self.policy = nn.Linear(width, arms)
+        self.value = nn.Linear(width, 1)
+
+    def forward(self, inputs: torch.Tensor, return_weights: bool = False) -> PolicyOutput:
+        if inputs.dim() != 3 or inputs.shape[-1] != self.arms + 2:
+            fail("SnailPolicy", "inputs", f"(batch, steps, {self.arms + 2})", tuple(inputs.shape))
+        x = inputs
+        for block in self.tc:
+            x = block(x)  # (b, t, C)
+        x, w = self.attend(x, return_weights)  # (b, t, C + V)
+        named = [("attention block (causal)", w.unsqueeze(1))] if return_weights else []
+        return PolicyOutput(self.policy(x), self.value(x).squeeze(-1), named)

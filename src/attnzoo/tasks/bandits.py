@@ -1,0 +1,305 @@
+"""`bandits`: Bernoulli multi-armed bandits, SNAIL's reinforcement-learning experiment (Mishra
+et al. 2017, sec. 5.3; Duan et al. 2016's setup).
+
+An episode is N arms with success probabilities p ~ U(0, 1) each, and K pulls; a pull of arm a
+at step t pays 1 with probability p_a. The rewards are drawn once per episode as a table
+`payoff (K, N)` of Bernoulli(p) draws (pulling arm a at step t pays payoff[t, a]), so every
+policy scored on an episode meets the same draws (common random numbers): the learned agent,
+UCB1 and Thompson sampling (`ucb1`, `thompson`, computed exactly as their algorithms say, not
+learned), a uniformly random policy and the oracle that always pulls the best arm.
+
+Training episodes are drawn from the run's seed and the step; the held-out episodes once from
+`BanditsConfig.seed`. The agent is trained by REINFORCE with a learned value baseline
+(`attnzoo.core.hard.reinforce_loss`) on the rewards to go.
+
+"bandit" interface (`attnzoo.models.registry`): a model is built with `(config, arms, pulls)`
+and called as `model(inputs (batch, steps, arms + 2))`, the input at step t being the one-hot
+of the arm pulled at t - 1, its reward and a flag for t = 0 (zeros otherwise), and returns an
+output with `logits` (batch, steps, arms) over the arm to pull at each step, `value`
+(batch, steps) (the baseline) and `attention` ((name, weights (batch, heads, steps, steps))
+per attention block, when asked). It must be causal: the output at t reads inputs <= t.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from attnzoo.core.checks import fail
+from attnzoo.core.hard import reinforce_loss, rewards_to_go
+from attnzoo.core.normalisers import sample_hard
+from attnzoo.tasks.base import EvalConfig, check_counts, model_device, sampling_generator
+
+POLICIES = ("agent", "ucb1", "thompson", "random", "oracle")
+
+
+@dataclass(frozen=True)
+class BanditsConfig:
+    """Attributes:
+    arms: N.
+    pulls: K, pulls per episode.
+    test_episodes: held-out episodes (eval.limit may score fewer).
+    entropy_weight: the entropy bonus of the policy-gradient loss.
+    seed: draws the held-out episodes and the held-out sampling.
+    """
+
+    arms: int = 5
+    pulls: int = 10
+    test_episodes: int = 1000
+    entropy_weight: float = 0.01
+    seed: int = 0
+
+    def __post_init__(self):
+        check_counts(
+            "BanditsConfig",
+            self,
+            positive=("arms", "pulls", "test_episodes"),
+            non_negative=("seed",),
+        )
+        if self.arms < 2:
+            fail("BanditsConfig", "arms", "an int >= 2", repr(self.arms))
+        w = self.entropy_weight
+        if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < 1:
+            fail("BanditsConfig", "entropy_weight", "a number in [0, 1)", repr(w))
+
+
+class BanditBatch(NamedTuple):
+    probs: torch.Tensor  # (batch, arms) p
+    payoff: torch.Tensor  # (batch, pulls, arms) the Bernoulli draws
+    step: int
+    items: int  # pulls in the batch, counted on the CPU
+
+
+def draw(config: BanditsConfig, count: int, generator: torch.Generator) -> BanditBatch:
+    probs = torch.rand(count, config.arms, generator=generator)  # (b, N)
+    u = torch.rand(count, config.pulls, config.arms, generator=generator)  # (b, K, N)
+    return BanditBatch(probs, (u < probs.unsqueeze(1)).float(), 0, count * config.pulls)
+
+
+def inputs_of(actions: torch.Tensor, rewards: torch.Tensor, arms: int) -> torch.Tensor:
+    """Pulls so far (b, t) and their rewards (b, t) -> the model's inputs (b, t + 1, arms + 2):
+    step 0 is the start flag, step s > 0 the pull of step s - 1 and its reward."""
+    b, t = actions.shape
+    start = rewards.new_zeros(b, 1, arms + 2)
+    start[..., -1] = 1
+    past = torch.cat(
+        [torch.nn.functional.one_hot(actions, arms).to(rewards.dtype), rewards.unsqueeze(-1),
+         rewards.new_zeros(b, t, 1)], -1
+    )  # fmt: skip
+    return torch.cat([start, past], 1)  # (b, t + 1, N + 2)
+
+
+def rollout(model, batch: BanditBatch, generator, greedy: bool = False):
+    """Play every episode of `batch` with the model's policy (sampled; `greedy`: its argmax):
+    (actions (b, K), rewards (b, K)), no gradient."""
+    b, pulls, arms = batch.payoff.shape
+    actions = batch.payoff.new_zeros(b, 0, dtype=torch.long)
+    rewards = batch.payoff.new_zeros(b, 0)
+    with torch.no_grad():
+        for _ in range(pulls):
+            logits = model(inputs_of(actions, rewards, arms)).logits[:, -1]  # (b, N)
+            pick = logits.argmax(-1) if greedy else sample_hard(logits, generator=generator).index
+            t = actions.shape[1]
+            paid = batch.payoff[:, t].gather(1, pick.unsqueeze(1))  # (b, 1)
+            actions = torch.cat([actions, pick.unsqueeze(1)], 1)
+            rewards = torch.cat([rewards, paid], 1)
+    return actions, rewards
+
+
+def ucb1(payoff: np.ndarray) -> np.ndarray:
+    """UCB1 (Auer et al. 2002) on the draws `payoff` (b, K, N): each arm once, then the arm
+    maximising mean + sqrt(2 ln t / n) (t pulls so far, ties to the lowest index) ->
+    rewards (b, K)."""
+    b, pulls, arms = payoff.shape
+    n, total = np.zeros((b, arms)), np.zeros((b, arms))
+    out = np.zeros((b, pulls))
+    rows = np.arange(b)
+    for t in range(pulls):
+        if t < arms:
+            pick = np.full(b, t)
+        else:
+            score = total / n + np.sqrt(2 * math.log(t) / n)
+            pick = score.argmax(1)
+        out[:, t] = payoff[rows, t, pick]
+        n[rows, pick] += 1
+        total[rows, pick] += out[:, t]
+    return out
+
+
+def thompson(payoff: np.ndarray, seed: int) -> np.ndarray:
+    """Thompson sampling (Thompson 1933) with Beta(1, 1) priors on the draws `payoff`
+    (b, K, N): each step pulls the arm with the largest sample of its Beta(1 + wins,
+    1 + losses) posterior -> rewards (b, K)."""
+    rng = np.random.default_rng(seed)
+    b, pulls, arms = payoff.shape
+    wins, losses = np.zeros((b, arms)), np.zeros((b, arms))
+    out = np.zeros((b, pulls))
+    rows = np.arange(b)
+    for t in range(pulls):
+        pick = rng.beta(1 + wins, 1 + losses).argmax(1)
+        out[:, t] = payoff[rows, t, pick]
+        wins[rows, pick] += out[:, t]
+        losses[rows, pick] += 1 - out[:, t]
+    return out
+
+
+class BanditsTask:
+    """The Task protocol (`attnzoo.tasks.base.Task`) over Bernoulli bandit episodes."""
+
+    def __init__(self, config: BanditsConfig, *, seed: int = 0, eval_config: EvalConfig | None):
+        self.config, self.seed = config, seed
+        self.eval_config = eval_config or EvalConfig()
+
+    def model_dims(self) -> dict:
+        return {"arms": self.config.arms, "pulls": self.config.pulls}
+
+    def batch(
+        self, step: int, batch_size: int, device: torch.device | str, rank: int = 0, world: int = 1
+    ) -> BanditBatch:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        whole = draw(self.config, batch_size, g)
+        probs, payoff = whole.probs[rank::world], whole.payoff[rank::world]
+        move = {"device": device, "non_blocking": True}
+        return BanditBatch(
+            probs.to(**move), payoff.to(**move), step, payoff.shape[0] * payoff.shape[1]
+        )
+
+    def loss(self, model: torch.nn.Module, batch: BanditBatch) -> tuple[torch.Tensor, int]:
+        """REINFORCE with the model's value as a learned baseline, on the rewards to go of
+        episodes played by the model's sampled policy, plus an entropy bonus."""
+        g = sampling_generator(batch.payoff.device).manual_seed(self.seed * 7 + batch.step)
+        actions, rewards = rollout(model, batch, g)
+        out = model(inputs_of(actions[:, :-1], rewards[:, :-1], self.config.arms))
+        log_p = torch.log_softmax(out.logits, -1)  # (b, K, N)
+        log_pi = log_p.gather(-1, actions.unsqueeze(-1)).squeeze(-1)  # (b, K)
+        entropy = -(log_p.exp() * log_p).sum(-1)  # (b, K)
+        terms = reinforce_loss(
+            log_pi,
+            rewards_to_go(rewards),
+            out.value,
+            entropy=entropy,
+            entropy_weight=self.config.entropy_weight,
+        )
+        return terms.total, batch.items
+
+    def held_out(self, count: int) -> BanditBatch:
+        return draw(self.config, count, torch.Generator().manual_seed(self.config.seed * 7919 + 2))
+
+    @torch.no_grad()
+    def scores(self, model: torch.nn.Module, count: int) -> dict[str, np.ndarray]:
+        """Per policy, the rewards (count, K) on the first `count` held-out episodes."""
+        batch = self.held_out(count)
+        device = model_device(model)
+        g = sampling_generator(device).manual_seed(self.config.seed + 17)
+        on = BanditBatch(batch.probs.to(device), batch.payoff.to(device), 0, batch.items)
+        _, agent = rollout(model, on, g)
+        payoff = batch.payoff.double().numpy()
+        rng = np.random.default_rng(self.config.seed + 29)
+        rows = np.arange(count)[:, None]
+        return {
+            "agent": agent.double().cpu().numpy(),
+            "ucb1": ucb1(payoff),
+            "thompson": thompson(payoff, self.config.seed + 23),
+            "random": payoff[
+                rows,
+                np.arange(self.config.pulls),
+                rng.integers(0, self.config.arms, payoff.shape[:2]),
+            ],
+            "oracle": payoff[
+                rows, np.arange(self.config.pulls), batch.probs.numpy().argmax(1)[:, None]
+            ],
+        }
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+        """Mean cumulative reward per episode of each policy on the same held-out draws, its
+        `ci95` (1.96 standard errors over episodes), and the agent's over Thompson's."""
+        count = self.eval_config.limit or self.config.test_episodes
+        found = self.scores(model, count)
+        metrics: dict[str, float] = {
+            "n": count,
+            "arms": self.config.arms,
+            "pulls": self.config.pulls,
+        }
+        for name, rewards in found.items():
+            total = rewards.sum(1)
+            metrics[f"reward_{name}"] = float(total.mean())
+            metrics[f"ci95_{name}"] = (
+                float(1.96 * total.std(ddof=1) / math.sqrt(count)) if count > 1 else 0.0
+            )
+        metrics["agent_over_thompson"] = metrics["reward_agent"] / max(
+            metrics["reward_thompson"], 1e-9
+        )
+        return metrics
+
+    @torch.no_grad()
+    def explore(self, model: torch.nn.Module, count: int) -> dict:
+        """The explorer's data (layout "tokens"): `count` held-out episodes played greedily,
+        the rows and columns the pulls, each attention block a layer."""
+        batch = self.held_out(count)
+        device = model_device(model)
+        on = BanditBatch(batch.probs.to(device), batch.payoff.to(device), 0, batch.items)
+        actions, rewards = rollout(model, on, None, greedy=True)
+        out = model(
+            inputs_of(actions[:, :-1], rewards[:, :-1], self.config.arms), return_weights=True
+        )
+        examples = []
+        for k in range(count):
+            pulls = [
+                f"pull {t + 1}: arm {int(a)} -> {int(r)}"
+                for t, (a, r) in enumerate(zip(actions[k], rewards[k], strict=True))
+            ]
+            inputs = ["start", *pulls[:-1]]
+            kinds = [
+                {
+                    "name": name,
+                    "rows": pulls,
+                    "columns": inputs,
+                    "weights": w[k].float().cpu()[None],
+                }
+                for name, w in out.attention
+            ]
+            best = int(batch.probs[k].argmax())
+            examples.append(
+                {
+                    "input": "arm probabilities "
+                    + ", ".join(f"{p:.2f}" for p in batch.probs[k].tolist()),
+                    "reference": f"best arm {best}",
+                    "prediction": f"reward {int(rewards[k].sum())} of {self.config.pulls}",
+                    "correct": None,
+                    "attention": kinds,
+                }
+            )
+        title = f"bandits, {self.config.arms} arms, {self.config.pulls} pulls: held-out episodes"
+        note = "Played greedily (the argmax of the policy); row t attends to the inputs up to t"
+        return {"layout": "tokens", "title": title, "note": note, "examples": examples}
+
+    @torch.no_grad()
+    def figures(self, model: torch.nn.Module, folder: Path, count: int = 3) -> list[Path]:
+        """figures/bandit_rewards.png: the mean reward at each pull of every policy on the
+        held-out draws."""
+        from matplotlib.figure import Figure
+
+        found = self.scores(model, self.eval_config.limit or self.config.test_episodes)
+        fig = Figure(figsize=(8, 4.5), dpi=100)
+        ax = fig.add_subplot()
+        for name, rewards in found.items():
+            ax.plot(np.arange(1, self.config.pulls + 1), rewards.mean(0), marker="o", label=name)
+        ax.set(
+            xlabel="pull", ylabel="mean reward", title=f"{self.config.arms} arms, held-out episodes"
+        )
+        ax.grid(alpha=0.3)
+        ax.legend()
+        path = Path(folder) / "bandit_rewards.png"
+        fig.savefig(path)
+        return [path]
+
+
+def make_task(config: BanditsConfig, *, seed: int, eval_config: EvalConfig) -> BanditsTask:
+    """The task of this module's registry entries (`TaskSpec.build`)."""
+    return BanditsTask(config, seed=seed, eval_config=eval_config)

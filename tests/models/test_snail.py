@@ -1,0 +1,257 @@
+"""SNAIL and prototypical networks (`attnzoo.models.snail`, `attnzoo.models.protonet`): each
+block against a float64 loop written here, causality, and what few-shot code gets wrong: the
+query's label never enters its input, no episode changes another's prediction in eval mode,
+relabelling the support relabels the prediction; shapes, bad input named, any device, and
+overfitting a tiny batch."""
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from attnzoo.models.protonet import ProtoNet, protonet
+from attnzoo.models.snail import SNAIL, AttentionBlock, DenseBlock, SnailConfig, TCBlock, snail
+
+SIZE = (28, 28)
+
+
+def tiny_snail(ways=3, shots=2, **changes) -> SNAIL:
+    config = snail(embed_dim=8, filters=6, keys=(5, 7, 9), values=(4, 3, 5), **changes)
+    return SNAIL(config, SIZE, 1, ways, shots)
+
+
+def tiny_protonet(ways=3, shots=2) -> ProtoNet:
+    return ProtoNet(protonet(embed_dim=8), SIZE, 1, ways, shots)
+
+
+def episode(batch=2, ways=3, shots=2, queries=2, dtype=torch.float32):
+    g = torch.Generator().manual_seed(3)
+    support = torch.rand(batch, ways * shots, 1, *SIZE, generator=g, dtype=dtype)
+    labels = torch.stack(
+        [torch.arange(ways).repeat_interleave(shots)[torch.randperm(ways * shots, generator=g)]
+         for _ in range(batch)]
+    )  # fmt: skip
+    query = torch.rand(batch, queries, 1, *SIZE, generator=g, dtype=dtype)
+    return support, labels, query
+
+
+# 1. Blocks against float64 loops ---------------------------------------------------------------
+
+
+def test_attention_block_is_causal_scaled_dot_attention():
+    torch.manual_seed(0)
+    block = AttentionBlock(7, 5, 3).double()
+    x = torch.randn(2, 9, 7, dtype=torch.float64)
+    with torch.no_grad():
+        out, weights = block(x, return_weights=True)
+    q, k, v = (t.detach() for t in (block.query(x), block.key(x), block.value(x)))
+    expected = torch.zeros(2, 9, 3, dtype=torch.float64)
+    loop_weights = torch.zeros(2, 9, 9, dtype=torch.float64)
+    for b in range(2):
+        for i in range(9):
+            logits = torch.tensor([float(q[b, i] @ k[b, j]) / math.sqrt(5) for j in range(i + 1)])
+            w = torch.softmax(logits.double(), 0)
+            loop_weights[b, i, : i + 1] = w
+            expected[b, i] = sum(w[j] * v[b, j] for j in range(i + 1))
+    torch.testing.assert_close(out, torch.cat([x, expected], -1))
+    torch.testing.assert_close(weights, loop_weights)
+
+
+def test_dense_block_is_a_gated_causal_dilated_convolution():
+    torch.manual_seed(0)
+    block = DenseBlock(4, 2, 3).double()
+    x = torch.randn(2, 7, 4, dtype=torch.float64)
+    w, bias = block.conv.weight, block.conv.bias  # (2 D, C, 2), (2 D,)
+    expected = torch.zeros(2, 7, 3, dtype=torch.float64)
+    for t in range(7):
+        past = x[:, t - 2] if t >= 2 else torch.zeros(2, 4, dtype=torch.float64)
+        pre = past @ w[:, :, 0].T + x[:, t] @ w[:, :, 1].T + bias  # (b, 2 D)
+        expected[:, t] = torch.tanh(pre[:, :3]) * torch.sigmoid(pre[:, 3:])
+    torch.testing.assert_close(block(x), torch.cat([x, expected], -1))
+
+
+@pytest.mark.parametrize(
+    ("length", "dilations"), [(6, [2, 4, 8]), (21, [2, 4, 8, 16, 32]), (2, [2])]
+)
+def test_tc_block_dilations_follow_the_appendix(length, dilations):
+    block = TCBlock(4, length, 3)
+    assert [b.dilation for b in block.blocks] == dilations
+    assert block.out_channels == 4 + 3 * len(dilations)
+
+
+def test_blocks_gradcheck():
+    torch.manual_seed(0)
+    attn, dense = AttentionBlock(3, 2, 2).double(), DenseBlock(3, 2, 2).double()
+    x = torch.randn(1, 5, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: attn(t)[0], (x,))
+    assert torch.autograd.gradcheck(dense, (x,))
+
+
+def test_the_preset_is_the_papers_omniglot_configuration():
+    config = snail()
+    assert (config.keys, config.values, config.filters) == ((64, 256, 512), (32, 128, 256), 128)
+    model = SNAIL(config, SIZE, 1, 5, 1)
+    assert model.embed.size == 64 and model.length == 6
+    assert len(model.attend) == 3 and len(model.tc) == 2
+
+
+# 2. The sequence -----------------------------------------------------------------------------
+
+
+def test_causal_no_position_sees_a_later_one():
+    torch.manual_seed(0)
+    model = tiny_snail().double().eval()
+    x = torch.randn(2, model.length, model.embed.size + model.ways, dtype=torch.float64)
+    base, _ = model.sequence(x)
+    for t in range(model.length):
+        changed = x.clone()
+        changed[:, t] += torch.randn_like(changed[:, t])
+        out, _ = model.sequence(changed)
+        torch.testing.assert_close(out[:, :t], base[:, :t], rtol=0, atol=0)
+        assert not torch.allclose(out[:, t], base[:, t])
+
+
+def test_the_query_label_never_enters_its_input(monkeypatch):
+    """The sequence holds each support example's one-hot label and zeros at the query."""
+    model = tiny_snail().eval()
+    seen = []
+    original = model.sequence
+    monkeypatch.setattr(model, "sequence", lambda x, w=False: seen.append(x) or original(x, w))
+    support, labels, query = episode()
+    with torch.no_grad():
+        model(support, labels, query)
+    (x,) = seen  # (b q, T, E + N)
+    start, end = model.label_channels
+    one_hot = torch.nn.functional.one_hot(labels, model.ways).float()  # (b, n, N)
+    torch.testing.assert_close(x[:, :-1, start:end], one_hot.repeat_interleave(2, 0))
+    assert x[:, -1, start:end].abs().sum() == 0
+
+
+@pytest.mark.parametrize("make", [tiny_snail, tiny_protonet])
+def test_other_episodes_do_not_change_a_prediction_in_eval_mode(make):
+    torch.manual_seed(0)
+    model = make()
+    support, labels, query = episode(batch=3)
+    other_support, _, other_query = episode(batch=3)
+    mixed_support = torch.cat([support[:1], other_support[1:] * 3 + 1])
+    mixed_query = torch.cat([query[:1], other_query[1:] * 3 + 1])
+    model.train()  # a few steps so the batch-norm statistics are not the initial ones
+    for _ in range(2):
+        model(support, labels, query)
+    with torch.no_grad():
+        train_a = model(support, labels, query).log_probs
+        train_b = model(mixed_support, labels, mixed_query).log_probs
+        model.eval()
+        eval_a = model(support, labels, query).log_probs
+        eval_b = model(mixed_support, labels, mixed_query).log_probs
+    torch.testing.assert_close(eval_a[0], eval_b[0], rtol=0, atol=1e-6)
+    # the test can fail: in training mode batch norm shares the batch's statistics
+    assert not torch.allclose(train_a[0], train_b[0], atol=1e-4)
+
+
+def _relabelled_snail(model: SNAIL, perm: torch.Tensor) -> SNAIL:
+    """A copy whose weights read label perm[k] where the model reads label k and write class
+    perm[k] where it writes class k: the label's one-hot columns of every layer of the
+    sequence (the one-hot stays at the same channels of every dense input) and the output's
+    rows, permuted."""
+    twin = copy.deepcopy(model)
+    start, end = model.label_channels
+    with torch.no_grad():
+        for module in [*twin.attend.modules(), *twin.tc.modules(), twin.out]:
+            if isinstance(module, nn.Linear | nn.Conv1d) and module.weight.shape[1] >= end:
+                w = module.weight
+                w[:, start:end] = w[:, start:end][:, torch.argsort(perm)].clone()
+        twin.out.weight[perm] = model.out.weight.clone()
+        twin.out.bias[perm] = model.out.bias.clone()
+    return twin
+
+
+@pytest.mark.parametrize("make", [tiny_snail, tiny_protonet])
+def test_permuting_the_support_labels_permutes_the_prediction(make):
+    torch.manual_seed(0)
+    model = make().double().eval()
+    support, labels, query = episode(dtype=torch.float64)
+    perm = torch.tensor([2, 0, 1])  # label k becomes perm[k]
+    with torch.no_grad():
+        base = model(support, labels, query).log_probs  # (b, q, N)
+        other = model if isinstance(model, ProtoNet) else _relabelled_snail(model, perm)
+        moved = other(support, perm[labels], query).log_probs
+        assert not torch.allclose(moved, base)  # the prediction follows the labels...
+        torch.testing.assert_close(moved[..., perm], base)  # ...exactly
+
+
+# 3. Shapes, options, devices, bad input --------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [tiny_snail, tiny_protonet])
+def test_shapes_weights_and_overfitting_a_tiny_batch(make):
+    torch.manual_seed(0)
+    model = make()
+    support, labels, query = episode(batch=4, queries=3)
+    truth = torch.randint(3, (4, 3), generator=torch.Generator().manual_seed(1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(40):
+        out = model(support, labels, query)
+        loss = -out.log_probs.gather(-1, truth.unsqueeze(-1)).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert out.log_probs.shape == (4, 3, 3) and out.attention == []
+    assert loss.item() < 0.1
+    out = model.eval()(support, labels, query, return_weights=True)
+    for _, w in out.attention:
+        assert w.shape[:3] == (4, 3, 1)
+        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]))
+    if isinstance(model, SNAIL):
+        assert len(out.attention) == 3 and out.attention[0][1].shape[-2:] == (7, 7)
+
+
+def test_a_two_block_snail_and_another_embedding_depth():
+    model = SNAIL(
+        SnailConfig(embed_dim=4, embed_blocks=2, filters=3, keys=(4, 4), values=(2, 2)),
+        SIZE,
+        1,
+        2,
+        1,
+    )
+    assert model.embed.size == 4 * 7 * 7 and len(model.tc) == 1
+    support, labels, query = episode(ways=2, shots=1, queries=1)
+    assert model(support, labels, query).log_probs.shape == (2, 1, 2)
+
+
+@pytest.mark.parametrize("make", [tiny_snail, tiny_protonet])
+def test_runs_on_the_device(make, device):
+    model = make().to(device)
+    support, labels, query = (t.to(device) for t in episode())
+    out = model(support, labels, query, return_weights=True)
+    assert out.log_probs.device.type == device.type and out.log_probs.shape == (2, 2, 3)
+    out.log_probs.sum().backward()
+    assert all(p.grad is not None and p.grad.device.type == device.type for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: snail(keys=(4,), values=(2, 2)), "SnailConfig: argument 'values'"),
+        (lambda: snail(filters=0), "SnailConfig: argument 'filters'"),
+        (lambda: snail(keys=()), "SnailConfig: argument 'keys'"),
+        (lambda: protonet(embed_dim=0), "ProtoNetConfig: argument 'embed_dim'"),
+        (lambda: SNAIL(snail(), SIZE, 1, 0, 1), "'ways'"),
+        (lambda: SNAIL(snail(embed_blocks=6), SIZE, 1, 2, 1), "'image_size'"),
+        (lambda: tiny_snail()(*episode(ways=2)), "'support'"),
+        (
+            lambda: tiny_protonet()(episode()[0], episode()[1][:, :3], episode()[2]),
+            "'support_labels'",
+        ),
+        (lambda: tiny_snail()(episode()[0], episode()[1], torch.rand(2, 1, 1, 27, 28)), "'query'"),
+        (
+            lambda: tiny_snail()(episode()[0], episode()[1].float(), episode()[2]),
+            "'support_labels'",
+        ),
+    ],
+)
+def test_bad_values_are_named(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()

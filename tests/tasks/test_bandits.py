@@ -1,0 +1,135 @@
+"""The `bandits` task (`attnzoo.tasks.bandits`): the draws, the inputs, UCB1 and Thompson
+sampling against loops written here, the policy-gradient loss and the evaluation."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnzoo.models.snail import SnailPolicy, snail_bandit
+from attnzoo.tasks import bandits as B
+from attnzoo.tasks.base import EvalConfig
+
+CONFIG = B.BanditsConfig(arms=3, pulls=6, test_episodes=40)
+
+
+@pytest.fixture
+def task():
+    return B.BanditsTask(CONFIG, seed=1, eval_config=EvalConfig(limit=0))
+
+
+def tiny_policy():
+    torch.manual_seed(0)
+    return SnailPolicy(snail_bandit(filters=4, key_size=4, value_size=3), CONFIG.arms, CONFIG.pulls)
+
+
+def test_draws_are_bernoulli_of_the_probabilities_and_deterministic(task):
+    a, b = task.batch(3, 2000, "cpu"), task.batch(3, 2000, "cpu")
+    assert torch.equal(a.payoff, b.payoff) and not torch.equal(
+        a.payoff, task.batch(4, 2000, "cpu").payoff
+    )
+    assert a.payoff.shape == (2000, 6, 3) and a.items == 2000 * 6
+    assert set(a.payoff.unique().tolist()) <= {0.0, 1.0}
+    # the share of wins per arm is its probability (binned over episodes)
+    low = a.probs < 0.2
+    assert a.payoff.mean(1)[low].mean() < 0.15 and a.payoff.mean(1)[~low].mean() > 0.5
+
+
+def test_inputs_hold_the_previous_pull_and_its_reward():
+    actions, rewards = torch.tensor([[2, 0]]), torch.tensor([[1.0, 0.0]])
+    x = B.inputs_of(actions, rewards, 3)
+    expected = torch.tensor([[[0, 0, 0, 0, 1], [0, 0, 1, 1, 0], [1, 0, 0, 0, 0]]]).float()
+    assert torch.equal(x, expected)
+
+
+def test_ucb1_against_a_loop():
+    rng = np.random.default_rng(0)
+    payoff = (rng.random((5, 9, 3)) < 0.5).astype(float)
+    got = B.ucb1(payoff)
+    for e in range(5):
+        n, s = [0] * 3, [0.0] * 3
+        for t in range(9):
+            if t < 3:
+                a = t
+            else:
+                a = max(
+                    range(3), key=lambda k: (s[k] / n[k] + math.sqrt(2 * math.log(t) / n[k]), -k)
+                )
+            assert got[e, t] == payoff[e, t, a]
+            n[a] += 1
+            s[a] += payoff[e, t, a]
+
+
+def test_thompson_sampling_finds_the_better_arm():
+    """Two arms at 0.9 and 0.1: Thompson sampling earns near the oracle over many pulls, and its
+    rewards are the draws of the arms it pulls (it reads nothing else)."""
+    rng = np.random.default_rng(1)
+    probs = np.array([0.1, 0.9])
+    payoff = (rng.random((200, 100, 2)) < probs).astype(float)
+    got = B.thompson(payoff, seed=0)
+    assert got.mean() > 0.85
+    assert np.all((got == payoff[:, :, 0]) | (got == payoff[:, :, 1]))
+    assert np.array_equal(got, B.thompson(payoff, seed=0))  # deterministic per seed
+
+
+def test_the_policy_is_causal():
+    model = tiny_policy().double()
+    x = torch.randn(2, 6, CONFIG.arms + 2, dtype=torch.float64)
+    base = model(x)
+    for t in range(6):
+        y = x.clone()
+        y[:, t] += 1
+        out = model(y)
+        torch.testing.assert_close(out.logits[:, :t], base.logits[:, :t], rtol=0, atol=0)
+        torch.testing.assert_close(out.value[:, :t], base.value[:, :t], rtol=0, atol=0)
+
+
+def test_the_loss_is_reinforce_with_the_value_baseline(task):
+    model = tiny_policy()
+    loss, count = task.loss(model, task.batch(0, 8, "cpu"))
+    assert count == 8 * 6 and loss.isfinite()
+    loss.backward()
+    assert model.value.weight.grad.abs().sum() > 0 and model.policy.weight.grad.abs().sum() > 0
+
+
+def test_evaluation_scores_every_policy_on_the_same_draws(task):
+    metrics = task.evaluate(tiny_policy())
+    assert metrics["n"] == 40
+    for name in B.POLICIES:
+        assert 0 <= metrics[f"reward_{name}"] <= CONFIG.pulls
+    best = task.held_out(40)
+    oracle = best.payoff.gather(2, best.probs.argmax(1)[:, None, None].expand(-1, 6, 1)).sum((1, 2))
+    assert metrics["reward_oracle"] == pytest.approx(oracle.mean().item())
+    assert metrics["agent_over_thompson"] == pytest.approx(
+        metrics["reward_agent"] / metrics["reward_thompson"]
+    )
+
+
+def test_figures_and_explore(task, tmp_path):
+    from attnzoo.viz.explore import validate
+
+    model = tiny_policy().eval()
+    assert [p.name for p in task.figures(model, tmp_path)] == ["bandit_rewards.png"]
+    data = task.explore(model, 2)
+    validate(data)
+    (kind,) = data["examples"][0]["attention"]
+    assert len(kind["rows"]) == 6 and kind["columns"][0] == "start"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"arms": 1}, "'arms'"),
+        ({"pulls": 0}, "'pulls'"),
+        ({"entropy_weight": 1}, "'entropy_weight'"),
+    ],
+)
+def test_bad_config_values_are_named(changes, message):
+    with pytest.raises(ValueError, match=message):
+        B.BanditsConfig(**changes)
+
+
+def test_bad_policy_input_is_named():
+    with pytest.raises(ValueError, match="'inputs'"):
+        tiny_policy()(torch.zeros(1, 2, 4))

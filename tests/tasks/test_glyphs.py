@@ -1,0 +1,185 @@
+"""The `glyphs` few-shot task (`attnzoo.tasks.glyphs`): the classes and their split, the warp,
+episodes (deterministic, well formed, from the right split), the loss and the evaluation."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnzoo.models.snail import FewShotOutput
+from attnzoo.tasks import glyphs as G
+from attnzoo.tasks.base import EvalConfig
+
+CONFIG = G.GlyphsConfig(ways=4, shots=2, queries=3, eval_queries=2, test_episodes=60)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return G.GlyphsTask(CONFIG, seed=1, eval_config=EvalConfig(limit=0))
+
+
+def test_classes_scripts_and_the_split(task):
+    inv = task.inventory
+    counts = inv.counts()
+    assert len(inv.points) >= 1000 and len(set(inv.points)) == len(inv.points)
+    assert len(counts["background"]) + len(counts["evaluation"]) >= 20
+    assert set(counts["evaluation"]) == set(CONFIG.test_scripts)
+    assert not set(counts["background"]) & set(counts["evaluation"])
+    assert min(n for c in counts.values() for n in c.values()) >= CONFIG.min_classes
+    assert sorted(inv.background + inv.evaluation) == list(range(len(inv.points)))
+
+
+def test_no_two_classes_look_alike_and_no_test_class_repeats_a_training_one(task):
+    """Every class drawn in its first face at 28 x 28: each pair at least min_distance apart
+    (RMS), so an evaluation class is no background class in disguise."""
+    inv = task.inventory
+    images = torch.stack([G.render(p, f[0]) for p, f in zip(inv.points, inv.faces, strict=True)])
+    small = F.avg_pool2d(images.float().unsqueeze(1) / 255, 2).flatten(1)  # (n, 784)
+    d2 = torch.cdist(small.double(), small.double()).pow(2) / small.shape[1]
+    d2.fill_diagonal_(float("inf"))
+    assert d2.min().sqrt() >= CONFIG.min_distance - 1e-6
+
+
+def test_a_warp_of_nothing_averages_two_by_two():
+    flat = G.GlyphsConfig(rotation=0, scale=0, shear=0, shift=0, elastic=0, stroke=0)
+    canvas = torch.randint(256, (3, G.CANVAS, G.CANVAS), dtype=torch.uint8)
+    out = G.warp(flat, canvas, torch.Generator().manual_seed(0))
+    expected = F.avg_pool2d(canvas.float().unsqueeze(1) / 255, 2)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+
+
+def test_warps_vary_the_instances_within_range():
+    canvas = torch.zeros(4, G.CANVAS, G.CANVAS, dtype=torch.uint8)
+    canvas[:, 20:36, 24:32] = 255
+    out = G.warp(CONFIG, canvas, torch.Generator().manual_seed(0))
+    assert out.shape == (4, 1, G.SIDE, G.SIDE) and out.min() >= 0 and out.max() <= 1
+    assert not torch.allclose(out[0], out[1])
+
+
+def test_episodes_are_well_formed_and_deterministic(task):
+    a, b = task.batch(5, 6, "cpu"), task.batch(5, 6, "cpu")
+    for x, y in zip(a[:5], b[:5], strict=True):
+        assert torch.equal(x, y)
+    assert not torch.equal(a.support, task.batch(6, 6, "cpu").support)
+    n, k = CONFIG.ways, CONFIG.shots
+    assert a.support.shape == (6, n * k, 1, G.SIDE, G.SIDE)
+    assert a.query.shape == (6, CONFIG.queries, 1, G.SIDE, G.SIDE) and a.items == 6 * 3
+    for labels in a.support_labels:  # every label K times, in a shuffled order
+        assert torch.bincount(labels, minlength=n).tolist() == [k] * n
+    assert a.query_labels.min() >= 0 and a.query_labels.max() < n
+    assert all(len(set(c.tolist())) == n for c in a.classes)
+    assert set(a.classes.flatten().tolist()) <= set(task.inventory.background)
+
+
+def test_shards_partition_the_global_batch(task):
+    whole = task.batch(2, 4, "cpu")
+    parts = [task.batch(2, 4, "cpu", rank=r, world=2) for r in range(2)]
+    for r, part in enumerate(parts):
+        assert torch.equal(part.support, whole.support[r::2]) and part.items == 2 * 3
+
+
+def test_held_out_episodes_come_from_the_evaluation_scripts_whatever_the_limit(task):
+    first = torch.cat([c.support for c in task.held_out("test", 60)])
+    again = torch.cat([c.support for c in task.held_out("test", 7)])
+    torch.testing.assert_close(again, first[:7], rtol=0, atol=0)
+    classes = torch.cat([c.classes for c in task.held_out("test", 60)])
+    assert set(classes.flatten().tolist()) <= set(task.inventory.evaluation)
+    valid = torch.cat([c.classes for c in task.held_out("valid", 10)])
+    assert set(valid.flatten().tolist()) <= set(task.inventory.background)
+
+
+class FirstLabel(torch.nn.Module):
+    """Always predicts the label of the first support example; ignores the queries."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, support, support_labels, query, return_weights=False):
+        ways = CONFIG.ways
+        logits = F.one_hot(support_labels[:, :1], ways).float() * 10 + self.weight  # (b, 1, N)
+        log_probs = torch.log_softmax(logits.expand(-1, query.shape[1], -1), -1)
+        return FewShotOutput(log_probs, [])
+
+
+def test_evaluation_is_the_mean_over_episodes_with_a_95_percent_interval(task):
+    metrics = task.evaluate(FirstLabel())
+    hits = torch.cat(
+        [
+            (c.query_labels == c.support_labels[:, :1]).double().mean(-1)
+            for c in task.held_out("test", 60)
+        ]
+    )
+    assert metrics["n"] == 60 and metrics["queries_per_episode"] == 2
+    assert metrics["accuracy"] == pytest.approx(100 * hits.mean().item())
+    assert metrics["ci95"] == pytest.approx(100 * 1.96 * hits.std().item() / math.sqrt(60))
+    assert metrics["classes_evaluation"] == len(task.inventory.evaluation)
+
+
+def test_the_loss_never_reads_the_query_labels_as_input(task):
+    seen = []
+
+    class Spy(FirstLabel):
+        def forward(self, *args, **kwargs):
+            seen.append(args)
+            return super().forward(*args, **kwargs)
+
+    batch = task.batch(0, 3, "cpu")
+    loss, count = task.loss(Spy(), batch)
+    (args,) = seen
+    assert not any(a is batch.query_labels for a in args) and len(args) == 4
+    expected = (
+        -F.log_softmax(F.one_hot(batch.support_labels[:, :1], 4).float() * 10, -1)
+        .expand(-1, 3, -1)
+        .gather(-1, batch.query_labels.unsqueeze(-1))
+        .sum()
+    )
+    torch.testing.assert_close(loss, expected) and count == 9
+
+
+def test_figures_and_explore(task, tmp_path):
+    from attnzoo.models.snail import SNAIL, snail
+    from attnzoo.viz.explore import validate
+
+    model = SNAIL(snail(embed_dim=4, filters=4, keys=(4, 4), values=(2, 2)), (28, 28), 1, 4, 2)
+    paths = task.figures(model.eval(), tmp_path, count=2)
+    assert [p.name for p in paths] == ["episodes.png"] and paths[0].stat().st_size > 0
+    data = task.explore(model, 2)
+    validate(data)
+    (kind, _) = data["examples"][0]["attention"]
+    assert kind["rows"][-1] == "query" and len(kind["rows"]) == 4 * 2 + 1
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"ways": 1}, "'ways'"),
+        ({"shots": 0}, "'shots'"),
+        ({"test_scripts": "Latin"}, "'test_scripts'"),
+        ({"rotation": 200}, "'rotation'"),
+        ({"min_distance": -1}, "'min_distance'"),
+    ],
+)
+def test_bad_config_values_are_named(changes, message):
+    with pytest.raises(ValueError, match=message):
+        G.GlyphsConfig(**changes)
+
+
+def test_an_unknown_test_script_is_named():
+    with pytest.raises(ValueError, match="'test_scripts'.*Klingon"):
+        G.GlyphsTask(G.GlyphsConfig(test_scripts=("Klingon",)), seed=0, eval_config=None)
+
+
+def test_the_episode_figure_names_the_weights_columns():
+    from attnzoo.viz import episode_figure
+
+    support, labels = torch.rand(1, 3, 28, 28), torch.tensor([[2, 0, 1]])
+    args = (support, labels, torch.rand(1, 28, 28), torch.tensor([1]), torch.tensor([1]))
+    over_classes = episode_figure(*args, torch.rand(1, 3), "prototypes", ["c0", "c1", "c2"])
+    over_positions = episode_figure(*args, torch.rand(1, 4), "attention")
+    ticks = [
+        [t.get_text() for t in fig.axes[-1].get_xticklabels()]
+        for fig in (over_classes, over_positions)
+    ]
+    assert ticks == [["c0", "c1", "c2"], ["2", "0", "1", "q"]]
