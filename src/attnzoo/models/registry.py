@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from attnzoo.models import dram, image_baselines, ram, seq2seq, transformer
+from attnzoo.models import dram, image_baselines, lstmn, ram, seq2seq, transformer
 from attnzoo.models.ntm import NTM, LSTMBaseline, lstm, ntm
 from attnzoo.models.pointer_net import PointerNet, PointerNetConfig
 from attnzoo.models.seq2seq import Seq2Seq, bahdanau, encdec, luong, simple
@@ -138,5 +138,23 @@ MODELS = {
         image_baselines.MultiHeadConvNet,
         "two-layer convnet with one softmax head per label (Ba 2014 baseline)",
         interface="multi_image",
+    ),
+    "lstmn": ModelSpec(
+        lstmn.lstmn,
+        lstmn.LSTMNLM,
+        "LSTMN language model: hidden and memory tapes read by intra-attention (Cheng 2016)",
+        interface="lm",
+    ),
+    "simplernn-self": ModelSpec(
+        lstmn.simple_self,
+        lstmn.SimpleSelfAttentionLM,
+        "SimpleRNN + self-attention over its past states (the lecture model) language model",
+        interface="lm",
+    ),
+    "lstm-lm": ModelSpec(
+        lstmn.lstm_lm,
+        lstmn.LSTMLM,
+        "LSTM language model (torch.nn.LSTM), no attention",
+        interface="lm",
     ),
 }
