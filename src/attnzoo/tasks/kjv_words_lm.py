@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -81,8 +83,10 @@ class KjvWordsLmConfig:
             fail("KjvWordsLmConfig", "valid_books", "no book of test_books", sorted(shared))
 
 
-def split_tokens(config: KjvWordsLmConfig) -> dict[str, list[str]]:
-    """split -> the tokens of its books' verses in canonical order, `<eos>` after each."""
+@lru_cache(maxsize=2)
+def split_tokens(config: KjvWordsLmConfig) -> dict[str, tuple[str, ...]]:
+    """split -> the tokens of its books' verses in canonical order, `<eos>` after each
+    (cached per config: every task built with it shares them; tuples, not to be changed)."""
     out: dict[str, list[str]] = {"train": [], "valid": [], "test": []}
     for verse, text in verses().items():
         book = verse // 1_000_000
@@ -94,7 +98,7 @@ def split_tokens(config: KjvWordsLmConfig) -> dict[str, list[str]]:
             else "train"
         )
         out[split] += [*words(text), EOS]
-    return out
+    return {split: tuple(tokens) for split, tokens in out.items()}
 
 
 def held_out_verses(config: KjvWordsLmConfig, split: str = "test") -> list[list[str]]:
@@ -125,8 +129,8 @@ class WordLmTask(CharLmTask):
 
     def __init__(
         self,
-        train: list[str],
-        held_out: dict[str, list[str]],
+        train: Sequence[str],
+        held_out: dict[str, Sequence[str]],
         sentences: dict[str, list[list[str]]],
         *,
         vocab_size: int,
@@ -178,25 +182,27 @@ class WordLmTask(CharLmTask):
     # ----- attention -----
     @torch.no_grad()
     def intra_attention(self, model, sentence: list[str]):
-        """One verse through `model` alone: (words, weights (t, t) over `columns`, columns,
-        by_word (t, t): row i's weight on each earlier word's state (the LSTMN's states
-        written before word i; a model without `tape_start`: the words up to i)), or None for
-        a model that returns no weights."""
+        """One verse through `model` alone: (words, weights (t, t) over `columns` (the last
+        layer's, averaged over heads), columns, by_word (t, t): row i's weight on each earlier
+        word's state (the LSTMN's states written before word i; a model without
+        `tape_start`: the words up to i), every layer's and head's weights (layers, heads, t,
+        t)), or None for a model that returns no weights."""
         ids = torch.tensor([self.vocab.encode(sentence)], device=model_device(model))
         out = model(ids, return_weights=True)
         if out.weights is None:
             return None
-        weights = out.weights[-1][0].float().mean(0).cpu()  # last layer, head mean: (t, t)
+        every = torch.stack([w[0] for w in out.weights]).float().cpu()  # (layers, heads, t, t)
+        weights = every[-1].mean(0)  # the last layer's head mean: (t, t)
         shown = [
             self.vocab.tokens[i] if i != Vocab.UNK else f"<unk:{w}>"
             for i, w in zip(ids[0].tolist(), sentence, strict=True)
         ]
         start = getattr(model, "tape_start", None)
         if start is None:
-            return shown, weights, shown, weights
+            return shown, weights, shown, weights, every
         by_word = torch.zeros_like(weights)
         by_word[:, :-1] = weights[:, 1:]  # column k + 1 is the state after word k
-        return shown, weights, [start, *shown[:-1]], by_word
+        return shown, weights, [start, *shown[:-1]], by_word, every
 
     def figures(self, model, folder: Path, count: int = 3) -> list[Path]:
         """For the first `count` held-out verses (cut to FIGURE_WORDS words):
@@ -210,7 +216,7 @@ class WordLmTask(CharLmTask):
             got = self.intra_attention(model, sentence)
             if got is None:
                 return []
-            shown, weights, columns, by_word = got
+            shown, weights, columns, by_word, _ = got
             suffix = "" if k == 0 else f"_{k}"
             title = "intra-attention over earlier words (current word in red)"
             fig = intra_attention_figure(shown, by_word, title=title)
@@ -244,13 +250,13 @@ class WordLmTask(CharLmTask):
             got = self.intra_attention(model, sentence)
             kinds = []
             if got is not None:
-                shown, weights, columns, _ = got
+                shown, _, columns, _, every = got
                 kinds.append(
                     {
                         "name": "intra-attention (causal)",
                         "rows": shown,
                         "columns": columns,
-                        "weights": weights[None, None],
+                        "weights": every,
                     }
                 )
             items.append(
