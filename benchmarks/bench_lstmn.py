@@ -259,6 +259,12 @@ def derive(summary: dict) -> dict:
     """The paper's numbers, and per matched unit and seed: LSTMN and SimpleRNN+self-attention
     perplexity over the LSTM's, their parameter counts and training minutes over the LSTM's."""
     derived: dict = {"paper": PAPER}
+    derived["budgets"] = {
+        "matched_minutes": MATCHED_MINUTES,
+        "matched_seeds": MATCHED_SEEDS,
+        "short_minutes": SHORT_MINUTES,
+        "short_seeds": 1,
+    }
     for unit in ("matched", "matched-short"):
         ids = {m: f"{unit}-{m}" for m in MODELS}
         values = {

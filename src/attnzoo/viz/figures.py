@@ -407,7 +407,8 @@ def _retina(patches: np.ndarray) -> np.ndarray:
 def intra_attention_figure(words: Sequence[str], weights, *, title: str = "") -> Figure:
     """Cheng et al. 2016 Fig. 1: one line per word of a sentence, the words up to it written
     out, the current word in red and each earlier word shaded by the weight the current step
-    gave it (darker blue: more). 10 inches wide: 800 px at dpi 80.
+    gave it, relative to the line's largest (darker blue: more; the darkest is the line's
+    maximum). 10 inches wide: 800 px at dpi 80.
 
     Args:
         words: the sentence, (t,).
@@ -440,8 +441,9 @@ def intra_attention_figure(words: Sequence[str], weights, *, title: str = "") ->
         while sum(len(words[k]) + 1 for k in shown) * char_pt > width_pt - 12 and len(shown) > 1:
             shown.pop(0)  # a long sentence: its earliest words scroll off to the left
         x = 6.0
+        top_weight = max(w[i, :i].max(initial=0.0), 1e-12)
         for k in shown:
-            weight = w[i, k] if k < i else 0.0
+            weight = w[i, k] / top_weight if k < i else 0.0
             face = cmap(0.15 + 0.85 * min(1.0, weight)) if weight > 0.02 else "none"
             color = "#c00000" if k == i else ("white" if weight > 0.6 else "black")
             edge = "#c00000" if k == i and w[i, i] > 0.02 else "none"
