@@ -32,6 +32,7 @@ MATCHED_MINUTES, MATCHED_SEEDS = 20, 3
 SHORT_MINUTES = 5
 TOLERANCE = 0.02  # parameter counts within 2% of the LSTM's
 CALIBRATION = {"steps": 15, "rounds": 2}
+SMOKE_CALIBRATION = {"steps": 2, "rounds": 1}  # the smoke run checks the path, not the timing
 SPEED_LENGTHS = (32, 64, 128)
 SPEED_TARGET_LENGTH = 64  # the task's context (KjvWordsLmConfig.context)
 SMOKE_MODEL = ["model.hidden=16", "model.embed_dim=8", "model.attn_hidden=8"]
@@ -207,9 +208,10 @@ def prepare(unit: list[Experiment], budget: str) -> dict[str, dict]:
 
     sizes = sized(unit)
     seconds: dict[str, list[float]] = {e.id: [] for e in unit}
-    k, load = CALIBRATION["steps"], os.getloadavg()[0]
+    calibration = SMOKE_CALIBRATION if budget == "smoke" else CALIBRATION
+    k, load = calibration["steps"], os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(1 + CALIBRATION["rounds"]):
+        for r in range(1 + calibration["rounds"]):
             for e in unit[r % len(unit) :] + unit[: r % len(unit)]:
                 sets = [*e.params["sets"], *sizes[e.id], f"train.steps={k}", "eval.limit=1"]
                 config = C.resolved_config(sets, e.params["model"], TASK, 0)
@@ -224,7 +226,7 @@ def prepare(unit: list[Experiment], budget: str) -> dict[str, dict]:
             "sets": [*sizes[e.id], f"train.steps={steps}"],
             "sec_per_step": per_step,
             "load_average": load,
-            "calibration": CALIBRATION,
+            "calibration": calibration,
         }
     return prepared
 
