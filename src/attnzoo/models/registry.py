@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from attnzoo.models import (
     dram,
     image_baselines,
+    lstmn,
     protonet,
     ram,
     seq2seq,
@@ -187,5 +188,23 @@ MODELS = {
         snail.SnailPolicy,
         "SNAIL as a bandit policy: 2 TC blocks + causal attention, REINFORCE (Mishra 2017)",
         interface="bandit",
+    ),
+    "lstmn": ModelSpec(
+        lstmn.lstmn,
+        lstmn.LSTMNLM,
+        "LSTMN language model: hidden and memory tapes read by intra-attention (Cheng 2016)",
+        interface="lm",
+    ),
+    "simplernn-self": ModelSpec(
+        lstmn.simple_self,
+        lstmn.SimpleSelfAttentionLM,
+        "SimpleRNN + self-attention over its past states (the lecture model) language model",
+        interface="lm",
+    ),
+    "lstm-lm": ModelSpec(
+        lstmn.lstm_lm,
+        lstmn.LSTMLM,
+        "LSTM language model (torch.nn.LSTM), no attention",
+        interface="lm",
     ),
 }

@@ -253,7 +253,11 @@ class CharLmTask:
                     {
                         "name": "self-attention (causal)",
                         "rows": chars,
-                        "columns": chars,
+                        # a model reading states written before each position (the LSTMN)
+                        # names its initial one: the columns shift by one
+                        "columns": [model.tape_start, *chars[:-1]]
+                        if getattr(model, "tape_start", None)
+                        else chars,
                         "weights": weights.float().cpu(),
                     }
                 )

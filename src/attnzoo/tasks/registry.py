@@ -106,6 +106,14 @@ TASKS = {
         train=dict(steps=3000, batch_size=32, lr=1e-3, warmup=200, checkpoint_every=500),
         eval=dict(limit=0),  # every held-out window (KjvLmConfig.n_test_chars bounds them)
     ),
+    "kjv_words_lm": TaskSpec(
+        "kjv_words_lm",
+        "KjvWordsLmConfig",
+        "word-level language model of the King James text, whole books held out",
+        "lm",
+        train=dict(steps=3000, batch_size=32, lr=2e-3, warmup=100, checkpoint_every=500),
+        eval=dict(limit=0),  # every held-out window of the test books
+    ),
     # Pointer tasks at the budgets of docs/pointer_net.md: TSP n=10 within 1% of the optimum,
     # hull n=10 at 85% accuracy (benchmarks/bench_pointer.py); evaluated on n_test instances
     **{

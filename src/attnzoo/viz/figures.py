@@ -454,3 +454,62 @@ def episode_figure(
             ax.set_title(f"query's weights: {weights_name}", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def intra_attention_figure(words: Sequence[str], weights, *, title: str = "") -> Figure:
+    """Cheng et al. 2016 Fig. 1: one line per word of a sentence, the words up to it written
+    out, the current word in red and each earlier word shaded by the weight the current step
+    gave it, relative to the line's largest (darker blue: more; the darkest is the line's
+    maximum). 10 inches wide: 800 px at dpi 80.
+
+    Args:
+        words: the sentence, (t,).
+        weights: (t, t) array-like; row i holds the weight of each earlier word k < i (a
+            weight at k >= i, e.g. a model that attends to the current word too, is drawn on
+            the current word's frame).
+    """
+    w = np.asarray(weights.detach().cpu() if hasattr(weights, "detach") else weights, dtype=float)
+    t = len(words)
+    if w.shape != (t, t):
+        raise ValueError(
+            f"intra_attention_figure: argument 'weights' expected shape ({t}, {t}), got {w.shape}"
+        )
+    from matplotlib import colormaps
+
+    cmap = colormaps["Blues"]
+    width_pt, char_pt, line_pt, size = 720.0, 6.0, 15.0, 10
+    fig = Figure(figsize=(10, max(1.5, (t * line_pt + 30) / 72)))
+    ax = fig.add_axes((0, 0, 1, 1))
+    height = t * line_pt + (24 if title else 6)
+    ax.set_xlim(0, width_pt)
+    ax.set_ylim(height, 0)
+    ax.axis("off")
+    top = 20 if title else 4
+    if title:
+        ax.text(6, 12, title, fontsize=size, va="center", **LITERAL)
+    for i in range(t):
+        y = top + (i + 0.5) * line_pt
+        shown = list(range(i + 1))
+        while sum(len(words[k]) + 1 for k in shown) * char_pt > width_pt - 12 and len(shown) > 1:
+            shown.pop(0)  # a long sentence: its earliest words scroll off to the left
+        x = 6.0
+        top_weight = max(w[i, :i].max(initial=0.0), 1e-12)
+        for k in shown:
+            weight = w[i, k] / top_weight if k < i else 0.0
+            face = cmap(0.15 + 0.85 * min(1.0, weight)) if weight > 0.02 else "none"
+            color = "#c00000" if k == i else ("white" if weight > 0.6 else "black")
+            edge = "#c00000" if k == i and w[i, i] > 0.02 else "none"
+            ax.text(
+                x,
+                y,
+                _label(words[k]),
+                fontsize=size,
+                family="monospace",
+                va="center",
+                color=color,
+                fontweight="bold" if k == i else "normal",
+                bbox=dict(facecolor=face, edgecolor=edge, pad=1.5, linewidth=1.2),
+                **LITERAL,
+            )
+            x += (len(words[k]) + 1) * char_pt
+    return fig
