@@ -49,6 +49,7 @@ def test_smoke_budget(tmp_path):
         "mnist-g6",
         "translated-g6",
         "cluttered-g8",
+        "translated-ram-minus-fc",
         "speed",
     ]
     figures = tmp_path / "runs" / "ram" / "mnist-g6" / "seed0" / "figures"
@@ -71,7 +72,12 @@ def test_dram_smoke_budget(tmp_path):
         "multi-dram",
         "multi-convnet-multi",
     }
-    assert {"error", "label_error"} <= set(data["summary"]["multi-dram"]["metrics"])
+    metrics = data["summary"]["multi-dram"]["metrics"]
+    assert {"error", "label_error", "pixels_read", "pixels_read_ratio"} <= set(metrics)
+    # the retinas take in fewer values than the image's pixels; the convnet all of them
+    assert metrics["pixels_read_ratio"]["mean"] < 1
+    assert data["summary"]["multi-convnet-multi"]["metrics"]["pixels_read_ratio"]["mean"] == 1
+    assert [t["id"] for t in data["targets"]] == ["multi-dram", "multi-dram", "addition-dram"]
     assert (
         tmp_path / "runs" / "dram" / "multi-dram" / "seed0" / "figures" / "glimpses.png"
     ).exists()
