@@ -40,6 +40,7 @@ PAGES = {
     "transformer": ["transformer", "seq2seq"],
     "pointer_net": ["pointer"],
     "ntm": ["ntm"],
+    "ram": ["ram", "dram"],
     "show_attend_tell": ["show_attend_tell"],
     "snail": ["snail"],
     "lstmn": ["lstmn"],

@@ -57,11 +57,28 @@ def _transformer(data: dict) -> None:
     assert all(rows[f"decoding-batch{b}"]["identical_tokens"] == 1.0 for b in (1, 32))
 
 
+def _ram(data: dict) -> None:  # both errors, no sampled paths for a baseline, the timings
+    summary = data["summary"]
+    assert {"error", "error_mc", "train_minutes"} <= set(summary["mnist-g6"]["metrics"])
+    assert "error_mc" not in summary["mnist-fc"]["metrics"]
+    speed = summary["speed"]["metrics"]
+    assert speed["step_speedup"]["mean"] > 1
+    assert {"retina_ms_grid", "retina_ms_index", "retina_ms_crop_then_pool"} <= set(speed)
+
+
+def _dram(data: dict) -> None:  # the retinas take in fewer values than the image's pixels
+    ratio = {i: e["metrics"]["pixels_read_ratio"]["mean"] for i, e in data["summary"].items()}
+    assert ratio["multi-dram"] < 1 and ratio["multi-convnet-multi"] == 1
+    assert {"error", "label_error"} <= set(data["summary"]["multi-dram"]["metrics"])
+
+
 CHECKS = {
     "attention_overhead": _overhead,
     "keras": _keras,
     "seq2seq_throughput": _throughput,
     "transformer": _transformer,
+    "ram": _ram,
+    "dram": _dram,
 }
 
 

@@ -1,14 +1,12 @@
 """The RAM benchmark on the shared driver: the full budget declares every row of the issue
-with >= 3 seeds; the smoke budget trains, evaluates (both errors), draws the glimpse figures,
-times the two sensors and the batched step, and writes the JSON with the issue's targets."""
+with >= 3 seeds. The smoke budget of both RAM and DRAM benches runs in tests/test_repro.py
+(`attnzoo repro ram`), whose checks `_ram` and `_dram` look at their JSON."""
 
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 BENCH = Path(__file__).parents[2] / "benchmarks" / "bench_ram.py"
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
@@ -32,46 +30,3 @@ def test_full_budget_declares_every_row_with_three_seeds():
     }
     assert set(rows) == expected
     assert all(e["seeds"] >= 3 for i, e in rows.items() if i != "speed")
-
-
-@pytest.mark.slow
-def test_smoke_budget(tmp_path):
-    _run("--budget", "smoke", "--results", str(tmp_path))
-    data = json.loads((tmp_path / "ram.json").read_text())
-    assert all(r["status"] == "ok" for r in data["rows"]), data["rows"]
-    metrics = data["summary"]["mnist-g6"]["metrics"]
-    assert {"error", "error_mc", "train_minutes"} <= set(metrics)
-    assert "error_mc" not in data["summary"]["mnist-fc"]["metrics"]
-    speed = data["summary"]["speed"]["metrics"]
-    assert speed["step_speedup"]["mean"] > 1
-    assert {"retina_ms_grid", "retina_ms_index", "retina_ms_crop_then_pool"} <= set(speed)
-    assert [t["id"] for t in data["targets"]] == [
-        "mnist-g6",
-        "translated-g6",
-        "cluttered-g8",
-        "speed",
-    ]
-    figures = tmp_path / "runs" / "ram" / "mnist-g6" / "seed0" / "figures"
-    assert (figures / "glimpses_wrong.png").exists()
-
-
-@pytest.mark.slow
-def test_dram_smoke_budget(tmp_path):
-    dram = BENCH.parent / "bench_dram.py"
-    r = subprocess.run(
-        [sys.executable, dram, "--budget", "smoke", "--results", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=ENV,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    data = json.loads((tmp_path / "dram.json").read_text())
-    assert {r["id"] for r in data["rows"] if r["status"] == "ok"} == {
-        "multi-dram",
-        "multi-convnet-multi",
-    }
-    assert {"error", "label_error"} <= set(data["summary"]["multi-dram"]["metrics"])
-    assert (
-        tmp_path / "runs" / "dram" / "multi-dram" / "seed0" / "figures" / "glimpses.png"
-    ).exists()
