@@ -416,7 +416,7 @@ def _in_child(bench: Bench, kind: str, payload: Mapping[str, Any]) -> None:
 def _listing(bench: Bench, experiments: list[Experiment], args: Any) -> dict[str, Any]:
     """CPU-minutes of each experiment: declared, else timed by its current rows, else untimed."""
     path = (args.results or ROOT / "benchmarks/results") / f"{bench.name}.json"
-    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    rows = json.loads(path.read_text()).get("rows", []) if path.exists() else []
     listing = []
     for e in experiments:
         timed = [r["seconds"] for r in rows if r.get("seconds") and _current(r, e, args.budget)]
@@ -789,6 +789,45 @@ def train_worker(
         points.append((config["train"]["steps"], metrics[curve]))
         metrics["curve"] = [{"step": s, curve: v} for s, v in points]
     return metrics, config, built_task, built_model
+
+
+def calibrate_unit(
+    unit: Sequence[Experiment],
+    calibration: Mapping[str, int],
+    sizes: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, dict]:
+    """Steps for every side of a matched unit so that each trains for the unit's
+    `budget_minutes`: each side's seconds per step are measured by the training loop itself in
+    this one process, in rounds of `calibration["steps"]`-step runs (one per side, the order
+    rotating each round, the first round a warm-up) and taken as the median of its runs'
+    timing.json train seconds over steps. `sizes` adds each side's own overrides (e.g. the
+    widths that match parameter counts); they are part of the returned `sets`."""
+    import tempfile
+
+    from attnzoo import runs
+
+    sizes = sizes or {}
+    seconds: dict[str, list[float]] = {e.id: [] for e in unit}
+    k, load = calibration["steps"], os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(1 + calibration["rounds"]):
+            for e in [*unit[r % len(unit) :], *unit[: r % len(unit)]]:
+                own = [*e.params["sets"], *sizes.get(e.id, []), f"train.steps={k}", "eval.limit=1"]
+                config = resolved_config(own, e.params["model"], e.params["task"], 0)
+                runs.run_train(config, Path(tmp) / e.id, overwrite=True, progress=False)
+                timing = json.loads((Path(tmp) / e.id / "timing.json").read_text())
+                seconds[e.id] += [timing["train_seconds"] / k] * (r > 0)
+    prepared = {}
+    for e in unit:
+        per_step = median(seconds[e.id])
+        steps = max(1, int(60 * e.params["budget_minutes"] / per_step))
+        prepared[e.id] = {
+            "sets": [*sizes.get(e.id, []), f"train.steps={steps}"],
+            "sec_per_step": per_step,
+            "load_average": load,
+            "calibration": dict(calibration),
+        }
+    return prepared
 
 
 def bench_run_dir(bench: str, experiment_id: str, seed: int = 0) -> Path:

@@ -97,9 +97,7 @@ TARGETS = [
         1.0,
         "issue 12",
     ),
-    Target(
-        "addition: error <= 5%", "addition-dram", "error", "<=", 5.0, "issue 12"
-    ),
+    Target("addition: error <= 5%", "addition-dram", "error", "<=", 5.0, "issue 12"),
 ]
 METHOD = {
     "full_budget": {"multi": FULL["multi_mnist"], "addition": FULL["mnist_addition"]},

@@ -17,8 +17,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -198,37 +196,10 @@ def sized(unit: list[Experiment]) -> dict[str, list[str]]:
 
 
 def prepare(unit: list[Experiment], budget: str) -> dict[str, dict]:
-    """Every side of a matched unit: its size (`sized`), then its seconds per training step
-    measured by the training loop in this one process (rounds of CALIBRATION["steps"]-step
-    runs, the order rotating, a first round as warm-up; the median); its steps are the
-    unit's minutes over them."""
-    import tempfile
-
-    from attnzoo import runs
-
-    sizes = sized(unit)
-    seconds: dict[str, list[float]] = {e.id: [] for e in unit}
+    """Every side of a matched unit: its size (`sized`), then its steps for the unit's
+    minutes (`calibrate_unit`)."""
     calibration = SMOKE_CALIBRATION if budget == "smoke" else CALIBRATION
-    k, load = calibration["steps"], os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(1 + calibration["rounds"]):
-            for e in unit[r % len(unit) :] + unit[: r % len(unit)]:
-                sets = [*e.params["sets"], *sizes[e.id], f"train.steps={k}", "eval.limit=1"]
-                config = C.resolved_config(sets, e.params["model"], TASK, 0)
-                runs.run_train(config, Path(tmp) / e.id, overwrite=True, progress=False)
-                timing = json.loads((Path(tmp) / e.id / "timing.json").read_text())
-                seconds[e.id] += [timing["train_seconds"] / k] * (r > 0)
-    prepared = {}
-    for e in unit:
-        per_step = C.median(seconds[e.id])
-        steps = max(1, int(60 * e.params["budget_minutes"] / per_step))
-        prepared[e.id] = {
-            "sets": [*sizes[e.id], f"train.steps={steps}"],
-            "sec_per_step": per_step,
-            "load_average": load,
-            "calibration": calibration,
-        }
-    return prepared
+    return C.calibrate_unit(unit, calibration, sized(unit))
 
 
 def worker(params: dict, ctx: C.Context) -> dict:

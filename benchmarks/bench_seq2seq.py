@@ -16,8 +16,6 @@ BLEU is sacrebleu's; its signature is recorded beside the score.
 
 from __future__ import annotations
 
-import json
-import os
 from fnmatch import fnmatch
 from itertools import pairwise
 from pathlib import Path
@@ -131,35 +129,11 @@ def sized(params: dict, reference: list[str]) -> list[str]:
 
 
 def prepare(unit: list[Experiment], budget: str) -> dict[str, dict]:
-    """Both sides of a matched unit: their sizes, then their seconds per training step measured
-    by the training loop itself in this one process: rounds of short runs of
-    CALIBRATION["steps"] steps, one per side, the order rotating each round, a first round
-    as warm-up; a side's seconds per step are the median of its runs' timing.json train seconds
-    over steps; its steps are the unit's wall-clock budget over them."""
-    import tempfile
-
-    from attnzoo import runs
-
+    """Both sides of a matched unit: their sizes (`sized`), then their steps for the unit's
+    wall-clock budget (`calibrate_unit`)."""
     reference = next(e.params["sets"] for e in unit if e.params["model"] == "bahdanau")
     sizes = {e.id: sized(e.params, reference) for e in unit}
-    seconds: dict[str, list[float]] = {e.id: [] for e in unit}
-    k, load = CALIBRATION["steps"], os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(1 + CALIBRATION["rounds"]):
-            for e in unit[r % len(unit) :] + unit[: r % len(unit)]:
-                sets = [*e.params["sets"], *sizes[e.id], f"train.steps={k}", "eval.limit=1"]
-                config = C.resolved_config(sets, e.params["model"], e.params["task"], 0)
-                runs.run_train(config, Path(tmp) / e.id, overwrite=True, progress=False)
-                timing = json.loads((Path(tmp) / e.id / "timing.json").read_text())
-                seconds[e.id] += [timing["train_seconds"] / k] * (r > 0)
-    prepared = {}
-    for e in unit:
-        per_step = C.median(seconds[e.id])
-        steps = max(1, int(60 * e.params["budget_minutes"] / per_step))
-        sets = [*sizes[e.id], f"train.steps={steps}"]
-        prepared[e.id] = {"sets": sets, "sec_per_step": per_step, "load_average": load}
-        prepared[e.id]["calibration"] = CALIBRATION
-    return prepared
+    return C.calibrate_unit(unit, CALIBRATION, sizes)
 
 
 def worker(params: dict, ctx: C.Context) -> dict:

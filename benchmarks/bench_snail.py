@@ -19,8 +19,6 @@ time.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -88,31 +86,9 @@ def experiments(budget: str) -> list[Experiment]:
 
 
 def prepare(unit: list[Experiment], budget: str) -> dict[str, dict]:
-    """Both sides' seconds per training step, measured by the training loop itself in this one
-    process: rounds of runs of CALIBRATION["steps"] steps, one per side, the order rotating,
-    a first round as warm-up (it also fills the glyph cache); a side's seconds per step are
-    the median over its runs; its steps are the unit's budget over them."""
-    import tempfile
-
-    from attnzoo import runs
-
-    seconds: dict[str, list[float]] = {e.id: [] for e in unit}
-    k, load = CALIBRATION["steps"], os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(1 + CALIBRATION["rounds"]):
-            for e in unit[r % len(unit) :] + unit[: r % len(unit)]:
-                sets = [*e.params["sets"], f"train.steps={k}", "train.warmup=1", "eval.limit=1"]
-                config = C.resolved_config(sets, e.params["model"], e.params["task"], 0)
-                runs.run_train(config, Path(tmp) / e.id, overwrite=True, progress=False)
-                timing = json.loads((Path(tmp) / e.id / "timing.json").read_text())
-                seconds[e.id] += [timing["train_seconds"] / k] * (r > 0)
-    prepared = {}
-    for e in unit:
-        per_step = C.median(seconds[e.id])
-        steps = max(1, int(60 * e.params["budget_minutes"] / per_step))
-        prepared[e.id] = {"sets": [f"train.steps={steps}"], "sec_per_step": per_step}
-        prepared[e.id].update(load_average=load, calibration=CALIBRATION)
-    return prepared
+    """Both sides' steps for the unit's budget (`calibrate_unit`; its warm-up round also fills
+    the glyph cache)."""
+    return C.calibrate_unit(unit, CALIBRATION)
 
 
 def worker(params: dict, ctx: C.Context) -> dict:
