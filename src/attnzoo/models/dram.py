@@ -63,9 +63,7 @@ class DRAMConfig:
 
     def __post_init__(self):
         for name in ("glimpses", "patch", "scales", "glimpse_hidden", "hidden", "context"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                fail("DRAMConfig", name, "a positive int", repr(value))
+            check_size("DRAMConfig", name, getattr(self, name))
         if self.context < 4:
             fail("DRAMConfig", "context", "an int >= 4", self.context)
         if self.method not in METHODS:

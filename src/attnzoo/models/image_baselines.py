@@ -29,9 +29,7 @@ class ClassifierOutput(NamedTuple):
 
 def _check_ints(owner: str, config, names) -> None:
     for name in names:
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            fail(owner, name, "a positive int", repr(value))
+        check_size(owner, name, getattr(config, name))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.checks import check_size, fail
+from attnzoo.core.checks import check_size
 from attnzoo.models.snail import ConvEmbedding, FewShotOutput, check_episode
 
 
@@ -39,9 +39,7 @@ class ProtoNetConfig:
 
     def __post_init__(self):
         for name in ("embed_dim", "embed_blocks"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                fail("ProtoNetConfig", name, "a positive int", repr(value))
+            check_size("ProtoNetConfig", name, getattr(self, name))
 
 
 def protonet(**overrides) -> ProtoNetConfig:

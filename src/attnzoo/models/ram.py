@@ -82,9 +82,7 @@ class RAMConfig:
 
     def __post_init__(self):
         for name in ("glimpses", "patch", "scales", "glimpse_hidden", "hidden"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                fail("RAMConfig", name, "a positive int", repr(value))
+            check_size("RAMConfig", name, getattr(self, name))
         if self.core not in CORES:
             fail("RAMConfig", "core", f"one of {list(CORES)}", repr(self.core))
         if self.method not in METHODS:

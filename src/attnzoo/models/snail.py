@@ -77,9 +77,7 @@ class SnailConfig:
 
     def __post_init__(self):
         for name in ("embed_dim", "embed_blocks", "filters"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                fail("SnailConfig", name, "a positive int", repr(value))
+            check_size("SnailConfig", name, getattr(self, name))
         for name in ("keys", "values"):
             value = getattr(self, name)
             if (
@@ -280,9 +278,7 @@ class SnailPolicyConfig:
 
     def __post_init__(self):
         for name in ("filters", "layers", "key_size", "value_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                fail("SnailPolicyConfig", name, "a positive int", repr(value))
+            check_size("SnailPolicyConfig", name, getattr(self, name))
 
 
 def snail_bandit(**overrides) -> SnailPolicyConfig:

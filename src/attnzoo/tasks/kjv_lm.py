@@ -207,26 +207,30 @@ class CharLmTask:
         windows = [ids[s : s + self.context + 1] for s in range(0, len(ids) - 1, self.context)]
         return windows[: self.eval.limit] if self.eval.limit else windows
 
-    def evaluate(self, model) -> dict[str, float]:
-        """{"bits_per_char": -1/N sum log2 p(c_t | window before t), "n_chars": N} over the
-        windows of `eval.split`."""
-        windows = self.windows()
-        nats, count, device = 0.0, 0, model_device(model)
+    def held_out_batches(self, model):
+        """(summed nats, targets (b, length - 1)) of each batch of `windows()`, batched by
+        equal length (the split's last window may be short), without gradients."""
+        windows, device = self.windows(), model_device(model)
         with torch.no_grad():
             for start in range(0, len(windows), self.eval.batch_size):
                 chunk = windows[start : start + self.eval.batch_size]
-                for length in sorted({len(w) for w in chunk}):  # the split's last may be short
+                for length in sorted({len(w) for w in chunk}):
                     x = torch.stack([w for w in chunk if len(w) == length]).long()  # (b, length)
                     x = x.to(device, non_blocking=True)
                     logits = model(x[:, :-1]).logits  # (b, length - 1, V)
-                    nats += float(
-                        F.cross_entropy(
-                            logits.reshape(-1, logits.shape[-1]).float(),
-                            x[:, 1:].reshape(-1),
-                            reduction="sum",
-                        )
+                    nats = F.cross_entropy(
+                        logits.reshape(-1, logits.shape[-1]).float(),
+                        x[:, 1:].reshape(-1),
+                        reduction="sum",
                     )
-                    count += x[:, 1:].numel()
+                    yield float(nats), x[:, 1:]
+
+    def evaluate(self, model) -> dict[str, float]:
+        """{"bits_per_char": -1/N sum log2 p(c_t | window before t), "n_chars": N} over the
+        windows of `eval.split`."""
+        nats, count = 0.0, 0
+        for batch_nats, targets in self.held_out_batches(model):
+            nats, count = nats + batch_nats, count + targets.numel()
         return {"bits_per_char": nats / math.log(2) / max(1, count), "n_chars": count}
 
     def figures(self, model, folder: Path, count: int = 3) -> list[Path]:

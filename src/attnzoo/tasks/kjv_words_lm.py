@@ -29,7 +29,6 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from attnzoo.core.checks import fail
 from attnzoo.tasks.base import EvalConfig, model_device
@@ -153,24 +152,10 @@ class WordLmTask(CharLmTask):
     def evaluate(self, model) -> dict[str, float]:
         """{"perplexity", "nats_per_word", "n_words", "unk_pct"} over the windows of
         `eval.split` (`unk_pct`: the share of predicted tokens that are `<unk>`)."""
-        windows = self.windows()
-        nats, count, unk, device = 0.0, 0, 0, model_device(model)
-        with torch.no_grad():
-            for start in range(0, len(windows), self.eval.batch_size):
-                chunk = windows[start : start + self.eval.batch_size]
-                for length in sorted({len(w) for w in chunk}):
-                    x = torch.stack([w for w in chunk if len(w) == length]).long()  # (b, len)
-                    x = x.to(device, non_blocking=True)
-                    logits = model(x[:, :-1]).logits  # (b, len - 1, V)
-                    nats += float(
-                        F.cross_entropy(
-                            logits.reshape(-1, logits.shape[-1]).float(),
-                            x[:, 1:].reshape(-1),
-                            reduction="sum",
-                        )
-                    )
-                    count += x[:, 1:].numel()
-                    unk += int((x[:, 1:] == Vocab.UNK).sum())
+        nats, count, unk = 0.0, 0, 0
+        for batch_nats, targets in self.held_out_batches(model):
+            nats, count = nats + batch_nats, count + targets.numel()
+            unk += int((targets == Vocab.UNK).sum())
         per_word = nats / max(1, count)
         return {
             "perplexity": math.exp(per_word),
