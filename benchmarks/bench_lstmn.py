@@ -78,17 +78,18 @@ def recomputing_class():
     from attnzoo.models import lstmn
 
     class RecomputingTape(lstmn._TapeAttention):
+        """The same tapes, grown the same way; the hidden states are kept unprojected."""
+
         def __init__(self, score, batch, like):
             super().__init__(score, batch, like)
-            self.states = []
+            self.states = None  # (b, slots, H)
 
         def write(self, state, value, allowed):
-            self.states.append(state[:, None])  # (b, 1, H): kept unprojected
-            self.values.append(value[:, None])
-            self.allowed.append(self.ones if allowed is None else allowed[:, None])
+            self.states = self.append(self.states, state[:, None])  # not projected here
+            self.write_value(value, allowed)
 
         def key_tensor(self):
-            return self.score.prepare_key(torch.cat(self.states, 1))  # W_h H, every step
+            return self.score.prepare_key(self.states)  # W_h H, the whole tape, every step
 
     class RecomputingLSTMN(lstmn.LSTMNLM):
         tape_class = RecomputingTape

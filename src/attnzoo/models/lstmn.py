@@ -131,31 +131,44 @@ class _LMBase(nn.Module):
 class _TapeAttention:
     """The projected-key and value tapes of one sequence batch, read with the core
     `attention()` on a `PreparedKey`: slot k holds the key projection of the k-th state,
-    computed once by `write`."""
+    computed once by `write`.
+
+    Each tape is one tensor grown by a slot per write (`torch.cat([tape, slot], 1)`), not a
+    list joined again at every read: the copies are the same O(t) per step, but the backward
+    has two pieces per step (the prefix and the new slot) instead of one per slot, so a
+    sequence of t steps costs O(t) autograd nodes and gradient additions, not O(t^2) (batch 32,
+    length 64, hidden 256: 4,281 gradient additions and 5,183 slices per update before)."""
 
     def __init__(self, score: Additive, batch: int, like: torch.Tensor):
-        self.score, self.keys, self.values, self.allowed = score, [], [], []
+        self.score = score
+        self.keys = self.values = self.allowed = None  # (b, slots, A), (b, slots, dv), (b, slots)
         self.ones = torch.ones(batch, 1, dtype=torch.bool, device=like.device)
+
+    @staticmethod
+    def append(tape: torch.Tensor | None, slot: torch.Tensor) -> torch.Tensor:
+        """tape (b, k, ...) and slot (b, 1, ...) -> (b, k + 1, ...)."""
+        return slot if tape is None else torch.cat([tape, slot], 1)
 
     def write(self, state: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None):
         """state (b, d_key), value (b, d_value), allowed (b,) or None."""
-        self.keys.append(self.score.prepare_key(state[:, None]))  # W_h h_i, once: (b, 1, A)
-        self.values.append(value[:, None])
-        self.allowed.append(self.ones if allowed is None else allowed[:, None])
+        self.keys = self.append(self.keys, self.score.prepare_key(state[:, None]))  # W_h h_i, once
+        self.write_value(value, allowed)
+
+    def write_value(self, value: torch.Tensor, allowed: torch.Tensor | None):
+        self.values = self.append(self.values, value[:, None])
+        self.allowed = self.append(self.allowed, self.ones if allowed is None else allowed[:, None])
 
     def key_tensor(self) -> torch.Tensor:
-        return torch.cat(self.keys, 1)  # (b, slots, A)
+        return self.keys  # (b, slots, A)
 
     def read(self, query: torch.Tensor, masked: bool, return_weights: bool):
         """query (b, d_query) -> AttentionOutput over every slot written so far."""
-        keys, values = self.key_tensor(), torch.cat(self.values, 1)  # (b, k, A), (b, k, dv)
-        mask = torch.cat(self.allowed, 1)[:, None] if masked else None  # (b, 1, k)
         return attention(
             query[:, None],
-            PreparedKey(keys, self.score),
-            values,
+            PreparedKey(self.key_tensor(), self.score),
+            self.values,
             score=self.score,
-            mask=mask,
+            mask=self.allowed[:, None] if masked else None,  # (b, 1, k)
             return_weights=return_weights,
         )
 
@@ -190,17 +203,23 @@ class LSTMNLM(_LMBase):
         x = self.drop(self.embed(tokens))  # (b, t, E)
         b, t, _ = x.shape
         hid = self.config.hidden
+        # W [h~_t; x_t] + b = W_h~ h~_t + (W_x x_t + b): the input half for every step at once
+        w_tilde = self.gates.weight[:, :hid].t()  # (H, 4H), sliced once for the whole loop
+        from_x = nn.functional.linear(x, self.gates.weight[:, hid:], self.gates.bias)
+        xs, from_xs = x.unbind(1), from_x.unbind(1)  # per step (b, E), (b, 4H)
         zero = x.new_zeros(b, hid)
         tape = self.tape_class(self.score, b, x)
         tape.write(zero, torch.cat([zero, zero], -1), None)  # slot 0: h_0 = c_0 = 0
         h_tilde, states, rows = zero, [], []
         for step in range(t):
-            x_t = x[:, step]
+            x_t = xs[step]
             out = tape.read(torch.cat([x_t, h_tilde], -1), mask is not None, return_weights)
             new_h_tilde, c_tilde = out.context[:, 0].split(hid, -1)  # (b, H) each
-            i, f, o, g = self.gates(torch.cat([new_h_tilde, x_t], -1)).chunk(4, -1)
-            c = torch.sigmoid(f) * c_tilde + torch.sigmoid(i) * torch.tanh(g)
-            h = torch.sigmoid(o) * torch.tanh(c)
+            pre = torch.addmm(from_xs[step], new_h_tilde, w_tilde)  # (b, 4H): i, f, o, c^
+            ifo, g = torch.sigmoid(pre[:, : 3 * hid]), torch.tanh(pre[:, 3 * hid :])
+            i, f, o = ifo.chunk(3, -1)
+            c = torch.addcmul(f * c_tilde, i, g)
+            h = o * torch.tanh(c)
             allowed = None if mask is None else mask[:, step]
             if allowed is not None:  # a padded step changes nothing
                 h_tilde = torch.where(allowed[:, None], new_h_tilde, h_tilde)
@@ -236,12 +255,15 @@ class SimpleSelfAttentionLM(_LMBase):
         (column j: the state after token j, the diagonal the current one)."""
         _check_inputs("SimpleSelfAttentionLM", tokens, mask)
         x = self.drop(self.embed(tokens))  # (b, t, E)
-        b, t, _ = x.shape
+        b, t, e = x.shape
+        # A [x_t; c_{t-1}] + b = A_c c_{t-1} + (A_x x_t + b): the input half for every step
+        from_xs = nn.functional.linear(x, self.cell.weight[:, :e], self.cell.bias).unbind(1)
+        w_c = self.cell.weight[:, e:].t()  # (H, H), sliced once for the whole loop
         c = x.new_zeros(b, self.config.hidden)
         tape = self.tape_class(self.score, b, x)
         summaries, rows = [], []
         for step in range(t):
-            h = torch.tanh(self.cell(torch.cat([x[:, step], c], -1)))  # (b, H)
+            h = torch.tanh(torch.addmm(from_xs[step], c, w_c))  # (b, H)
             allowed = None if mask is None else mask[:, step]
             tape.write(h, h, allowed)
             out = tape.read(h, mask is not None, return_weights)
