@@ -9,7 +9,7 @@
    is within 2% of the LSTM's, `sized`) and equal wall clock: each side trains for the unit's
    minutes over its seconds per step, measured by the training loop in one process
    (`prepare`, as bench_seq2seq's matched units). "matched" is the declared budget
-   (MATCHED_MINUTES, MATCHED_SEEDS); "matched-short" a reduced one (SHORT_MINUTES, one seed)
+   (MATCHED_MINUTES, MATCHED_SEEDS); "matched-short" a reduced one (SHORT_MINUTES, SHORT_SEEDS)
    that fits a shared machine's afternoon.
 
     python benchmarks/bench_lstmn.py [--budget smoke|full] [--seeds N] [--only ID|GROUP ...]
@@ -27,11 +27,11 @@ from _common import Bench, Experiment, Table, columns, drive, targets
 TASK = "kjv_words_lm"
 MODELS = ("lstm-lm", "lstmn", "simplernn-self")  # the first is the size reference
 MATCHED_MINUTES, MATCHED_SEEDS = 20, 3
-SHORT_MINUTES = 5
+SHORT_MINUTES, SHORT_SEEDS = 4, 2
 TOLERANCE = 0.02  # parameter counts within 2% of the LSTM's
 CALIBRATION = {"steps": 15, "rounds": 2}
 SMOKE_CALIBRATION = {"steps": 2, "rounds": 1}  # the smoke run checks the path, not the timing
-SPEED_LENGTHS = (32, 64, 128)
+SPEED_LENGTHS = (32, 64, 128, 256)
 SPEED_TARGET_LENGTH = 64  # the task's context (KjvWordsLmConfig.context)
 SMOKE_MODEL = ["model.hidden=16", "model.embed_dim=8", "model.attn_hidden=8"]
 SMOKE_TASK = ["task.vocab_size=200", "task.context=8", "eval.limit=4", "train.steps=4"]
@@ -40,12 +40,14 @@ SMOKE_TASK = ["task.vocab_size=200", "task.context=8", "eval.limit=4", "train.st
 def experiments(budget: str) -> list[Experiment]:
     smoke = budget == "smoke"
     speed = {"batch": 32, "lengths": list(SPEED_LENGTHS), "repeats": 5, "vocab": 10_000}
+    speed["small_vocab"] = 16  # the same pair with an output layer too small to matter
     speed.update(embed_dim=128, hidden=256, attn_hidden=128)
     if smoke:
         speed.update(batch=2, lengths=[4, 6], repeats=2, vocab=50, hidden=8, attn_hidden=8)
+        speed.update(small_vocab=4)
         speed.update(embed_dim=8)
     found = [Experiment("speed", "speed", speed, minutes=1.5)]
-    units = {"matched": (MATCHED_MINUTES, MATCHED_SEEDS), "matched-short": (SHORT_MINUTES, 1)}
+    units = {"matched": (MATCHED_MINUTES, MATCHED_SEEDS), "matched-short": (SHORT_MINUTES, SHORT_SEEDS)}
     for unit, (minutes, seeds) in units.items():
         if smoke and unit == "matched":  # the smoke run checks one unit: the short one
             continue
@@ -73,7 +75,6 @@ def recomputing_class():
     """LSTMNLM whose tape keeps the hidden states and projects all of them at every read:
     W_h h_i for i < t recomputed at step t (the implementation the projected-key tape
     avoids). Same parameters, same outputs."""
-    import torch
 
     from attnzoo.models import lstmn
 
@@ -100,7 +101,27 @@ def recomputing_class():
 def speed(params: dict) -> dict:
     """Training tokens/s (one update: forward, cross-entropy, backward, Adam) of the LSTMN
     with the projected-key tape and of the recomputing one, same weights and tokens, timed
-    interleaved per length; and the largest output difference of the two."""
+    interleaved per length; and the largest output difference of the two. The same again with
+    a `small_vocab`-word output layer ("recurrence"): the ratio of the recurrences alone, which
+    the task's output softmax, the same in both, dilutes in the first."""
+    out: dict = {"by_length": {}}
+    for key, vocab in (("", params["vocab"]), ("recurrence_", params["small_vocab"])):
+        pair = _speed_pair(params, vocab)
+        out[f"{key}params"] = pair.pop("params")
+        for length, entry in pair.items():
+            out["by_length"].setdefault(str(length), {"length": length})
+            out["by_length"][str(length)].update({f"{key}{k}": v for k, v in entry.items()})
+    target = out["by_length"].get(str(SPEED_TARGET_LENGTH))
+    if target is not None:
+        out["speedup_at_context"] = target["speedup"]
+        out["recurrence_speedup_at_context"] = target["recurrence_speedup"]
+    out["target_length"] = SPEED_TARGET_LENGTH
+    return out
+
+
+def _speed_pair(params: dict, vocab: int) -> dict:
+    """{length: tokens/s of both, speed-up, per-round ratios, largest logit difference} and
+    the parameter count, for one output vocabulary."""
     import torch
     import torch.nn.functional as F
 
@@ -110,13 +131,13 @@ def speed(params: dict) -> dict:
         embed_dim=params["embed_dim"], hidden=params["hidden"], attn_hidden=params["attn_hidden"]
     )
     torch.manual_seed(0)
-    cached = LSTMNLM(config, params["vocab"], max(params["lengths"]) + 1)
-    recomputing = recomputing_class()(config, params["vocab"], max(params["lengths"]) + 1)
+    cached = LSTMNLM(config, vocab, max(params["lengths"]) + 1)
+    recomputing = recomputing_class()(config, vocab, max(params["lengths"]) + 1)
     recomputing.load_state_dict(cached.state_dict())
-    out: dict = {"by_length": {}, "params": sum(p.numel() for p in cached.parameters())}
+    out: dict = {"params": sum(p.numel() for p in cached.parameters())}
     for length in params["lengths"]:
         g = torch.Generator().manual_seed(length)
-        tokens = torch.randint(1, params["vocab"], (params["batch"], length + 1), generator=g)
+        tokens = torch.randint(1, vocab, (params["batch"], length + 1), generator=g)
         with torch.no_grad():
             diff = (cached(tokens[:, :-1]).logits - recomputing(tokens[:, :-1]).logits).abs()
         updates = {}
@@ -135,18 +156,12 @@ def speed(params: dict) -> dict:
             updates[name] = update
         times = C.time_interleaved(updates, repeats=params["repeats"])
         per = {k: params["batch"] * length / C.median(v) for k, v in times.items()}
-        ratios = C.per_round(times["recompute"], times["tape"])
-        out["by_length"][str(length)] = {
-            "length": length,
+        out[length] = {
             "tokens_per_s": per,
             "speedup": per["tape"] / per["recompute"],
-            "speedup_rounds": ratios,
+            "speedup_rounds": C.per_round(times["recompute"], times["tape"]),
             "max_abs_logit_diff": float(diff.max()),
         }
-    target = out["by_length"].get(str(SPEED_TARGET_LENGTH))
-    if target is not None:
-        out["speedup_at_context"] = target["speedup"]
-    out["target_length"] = SPEED_TARGET_LENGTH
     return out
 
 
@@ -237,7 +252,7 @@ def derive(summary: dict) -> dict:
         "matched_minutes": MATCHED_MINUTES,
         "matched_seeds": MATCHED_SEEDS,
         "short_minutes": SHORT_MINUTES,
-        "short_seeds": 1,
+        "short_seeds": SHORT_SEEDS,
     }
     for unit in ("matched", "matched-short"):
         ids = {m: f"{unit}-{m}" for m in MODELS}
@@ -313,13 +328,12 @@ SPEED = "; ".join(
     for n in SPEED_LENGTHS
     for name, key in (("tape", "tape"), ("recompute", "recompute"))
 )
+SPEEDUP = "; ".join(f"n={n}=by_length.{n}.speedup" for n in SPEED_LENGTHS)
+RECURRENCE_SPEEDUP = "; ".join(f"n={n}=by_length.{n}.recurrence_speedup" for n in SPEED_LENGTHS)
 TABLES = [
     Table("speed", columns(SPEED, 0), ["speed"]),
-    Table(
-        "speedup",
-        columns("; ".join(f"n={n}=by_length.{n}.speedup" for n in SPEED_LENGTHS)),
-        ["speed"],
-    ),
+    Table("speedup", columns(SPEEDUP), ["speed"]),
+    Table("recurrence-speedup", columns(RECURRENCE_SPEEDUP), ["speed"]),
     Table("matched", MATCHED_COLUMNS, ["matched"]),
     Table("matched-short", MATCHED_COLUMNS, ["matched-short"]),
 ]
