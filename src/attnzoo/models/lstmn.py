@@ -137,7 +137,11 @@ class _TapeAttention:
     list joined again at every read: the copies are the same O(t) per step, but the backward
     has two pieces per step (the prefix and the new slot) instead of one per slot, so a
     sequence of t steps costs O(t) autograd nodes and gradient additions, not O(t^2) (batch 32,
-    length 64, hidden 256: 4,281 gradient additions and 5,183 slices per update before)."""
+    length 64, hidden 256: 4,281 gradient additions and 5,183 slices per update before, 379
+    and 1,344 after). With the input halves of the gate matrices taken out of the loop, one
+    training step (forward, backward) against the list version, same weights, interleaved in
+    one process, medians of 7, 1 thread: 0.263 -> 0.236 s with a 16-word output layer, 0.778
+    -> 0.755 s with the task's 10k-word one (the output softmax dominates)."""
 
     def __init__(self, score: Additive, batch: int, like: torch.Tensor):
         self.score = score
