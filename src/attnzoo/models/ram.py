@@ -24,8 +24,9 @@ Note:
       estimator may also reach f_h and f_g through log pi; popular public code that let the
       routes mix reports ~14% MNIST error (~1% once fixed), and this is the fixed form.
     - The first glimpse is at the image centre (the paper does not say where it starts); the
-      location mean is squashed by tanh into (-1, 1) and sigma is fixed (`std`) unless
-      `learn_std`.
+      location mean is squashed by tanh into (-1, 1) (`bound`; "clamp" instead clamps the draw
+      to the image, as DRAM does: `attnzoo.core.hard.GaussianPolicy`) and sigma is fixed
+      (`std`) unless `learn_std`.
     - A glimpse's patches are placed at whole pixels (the centre is rounded); anything outside
       the image reads as zero. The sensor box-filters the image once per scale for all the
       glimpses (`GlimpseSensor.prepare`) and reads g x g entries per patch (`read`), by one
