@@ -226,6 +226,7 @@ def test_reinforce_through_a_clamped_draw_is_unbiased():
     [
         (lambda: GaussianPolicy(4, std=0.0), "GaussianPolicy: argument 'std' expected"),
         (lambda: GaussianPolicy(0), "GaussianPolicy: argument 'd_input' expected"),
+        (lambda: GaussianPolicy(4, bound="sigmoid"), "GaussianPolicy: argument 'bound' expected"),
         (lambda: gaussian_sample(torch.zeros(2), -1.0), "gaussian_sample: argument 'std'"),
         (lambda: rewards_to_go(torch.zeros(2, 3), 1.5), "rewards_to_go: argument 'discount'"),
         (lambda: rewards_to_go(torch.zeros(3)), "rewards_to_go: argument 'rewards'"),
