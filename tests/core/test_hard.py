@@ -17,6 +17,7 @@ from attnzoo import (
     rewards_to_go,
     sample_hard,
 )
+from attnzoo.core.hard import BOUNDS
 
 REWARD = torch.tensor([1.0, 0.0, 2.0, -0.5], dtype=torch.float64)  # r(a) of 4 actions
 LOGITS = torch.tensor([0.3, -0.2, 0.1, 0.5], dtype=torch.float64)
@@ -131,13 +132,93 @@ def test_gaussian_policy_fixed_or_learned_std_and_the_mean_pass():
     learned = GaussianPolicy(4, std=0.2, learn_std=True)
     assert "log_std" in dict(learned.named_parameters())
     h = torch.randn(5, 4)
-    mode = learned(h, sample=False)
-    torch.testing.assert_close(mode.sample, torch.tanh(learned.mean(h)))
     draw = learned(h, generator=torch.Generator().manual_seed(0))
     draw.log_prob.sum().backward()
     assert learned.log_std.grad is not None and learned.mean.weight.grad is not None
-    unbounded = GaussianPolicy(4, bounded=False)
-    torch.testing.assert_close(unbounded(h, sample=False).sample, unbounded.mean(h).detach())
+    # the deterministic pass: the mean, kept on the image as each bound keeps it
+    modes = {"clamp": lambda m: m.clamp(-1, 1), "tanh": torch.tanh, "none": lambda m: m}
+    assert set(modes) == set(BOUNDS)
+    for bound in BOUNDS:
+        torch.manual_seed(0)
+        policy = GaussianPolicy(4, bound=bound)
+        with torch.no_grad():
+            policy.mean.bias.copy_(torch.tensor([1.5, -0.3]))  # one coordinate off the image
+        want = modes[bound](policy.mean(h)).detach()
+        torch.testing.assert_close(policy(h, sample=False).sample, want)
+
+
+def test_a_clamped_draw_stays_on_the_image_with_the_log_prob_of_the_draw():
+    """Clamping is the environment's: the location is clamped, the log-prob is the unclamped
+    draw's under N(mu, sigma^2) (so the estimator below stays unbiased)."""
+    policy = GaussianPolicy(3, std=0.5, bound="clamp").double()
+    with torch.no_grad():
+        policy.mean.bias.copy_(torch.tensor([0.9, -1.2], dtype=torch.float64))
+    h = torch.randn(400, 3, dtype=torch.float64)
+    got = policy(h, generator=torch.Generator().manual_seed(3))
+    mean = policy.mean(h)
+    noise = torch.randn(mean.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    drawn = mean + 0.5 * noise  # the same draw, unclamped
+    assert (drawn.abs() > 1).any()  # some fell off the image ...
+    torch.testing.assert_close(got.sample, drawn.clamp(-1, 1).detach())  # ... and were clamped
+    torch.testing.assert_close(got.log_prob, gaussian_log_prob(drawn, mean, torch.tensor(0.5)))
+
+
+@pytest.mark.parametrize("border", [0.995, -0.9993])
+def test_the_policy_gradient_does_not_vanish_at_the_border(border):
+    """A mean pushed into a corner must still learn from the draws that land inside the image:
+    d log pi / d bias is as large there as at the centre. A tanh mean's is scaled by
+    1 - mu^2 (1e-2 .. 1e-3 here): such a mean stays in its corner (DRAM's failure)."""
+
+    def mean_gradient(bound, location):
+        bias = math.atanh(location) if bound == "tanh" else location
+        policy = GaussianPolicy(2, 2, std=0.1, bound=bound).double()
+        with torch.no_grad():
+            policy.mean.weight.copy_(torch.eye(2))
+            policy.mean.bias.fill_(bias)
+        state = torch.zeros(2000, 2, dtype=torch.float64, requires_grad=True)
+        draw = policy(state, generator=torch.Generator().manual_seed(1))
+        inside = (draw.sample.abs() < 1).all(-1)  # draws that saw the image
+        assert inside.sum() > 100
+        # per draw: d log pi / d (W h + b), the pre-activation (the state enters it as is)
+        (score,) = torch.autograd.grad(draw.log_prob.sum(), state)  # (2000, 2)
+        return score[inside].abs().mean()
+
+    # "clamp" is the toolkit's default (DRAM's; RAMConfig.bound chooses RAM's)
+    assert GaussianPolicy(2).bound == "clamp"
+    assert mean_gradient("clamp", border) > 0.5 * mean_gradient("clamp", 0.0)
+    assert mean_gradient("tanh", border) < 0.05 * mean_gradient("tanh", 0.0)
+
+
+def test_reinforce_through_a_clamped_draw_is_unbiased():
+    """d/dmu E[R(clamp(mu + sigma eps))] by quadrature in float64 against the REINFORCE
+    estimate with the policy's clamped draws, near a border where the clamp matters."""
+    sigma, mu0 = 0.3, 0.85
+
+    def reward(location):  # smooth, peaked inside the image near the border
+        return torch.exp(-((location - 0.7) ** 2) / 0.05).sum(-1)
+
+    mu = torch.tensor([mu0], dtype=torch.float64, requires_grad=True)
+    eps = torch.linspace(-9, 9, 40_001, dtype=torch.float64)
+    weight = torch.exp(-0.5 * eps**2) / math.sqrt(2 * math.pi) * (eps[1] - eps[0])
+    expected = (reward((mu + sigma * eps).clamp(-1, 1).unsqueeze(-1)) * weight).sum()
+    (exact,) = torch.autograd.grad(expected, mu)
+
+    policy = GaussianPolicy(1, 1, std=sigma, bound="clamp").double()
+    with torch.no_grad():
+        policy.mean.weight.zero_()
+        policy.mean.bias.fill_(mu0)
+    n = 200_000
+    state = torch.zeros(n, 1, dtype=torch.float64)
+    draw = policy(state, generator=torch.Generator().manual_seed(0))
+    r = reward(draw.sample)  # the environment sees the clamped location
+    b = r.mean().item()
+    loss = reinforce_loss(draw.log_prob, r, b)
+    (grad,) = torch.autograd.grad(-loss.total / n, policy.mean.bias)
+    # the same draws' per-sample estimates (R - b) (l - mu) / sigma^2 with l unclamped
+    noise = torch.randn(n, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    per_draw = (r - b) * noise[:, 0] / sigma
+    assert grad.item() == pytest.approx(per_draw.mean().item(), rel=1e-6)  # sigma = exp(log)
+    assert abs(grad.item() - exact.item()) < 4 * per_draw.std().item() / math.sqrt(n)
 
 
 @pytest.mark.parametrize(
@@ -145,6 +226,7 @@ def test_gaussian_policy_fixed_or_learned_std_and_the_mean_pass():
     [
         (lambda: GaussianPolicy(4, std=0.0), "GaussianPolicy: argument 'std' expected"),
         (lambda: GaussianPolicy(0), "GaussianPolicy: argument 'd_input' expected"),
+        (lambda: GaussianPolicy(4, bound="sigmoid"), "GaussianPolicy: argument 'bound' expected"),
         (lambda: gaussian_sample(torch.zeros(2), -1.0), "gaussian_sample: argument 'std'"),
         (lambda: rewards_to_go(torch.zeros(2, 3), 1.5), "rewards_to_go: argument 'discount'"),
         (lambda: rewards_to_go(torch.zeros(3)), "rewards_to_go: argument 'rewards'"),

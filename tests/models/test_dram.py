@@ -3,13 +3,15 @@ pathway, REINFORCE the "where" pathway: context, top LSTM, emission; the baselin
 the context network choosing the first location, every option, overfitting a tiny batch."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
 
-from attnzoo.core.hard import reinforce_loss, rewards_to_go
+from attnzoo.core.hard import BOUNDS, reinforce_loss, rewards_to_go
 from attnzoo.models.dram import DRAM, DRAMConfig, dram
 from attnzoo.models.image_baselines import MultiHeadConvNet, conv
+from attnzoo.train.loop import parameter_groups
 from tests.models.test_ram import overfit
 
 
@@ -54,12 +56,51 @@ def test_the_context_network_chooses_the_first_location():
     first = model(images, sample=False).locations[:, 0]
     torch.testing.assert_close(
         first,
-        torch.tanh(
-            model.location.mean(model.context(torch.nn.functional.adaptive_avg_pool2d(images, 8)))
-        ),
+        model.location.mean(
+            model.context(torch.nn.functional.adaptive_avg_pool2d(images, 8))
+        ).clamp(-1, 1),
     )
     again = model(images, sample=False)
     torch.testing.assert_close(again.locations[:, 0], first)
+
+
+def test_the_where_pathway_learns_at_where_lr():
+    """The parameters the training loop slows to `where_lr` are exactly those REINFORCE trains
+    (the routes of `test_gradient_routes`), and nothing else."""
+    model = built(where_lr=0.25)
+    out = model(torch.rand(4, 1, 24, 32), generator=torch.Generator().manual_seed(0))
+    rl = reinforce_loss(out.log_pi, torch.ones(4, 6), out.baseline.detach())
+    model.zero_grad(set_to_none=True)
+    rl.policy.backward()
+    trained = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.any()}
+    assert set(model.lr_scales()) == trained
+    groups = parameter_groups(model, 1e-3)
+    assert [g["lr"] for g in groups] == pytest.approx([1e-3, 2.5e-4])
+    named = dict(model.named_parameters())
+    assert {id(p) for p in groups[1]["params"]} == {id(named[n]) for n in trained}
+    assert sum(len(g["params"]) for g in groups) == len(named)
+
+
+@pytest.mark.parametrize("bound", BOUNDS)
+def test_a_glimpse_path_in_a_corner_still_learns(bound):
+    """DRAM's addition runs froze: the emission's tanh mean went to a corner, where 1 - mu^2
+    left REINFORCE no gradient. The score d log pi / d bias of a draw that lands on the image
+    is ~ 1 / sigma wherever the mean is; at a corner a tanh mean's is ~ 1e-3 of that."""
+    model = built(bound=bound)
+    corner = -0.999  # the mean location, in both coordinates
+    with torch.no_grad():
+        model.location.mean.weight.zero_()
+        model.location.mean.bias.fill_(math.atanh(corner) if bound == "tanh" else corner)
+    out = model(torch.rand(64, 1, 24, 32), generator=torch.Generator().manual_seed(0))
+    inside = (out.locations.abs() < 1).all(-1)  # (b, steps): the draws on the image
+    assert inside.sum() > 20
+    (grad,) = torch.autograd.grad((out.log_pi * inside).sum(), model.location.mean.bias)
+    score = grad.abs().sum() / inside.sum()  # all one sign: the draws inside lie above mu
+    std = model.config.std
+    if bound == DRAMConfig().bound:
+        assert score > 0.3 / std
+    elif bound == "tanh":
+        assert score < 0.01 / std
 
 
 @pytest.mark.parametrize("options", [{}, {"method": "index"}, {"learn_std": True}, {"scales": 1}])
@@ -85,7 +126,10 @@ def test_multi_head_convnet():
         MultiHeadConvNet(conv(), (16, 16), 1, 11, 0)
 
 
-@pytest.mark.parametrize(("field", "value"), [("glimpses", 0), ("context", 2), ("method", "x")])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("glimpses", 0), ("context", 2), ("method", "x"), ("bound", "x"), ("where_lr", 0.0)],
+)
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"DRAMConfig: argument '{field}' expected"):
         dataclasses.replace(DRAMConfig(), **{field: value})

@@ -171,6 +171,8 @@ def test_batched_forward_equals_one_image_at_a_time():
         {"learn_std": True},
         {"glimpses": 1},
         {"scales": 3, "patch": 4},
+        {"bound": "clamp"},
+        {"bound": "none"},
     ],
 )
 def test_every_option_runs_forward_and_backward(options):
@@ -184,6 +186,9 @@ def test_every_option_runs_forward_and_backward(options):
     loss.backward()
     if options.get("learn_std"):
         assert model.location.log_std.grad is not None
+    assert model.location.bound == config.bound
+    if config.bound == "clamp":
+        assert out.locations.abs().max() <= 1
 
 
 def test_overfits_a_tiny_batch():
@@ -202,7 +207,14 @@ def test_presets_cite_the_paper_sizes():
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("glimpses", 0), ("patch", 2.0), ("core", "gru"), ("method", "unfold"), ("std", 0)],
+    [
+        ("glimpses", 0),
+        ("patch", 2.0),
+        ("core", "gru"),
+        ("method", "unfold"),
+        ("std", 0),
+        ("bound", "sigmoid"),
+    ],
 )
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"RAMConfig: argument '{field}' expected"):

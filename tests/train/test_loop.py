@@ -247,3 +247,34 @@ def test_bad_autocast_is_a_one_line_error(capsys):
     assert "'autocast'" in err and "['none', 'bf16']" in err and "'fp16'" in err
     with pytest.raises(ValueError, match="'autocast'"):
         TrainConfig(autocast="float16")
+
+
+def test_parameter_groups_follow_a_models_lr_scales():
+    """One group at the run's rate unless the model scales some parameters (`lr_scales`): each
+    factor is a group at lr * factor, the run's own first (the logged rate); every parameter
+    is in exactly one group; a name the model lacks is an error naming the method."""
+    from attnzoo.train.loop import parameter_groups
+
+    plain = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    (group,) = parameter_groups(plain, 0.01)
+    assert group["lr"] == 0.01 and len(group["params"]) == 4
+
+    class Scaled(torch.nn.Sequential):
+        def lr_scales(self):
+            return {"1.weight": 0.5, "1.bias": 0.5, "0.bias": 2.0}
+
+    model = Scaled(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    groups = parameter_groups(model, 0.01)
+    assert groups[0]["lr"] == 0.01 and groups[0]["params"] == [model[0].weight]
+    by_lr = {g["lr"]: {id(p) for p in g["params"]} for g in groups[1:]}
+    assert by_lr == {0.005: {id(model[1].weight), id(model[1].bias)}, 0.02: {id(model[0].bias)}}
+    optimizer = torch.optim.AdamW(groups, lr=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5)
+    assert sorted(scheduler.get_last_lr()) == pytest.approx([0.0025, 0.005, 0.01])
+
+    class Wrong(torch.nn.Linear):
+        def lr_scales(self):
+            return {"nope": 0.5}
+
+    with pytest.raises(ValueError, match="Wrong.lr_scales: argument 'names'"):
+        parameter_groups(Wrong(2, 2), 0.01)

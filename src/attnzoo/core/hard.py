@@ -10,7 +10,8 @@ Model (Mnih et al. 2014, sec. 3.2), DRAM (Ba et al. 2014, sec. 3.2), hard Show-A
 - categorical choices: `attnzoo.core.normalisers.sample_hard` (the chosen index and its
   log-probability);
 - continuous locations: `gaussian_sample`, `GaussianPolicy` (a linear map to the mean of
-  N(mu, sigma^2 I), sigma fixed or learned);
+  N(mu, sigma^2 I), sigma fixed or learned, the location kept on the image by clamping the
+  draw or by a tanh mean: `BOUNDS`);
 - the loss: `reinforce_loss` (policy term, squared-error baseline term, entropy bonus) over
   rewards per step or `rewards_to_go`; `hybrid_loss` adds a supervised term (RAM's
   classification cross-entropy, Mnih 2014 sec. 4); `MovingAverageBaseline` when the baseline
@@ -75,18 +76,30 @@ def gaussian_sample(
     return GaussianSample(sample, gaussian_log_prob(sample, mean, std), mean)
 
 
+BOUNDS = ("clamp", "tanh", "none")
+
+
 class GaussianPolicy(nn.Module):
-    """A location policy: mu = tanh(W h + b) (or W h + b), l ~ N(mu, sigma^2 I).
+    """A location policy: l ~ N(mu, sigma^2 I) with mu = W h + b, kept on the image by `bound`.
 
     The RAM location network f_l (Mnih 2014 sec. 3: "the location network outputs the mean of
     the location policy ... a two-component Gaussian with a fixed variance"); coordinates are
-    in [-1, 1] across the image when `bounded`.
+    in [-1, 1] across the image. `bound` says how a location stays there:
+
+    - "clamp": the draw is clamped to [-1, 1] (and so is the mean of the deterministic pass);
+      the log-prob is the unclamped draw's, so clamping belongs to the environment and the
+      REINFORCE estimator stays unbiased for E[R(clamp(l))]. d log pi / d mu = (l - mu) /
+      sigma^2 whatever mu is: a mean at the border still learns from the draws inside.
+    - "tanh": mu = tanh(W h + b), the draw unclamped (it may fall just outside the image).
+      d log pi / d(W h + b) carries 1 - mu^2, which vanishes as mu nears a border: a mean
+      pushed into a corner stays there (DRAM's glimpses froze in a corner that way).
+    - "none": mu = W h + b, nothing bounded.
 
     Args:
         d_input: features of the state h.
         d_output: dimensions of the location (2 for an image).
         std: sigma, fixed; with `learn_std` its initial value, learned as log sigma per dim.
-        bounded: squash the mean with tanh into (-1, 1).
+        bound: one of `BOUNDS`.
     """
 
     def __init__(
@@ -96,15 +109,17 @@ class GaussianPolicy(nn.Module):
         *,
         std: float = 0.1,
         learn_std: bool = False,
-        bounded: bool = True,
+        bound: str = "clamp",
     ):
         super().__init__()
         check_size("GaussianPolicy", "d_input", d_input)
         check_size("GaussianPolicy", "d_output", d_output)
         if isinstance(std, bool) or not isinstance(std, int | float) or not 0 < std < math.inf:
             fail("GaussianPolicy", "std", "a positive finite number", repr(std))
+        if bound not in BOUNDS:
+            fail("GaussianPolicy", "bound", f"one of {list(BOUNDS)}", repr(bound))
         self.mean = nn.Linear(d_input, d_output)
-        self.bounded = bounded
+        self.bound = bound
         log_std = torch.full((d_output,), math.log(std))
         if learn_std:
             self.log_std = nn.Parameter(log_std)
@@ -118,16 +133,20 @@ class GaussianPolicy(nn.Module):
         sample: bool = True,
         generator: torch.Generator | None = None,
     ) -> GaussianSample:
-        """state (..., d_input) -> a location (..., d_output); `sample=False`: the mean, with
-        its log-probability (the mode's)."""
+        """state (..., d_input) -> a location (..., d_output); `sample=False`: the mean (clamped
+        with "clamp"), with the mean's own log-probability (the mode's)."""
         mean = self.mean(state)  # (..., d_output)
-        if self.bounded:
+        if self.bound == "tanh":
             mean = torch.tanh(mean)
         std = self.log_std.exp()  # (d_output,)
         if not sample:
-            location = mean.detach()
-            return GaussianSample(location, gaussian_log_prob(location, mean, std), mean)
-        return gaussian_sample(mean, std, generator=generator)
+            mode = mean.detach()
+            location = mode.clamp(-1.0, 1.0) if self.bound == "clamp" else mode
+            return GaussianSample(location, gaussian_log_prob(mode, mean, std), mean)
+        draw = gaussian_sample(mean, std, generator=generator)
+        if self.bound == "clamp":  # the environment's clamp: the log-prob stays the draw's
+            return draw._replace(sample=draw.sample.clamp(-1.0, 1.0))
+        return draw
 
 
 def rewards_to_go(rewards: torch.Tensor, discount: float = 1.0) -> torch.Tensor:

@@ -24,8 +24,9 @@ Note:
       estimator may also reach f_h and f_g through log pi; popular public code that let the
       routes mix reports ~14% MNIST error (~1% once fixed), and this is the fixed form.
     - The first glimpse is at the image centre (the paper does not say where it starts); the
-      location mean is squashed by tanh into (-1, 1) and sigma is fixed (`std`) unless
-      `learn_std`.
+      location mean is squashed by tanh into (-1, 1) (`bound`; "clamp" instead clamps the draw
+      to the image, as DRAM does: `attnzoo.core.hard.GaussianPolicy`) and sigma is fixed
+      (`std`) unless `learn_std`.
     - A glimpse's patches are placed at whole pixels (the centre is rounded); anything outside
       the image reads as zero. The sensor box-filters the image once per scale for all the
       glimpses (`GlimpseSensor.prepare`) and reads g x g entries per patch (`read`), by one
@@ -48,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.core.checks import check_size, fail
-from attnzoo.core.hard import GaussianPolicy
+from attnzoo.core.hard import BOUNDS, GaussianPolicy
 
 CORES = ("rnn", "lstm")
 METHODS = ("grid", "index")
@@ -68,6 +69,7 @@ class RAMConfig:
         std: sigma of the location policy, in units of half the image side.
         learn_std: learn log sigma (per coordinate) instead of fixing it.
         method: the glimpse sensor's implementation (grid | index; the same patches).
+        bound: how a location stays on the image (`attnzoo.core.hard.BOUNDS`).
     """
 
     glimpses: int = 6
@@ -79,6 +81,7 @@ class RAMConfig:
     std: float = 0.1
     learn_std: bool = False
     method: str = "grid"
+    bound: str = "tanh"
 
     def __post_init__(self):
         for name in ("glimpses", "patch", "scales", "glimpse_hidden", "hidden"):
@@ -87,6 +90,8 @@ class RAMConfig:
             fail("RAMConfig", "core", f"one of {list(CORES)}", repr(self.core))
         if self.method not in METHODS:
             fail("RAMConfig", "method", f"one of {list(METHODS)}", repr(self.method))
+        if self.bound not in BOUNDS:
+            fail("RAMConfig", "bound", f"one of {list(BOUNDS)}", repr(self.bound))
         std = self.std
         if isinstance(std, bool) or not isinstance(std, int | float) or not 0 < std < 10:
             fail("RAMConfig", "std", "a number in (0, 10)", repr(std))
@@ -276,7 +281,9 @@ class RAM(nn.Module):
         else:
             self.core_input = nn.Linear(h, h)
             self.core_recurrent = nn.Linear(h, h, bias=False)
-        self.location = GaussianPolicy(h, 2, std=config.std, learn_std=config.learn_std)
+        self.location = GaussianPolicy(
+            h, 2, std=config.std, learn_std=config.learn_std, bound=config.bound
+        )
         self.action = nn.Linear(h, classes)
         self.baseline = nn.Linear(h, 1)
 

@@ -139,6 +139,25 @@ def setup_distributed(device: torch.device) -> Distributed:
     return Distributed(dist.get_rank(), dist.get_world_size())
 
 
+def parameter_groups(model: torch.nn.Module, lr: float) -> list[dict]:
+    """The optimiser's parameter groups: one at `lr`, unless the model scales the learning
+    rate of some of its parameters by a method `lr_scales()` -> {parameter name: factor} (the
+    ones it leaves out keep `lr`); the schedule then multiplies every group's rate alike."""
+    scales = model.lr_scales() if hasattr(model, "lr_scales") else {}
+    named = dict(model.named_parameters())
+    unknown = sorted(set(scales) - set(named))
+    if unknown:
+        fail(type(model).__name__ + ".lr_scales", "names", "its parameters' names", unknown[:3])
+    groups: dict[float, list[torch.nn.Parameter]] = {}
+    for name, parameter in named.items():
+        factor = float(scales.get(name, 1.0))
+        if not 0 < factor < math.inf:
+            fail(type(model).__name__ + ".lr_scales", name, "a positive factor", factor)
+        groups.setdefault(factor, []).append(parameter)
+    ordered = sorted(groups, key=lambda f: f != 1.0)  # the run's own rate first (logged)
+    return [{"params": groups[f], "lr": lr * f} for f in ordered]
+
+
 def train(
     task: Task,
     model: torch.nn.Module,
@@ -165,7 +184,10 @@ def train(
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+        parameter_groups(model, config.lr),
+        lr=config.lr,
+        betas=config.betas,
+        weight_decay=config.weight_decay,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(config, s))
     start = 0
