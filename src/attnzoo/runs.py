@@ -115,7 +115,8 @@ def load_run(run_dir: Path, device: str = "auto"):
 
 
 def write_figures(run_dir: Path, task, model, *, count: int = 3) -> list[Path]:
-    """The task's figures (`task.figures`) and loss.png, the learning curve, in figures/."""
+    """The task's figures (`task.figures`), loss.png, the learning curve, and scalars.png, the
+    model's per-step scalars (scalars.jsonl, when the model logs any), in figures/."""
     from attnzoo.viz import loss_figure
 
     figures = Path(run_dir) / "figures"
@@ -128,6 +129,16 @@ def write_figures(run_dir: Path, task, model, *, count: int = 3) -> list[Path]:
         fig = loss_figure([r["step"] for r in rows], [r["loss"] for r in rows])
         fig.savefig(figures / "loss.png", dpi=110)
         written.append(figures / "loss.png")
+    scalars = Path(run_dir) / "scalars.jsonl"
+    rows = read_metrics(scalars, None) if scalars.exists() else []
+    if rows:  # the model's per-step scalars (`train.loop`), e.g. the SAGAN gammas
+        from attnzoo.viz.gan import scalars_figure
+
+        names = [k for k in rows[0] if k != "step"]
+        curves = {k: ([r["step"] for r in rows], [r[k] for r in rows]) for k in names}
+        fig = scalars_figure(curves, title="logged every step")
+        fig.savefig(figures / "scalars.png", dpi=100)
+        written.append(figures / "scalars.png")
     return written
 
 
