@@ -101,6 +101,7 @@ def floor(sets: list[str], classifier: str) -> dict:
     config = runs.apply_overrides(runs.default_config("sagan", "gan_mnist"), [*sets, classifier])
     c = runs.configs(config)
     task = TASKS["gan_mnist"].build(c["task"], seed=0, eval_config=c["eval"])
+    runs.attach_runs(task)  # loads the classifier's run
     with torch.no_grad():
         features = task.classifier(torch.device("cpu"))
         real, labels = task.reference("test")

@@ -115,6 +115,7 @@ def test_evaluation_runs_on_the_models_device(name, device, request):
             task.config, classifier=request.getfixturevalue("mnist_classifier")
         )
         task = type(task)(config, seed=task.seed, eval_config=task.eval_config)
+        runs.attach_runs(task)
     model = copy.deepcopy(cpu_model).to(device).eval()
     with torch.no_grad():
         metrics = task.evaluate(model)

@@ -94,8 +94,25 @@ def build(config: dict):
     c = configs(config)
     spec = TASKS[config["task_name"]]
     task = spec.build(c["task"], seed=c["train"].seed, eval_config=c["eval"])
+    attach_runs(task)
     torch.manual_seed(c["train"].seed)
     return task, MODELS[config["model_name"]].build(c["model"], task)
+
+
+def attach_runs(task) -> None:
+    """Hand a task the trained runs its metrics need (`task.required_runs()` -> {config field:
+    run directory}, e.g. the GAN task's classifier), each loaded on the CPU by `load_run` and
+    given with `task.use_run(field, config, model)`. A directory that is not a usable run is
+    an error naming task.FIELD, before any data of the run being built."""
+    for field, run_dir in getattr(task, "required_runs", dict)().items():
+        path = Path(run_dir)
+        try:
+            if not (path / "config.json").is_file():
+                raise FileNotFoundError("no config.json")
+            run_config, _, model = load_run(path, device="cpu")
+        except (ValueError, OSError) as err:
+            fail("attnzoo", f"task.{field}", "a trained run's directory", f"{run_dir} ({err})")
+        task.use_run(field, run_config, model)
 
 
 def load_run(run_dir: Path, device: str = "auto"):

@@ -9,15 +9,20 @@ import shutil
 import pytest
 import torch
 
-from attnzoo.models.sagan import SAGAN, d_hinge_loss, g_hinge_loss, sagan, sagan_noattn
+from attnzoo import runs
+from attnzoo.models.sagan import SAGAN, sagan, sagan_noattn
 from attnzoo.tasks import gan_mnist as G
 from attnzoo.tasks.base import EvalConfig, Task
+from attnzoo.tasks.gan_mnist import d_hinge_loss, g_hinge_loss
 from attnzoo.tasks.registry import TASKS
 
 
 def task(classifier: str = "", seed: int = 0, **fields):
+    """The task as the runs layer builds it: the classifier's run loaded and handed over."""
     config = G.GanMnistConfig(**{"n_fid": 40, "n_valid": 100, "classifier": classifier, **fields})
-    return G.GanMnistTask(config, seed=seed, eval_config=EvalConfig(batch_size=16))
+    built = G.GanMnistTask(config, seed=seed, eval_config=EvalConfig(batch_size=16))
+    runs.attach_runs(built)
+    return built
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +65,17 @@ def test_the_test_split_is_the_official_test_digits(digits):
     assert torch.equal(valid[:, 0, 2:30, 2:30], digits.train_images[t.n_train :][:40] / 255)
 
 
+def test_hinge_losses_against_hand_written_ones():
+    real = torch.tensor([2.0, 0.5, -1.0, 0.0], dtype=torch.float64)
+    fake = torch.tensor([-2.0, -0.5, 1.0], dtype=torch.float64)
+    # sum max(0, 1 - r): 0 + 0.5 + 2 + 1; sum max(0, 1 + f): 0 + 0.5 + 2
+    assert float(d_hinge_loss(real, fake)) == pytest.approx(3.5 + 2.5)
+    assert float(g_hinge_loss(fake)) == pytest.approx(2.0 + 0.5 - 1.0)
+    r, f = torch.randn(50), torch.randn(50)
+    want = sum(max(0.0, 1 - float(v)) for v in r) + sum(max(0.0, 1 + float(v)) for v in f)
+    assert float(d_hinge_loss(r, f)) == pytest.approx(want, rel=1e-5)
+
+
 def test_each_phase_reaches_only_its_network(digits, model):
     t = task()
     batch = t.batch(0, 4, "cpu")
@@ -99,8 +115,11 @@ def test_the_phase_losses_are_the_hinge_losses_of_seeded_latents(digits, model):
 def test_a_missing_or_bad_classifier_is_an_error_naming_task_classifier(digits, model, tmp_path):
     with pytest.raises(ValueError, match="'classifier'.*task.classifier=DIR"):
         task().evaluate(model)
-    with pytest.raises(ValueError, match="'classifier'.*no config.json"):
-        task(str(tmp_path / "nowhere")).evaluate(model)
+    with pytest.raises(ValueError, match="'task.classifier'.*no config.json"):
+        task(str(tmp_path / "nowhere"))
+    unloaded = G.GanMnistTask(G.GanMnistConfig(classifier="x"), seed=0, eval_config=None)
+    with pytest.raises(ValueError, match="'classifier'.*not loaded"):
+        unloaded.evaluate(model)
 
 
 def test_a_classifier_of_another_task_is_refused(digits, model, mnist_classifier, tmp_path):
@@ -108,14 +127,20 @@ def test_a_classifier_of_another_task_is_refused(digits, model, mnist_classifier
     shutil.copytree(mnist_classifier, other)
     config = json.loads((other / "config.json").read_text())
     config["task_name"] = "translated_mnist"
+    config["task"]["kind"] = "translated"
     (other / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="'classifier'.*translated_mnist"):
-        task(str(other)).evaluate(model)
+    with pytest.raises(ValueError, match="'task.classifier'.*weights that fit"):
+        task(str(other))  # its model is built for 60 x 60 canvases
+    mnist_config = {"model_name": "convnet", "task_name": "mnist", "task": {"kind": "mnist"}}
+    with pytest.raises(ValueError, match="'classifier'.*convnet on translated_mnist"):
+        G.check_classifier(config, runs.load_run(mnist_classifier, device="cpu")[2])
+    with pytest.raises(ValueError, match="'classifier'.*features layer"):
+        G.check_classifier({**mnist_config, "model_name": "fc"}, torch.nn.Linear(2, 2))
+    config["task_name"], config["task"]["kind"] = "mnist", "mnist"
+    (other / "config.json").write_text(json.dumps(config))
     shutil.rmtree(other / "checkpoints")
-    config["task_name"] = "mnist"
-    (other / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="'classifier'.*no checkpoint"):
-        task(str(other)).evaluate(model)
+    with pytest.raises(ValueError, match="'task.classifier'.*checkpoint"):
+        task(str(other))
 
 
 def test_evaluation_is_deterministic_and_its_fid_is_the_frechet_distance(

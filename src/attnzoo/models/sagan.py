@@ -6,8 +6,9 @@ feature map, spectral normalisation on both, the hinge loss and two time-scale l
     s_ij = f(x_i)^T g(x_j),  beta_ji = exp(s_ij) / sum_i exp(s_ij)        (eq. 1)
     o_j = sum_i beta_ji h(x_i)                                           (eq. 2)
     y_j = gamma o_j + x_j,  gamma a learnable scalar initialised to 0    (eq. 3)
-    L_D = E[max(0, 1 - D(x, y))] + E[max(0, 1 + D(G(z, y), y))]          (eq. 4, hinge)
-    L_G = -E[D(G(z, y), y)]
+
+The hinge loss (eq. 4) is the task's (`attnzoo.tasks.gan_mnist`: `d_hinge_loss`,
+`g_hinge_loss`).
 
 `SelfAttention2d` computes eq. 1-2 with core `attention()` (query g(x_j), key f(x_i), value
 h(x_i), the unscaled "dot" score); its attention maps are `attention(..., return_weights=True)`'s
@@ -289,13 +290,3 @@ class SAGAN(nn.Module):
     def log_scalars(self) -> dict[str, torch.Tensor]:
         """What the loop logs every step (`attnzoo.train.loop`): the gammas."""
         return {k: v.detach() for k, v in self.gammas().items()}
-
-
-def d_hinge_loss(real_scores: torch.Tensor, fake_scores: torch.Tensor) -> torch.Tensor:
-    """Summed discriminator hinge loss: sum max(0, 1 - D(x)) + sum max(0, 1 + D(G(z)))."""
-    return F.relu(1 - real_scores).sum() + F.relu(1 + fake_scores).sum()
-
-
-def g_hinge_loss(fake_scores: torch.Tensor) -> torch.Tensor:
-    """Summed generator hinge loss: -sum D(G(z))."""
-    return -fake_scores.sum()

@@ -15,7 +15,8 @@ detached) then "generator" (fresh latents). Without a phase (a single-loss check
 device tests) the sum of both.
 
 Metrics (`evaluate`), all from an MNIST classifier the project trains and saves
-(`GanMnistConfig.classifier`: its run directory, e.g. `attnzoo train convnet --task mnist`),
+(`GanMnistConfig.classifier`: its run directory, e.g. `attnzoo train convnet --task mnist`;
+the runs layer loads it, `required_runs` / `use_run`, since a task imports no model),
 applied to the centre 28 x 28 crop of each 32 x 32 image:
 
 - `fid`: torchmetrics' `FrechetInceptionDistance` with the classifier's penultimate layer as
@@ -36,6 +37,7 @@ channels, classes)` and has `generator(z, labels, return_weights)` -> (images, w
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -104,6 +106,16 @@ def pad_digits(digits: torch.Tensor, pad: int) -> torch.Tensor:
     return F.pad(digits.float() / 255, (pad, pad, pad, pad)).unsqueeze(1)
 
 
+def d_hinge_loss(real_scores: torch.Tensor, fake_scores: torch.Tensor) -> torch.Tensor:
+    """Zhang 2018 eq. 4, summed: sum max(0, 1 - D(x, y)) + sum max(0, 1 + D(G(z, y), y))."""
+    return F.relu(1 - real_scores).sum() + F.relu(1 + fake_scores).sum()
+
+
+def g_hinge_loss(fake_scores: torch.Tensor) -> torch.Tensor:
+    """Zhang 2018 eq. 4, the generator's, summed: -sum D(G(z, y), y)."""
+    return -fake_scores.sum()
+
+
 def latents(n: int, z_dim: int, generator: torch.Generator, device) -> torch.Tensor:
     """(n, z_dim) standard normal from `generator` (on its device), then on `device`."""
     return torch.randn(n, z_dim, generator=generator, device=generator.device).to(device)
@@ -129,39 +141,16 @@ class ClassifierFeatures(nn.Module):
         return self.classifier(self.crop(images)).log_probs.argmax(-1)
 
 
-def load_classifier(run_dir: str, device: torch.device) -> nn.Module:
-    """The classifier of `GanMnistConfig.classifier` on `device`, in eval mode: a run of an
-    MNIST classifier with a `features` method, trained on 28 x 28 digits; anything else is an
-    error naming task.classifier and what it holds."""
-    from attnzoo.models.registry import MODELS
-    from attnzoo.rundir import configs, read_config
-    from attnzoo.train.checkpoint import CheckpointError, latest_checkpoint, load_model_weights
-
-    if not run_dir:
-        fail("GanMnistConfig", "classifier", CLASSIFIER_HINT, "'' (none given)")
-    path = Path(run_dir)
-    if not (path / "config.json").is_file():
-        fail("GanMnistConfig", "classifier", CLASSIFIER_HINT, f"{path} (no config.json)")
-    config = read_config(path)
-    spec = MODELS.get(config["model_name"])
+def check_classifier(config: dict, model: nn.Module) -> None:
+    """A run usable as the metrics' classifier: an MNIST classifier (task `mnist`, 28 x 28
+    digits) whose model has a `features` layer; anything else is an error naming
+    task.classifier and what the run holds."""
+    got = f"a run of {config.get('model_name')} on {config.get('task_name')}"
     kind = config.get("task", {}).get("kind")
-    if config["task_name"] != "mnist" or kind != "mnist" or spec is None:
-        got = f"{path}: a run of {config['model_name']} on {config['task_name']}"
+    if config.get("task_name") != "mnist" or kind != "mnist":
         fail("GanMnistConfig", "classifier", CLASSIFIER_HINT, got)
-    if not hasattr(spec.model_class, "features"):
-        got = f"{path}: {config['model_name']} has no features layer for the FID"
+    if not hasattr(model, "features") or not hasattr(model, "feature_size"):
         fail("GanMnistConfig", "classifier", "a classifier with a features layer (convnet)", got)
-    folder = latest_checkpoint(path / "checkpoints")
-    if folder is None:
-        fail("GanMnistConfig", "classifier", CLASSIFIER_HINT, f"{path} (no checkpoint)")
-    model = spec.model_class(
-        configs(config)["model"], image_size=(DIGIT, DIGIT), channels=1, classes=CLASSES
-    ).to(device)
-    try:
-        load_model_weights(folder, model)
-    except CheckpointError as err:
-        fail("GanMnistConfig", "classifier", CLASSIFIER_HINT, f"{path} ({err})")
-    return model.eval()
 
 
 class GanMnistTask:
@@ -171,7 +160,20 @@ class GanMnistTask:
         self.config, self.seed = config, seed
         self.eval_config = eval_config or EvalConfig()
         self.digits = load_digits()
-        self._classifier: dict[str, ClassifierFeatures] = {}
+        self._classifier: dict[str, ClassifierFeatures] = {}  # by device
+        self._loaded: nn.Module | None = None  # the classifier handed over by `use_run`
+
+    def required_runs(self) -> dict[str, str]:
+        """{config field: run directory} of the trained runs the metrics need (the runs layer
+        loads each, on the CPU, and hands it over with `use_run`)."""
+        return {"classifier": self.config.classifier} if self.config.classifier else {}
+
+    def use_run(self, field: str, config: dict, model: nn.Module) -> None:
+        """Take the run of `field` (its resolved config and model), checked first."""
+        if field != "classifier":
+            fail("GanMnistTask.use_run", "field", "'classifier'", repr(field))
+        check_classifier(config, model)
+        self._loaded, self._classifier = model.eval(), {}
 
     def model_dims(self) -> dict:
         side = self.config.side
@@ -196,8 +198,6 @@ class GanMnistTask:
         self, model: nn.Module, batch: GanBatch, phase: str | None = None
     ) -> tuple[torch.Tensor, int]:
         """The summed hinge loss of `phase` (module docstring) and the batch's image count."""
-        from attnzoo.models.sagan import d_hinge_loss, g_hinge_loss
-
         if phase is not None and phase not in PHASES:
             fail("GanMnistTask.loss", "phase", f"one of {list(PHASES)} or None", repr(phase))
         device, labels = batch.images.device, batch.labels
@@ -234,10 +234,16 @@ class GanMnistTask:
         return pad_digits(self.digits.train_images[index], self.config.pad)
 
     def classifier(self, device: torch.device) -> ClassifierFeatures:
+        """The classifier on `device` (a missing one is an error naming task.classifier)."""
+        if self._loaded is None:
+            given = repr(self.config.classifier) if self.config.classifier else "'' (none given)"
+            if self.config.classifier:
+                given += " (not loaded: build the task through attnzoo.runs)"
+            fail("GanMnistConfig", "classifier", CLASSIFIER_HINT, given)
         key = str(device)
         if key not in self._classifier:
-            loaded = load_classifier(self.config.classifier, device)
-            self._classifier[key] = ClassifierFeatures(loaded, self.config.pad)
+            moved = copy.deepcopy(self._loaded).to(device).eval()
+            self._classifier[key] = ClassifierFeatures(moved, self.config.pad)
         return self._classifier[key]
 
     @torch.no_grad()
