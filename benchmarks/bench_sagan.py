@@ -8,6 +8,8 @@ read the classifier's run):
   within 2%), the same steps and batch, 3 seeds each, scored by FID (torchmetrics'
   `FrechetInceptionDistance` on the classifier's penultimate features) against the official
   test digits and by the generated-sample class accuracy;
+- sagan-long, sagan-noattn-long (full budget only): one seed of each at 2.5 times the steps,
+  to see whether the reading changes with more training;
 - floor: the real-data floor: the same FID between training digits and the test digits, at
   the same sample size.
 
@@ -31,7 +33,10 @@ MODELS = {"sagan": "sagan", "sagan-noattn": "sagan-noattn"}
 CLASSIFIER = ["model.channels=16", "train.steps=5000"]  # ~4 min on one thread
 # the reduced GAN budget: ~0.3 s a step with attention at batch 32 on one loaded thread
 FULL = ["train.steps=1200", "train.batch_size=32"]
+# one seed of each at a longer budget (still reduced): does more training change the reading?
+LONG = ["train.steps=3000", "train.batch_size=32"]
 MINUTES = {"classifier": 4.0, "sagan": 7.0, "sagan-noattn": 3.0, "floor": 0.5}
+MINUTES.update({"sagan-long": 17.0, "sagan-noattn-long": 7.0})
 SEEDS = 3
 SMOKE_CLASSIFIER = ["model.channels=2", "model.hidden=8", "train.steps=3", "train.batch_size=8"]
 SMOKE_CLASSIFIER += ["task.n_test=16", "task.n_valid=16"]
@@ -63,6 +68,17 @@ def experiments(budget: str) -> list[Experiment]:
         )
         for variant, model in MODELS.items()
     ]
+    if not smoke:  # the longer single-seed pair: full budget only
+        rows += [
+            Experiment(
+                f"{variant}-long",
+                "long",
+                {"model": model, "task": "gan_mnist", "sets": LONG},
+                1,
+                MINUTES[f"{variant}-long"],
+            )
+            for variant, model in MODELS.items()
+        ]
     floor_sets = ["task.n_fid=20"] if smoke else []
     rows.append(Experiment("floor", "floor", {"sets": floor_sets}, 1, 0.1 if smoke else 0.5))
     return rows
@@ -192,9 +208,9 @@ SCORES += columns("gamma G=gamma_generator; gamma D=gamma_discriminator", 3)
 RUN = columns("params=params; steps=steps; batch=batch_size; FID images=n_fid", 0)
 RUN += columns("train min=train_minutes; eval min=eval_minutes", 1)
 TABLES = [
-    Table("gan", SCORES, ["gan", "floor"]),
+    Table("gan", SCORES, ["gan", "long", "floor"]),
     Table("classifier", columns("row=id; test accuracy %=accuracy", 2) + RUN[:3], ["classifier"]),
-    Table("budget", columns("row=id") + RUN, ["gan"]),
+    Table("budget", columns("row=id") + RUN, ["gan", "long"]),
 ]
 BENCH = Bench(
     "sagan",

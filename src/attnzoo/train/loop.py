@@ -248,8 +248,8 @@ def train(
                 phase_optimizer.step()
                 phase_scheduler.step()
                 model.zero_grad(set_to_none=True)  # a later phase's loss reaches these too
-                phase_losses[name].append(phase_loss.detach())
-                detached = phase_loss.detach()
+                detached = phase_loss.detach()  # read at the log step, as the window's
+                phase_losses[name].append(detached)
                 loss_sum = detached if loss_sum is None else loss_sum + detached
         if scalars_path is not None and env.main:
             values = {k: float(v) for k, v in scalars().items()}  # a sync per step
