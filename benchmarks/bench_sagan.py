@@ -179,15 +179,14 @@ def figures(data: dict, folder: Path) -> list[Path]:
     if seeds:
         from attnzoo.viz.gan import scalars_figure
 
-        curves = {
-            f"{name.removeprefix('gamma_')}, seed {s}": (
-                [r["step"] for r in rows],
-                [r[name] for r in rows],
-            )
-            for s, rows in enumerate(seeds)
-            for name in ("gamma_generator", "gamma_discriminator")
-        }
-        fig = scalars_figure(curves, ylabel="gamma", title="attention blocks' gamma, every step")
+        curves, styles = {}, {}
+        for s, rows in enumerate(seeds):
+            for name, dash in (("gamma_generator", "-"), ("gamma_discriminator", "--")):
+                label = f"{name.removeprefix('gamma_')}, seed {s}"
+                curves[label] = ([r["step"] for r in rows], [r[name] for r in rows])
+                styles[label] = {"color": f"C{s}", "linestyle": dash}
+        title = "attention blocks' gamma, every step (solid: generator, dashed: discriminator)"
+        fig = scalars_figure(curves, ylabel="gamma", title=title, styles=styles)
         path = Path(folder) / "sagan_gamma.png"
         fig.savefig(path, dpi=100)
         written.append(path)

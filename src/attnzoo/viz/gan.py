@@ -89,19 +89,21 @@ def scalars_figure(
     *,
     ylabel: str = "value",
     title: str = "",
+    styles: Mapping[str, dict] | None = None,
 ) -> Figure:
     """Per-step scalars (name -> (steps, values), e.g. each attention block's gamma), one
-    line each, 800 px wide."""
-    fig = Figure(figsize=(8, 3.6), dpi=100)
+    line each (`styles`: matplotlib line options per name), the legend below; 800 px wide."""
+    fig = Figure(figsize=(8, 4.2), dpi=100)
     ax = fig.add_subplot()
     for name, (steps, values) in curves.items():
-        ax.plot(steps, values, label=name, lw=1.2)
+        ax.plot(steps, values, label=name, **{"lw": 1.2, **(styles or {}).get(name, {})})
     ax.axhline(0, color="grey", lw=0.6)
     ax.set(xlabel="step", ylabel=ylabel)
     if title:
         ax.set_title(title, **LITERAL)
     ax.grid(alpha=0.3)
     if curves:
-        ax.legend(frameon=False)
+        ncol = min(len(curves), 3)
+        ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol)
     fig.tight_layout()
     return fig
