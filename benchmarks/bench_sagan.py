@@ -9,7 +9,7 @@ read the classifier's run):
   `FrechetInceptionDistance` on the classifier's penultimate features) against the official
   test digits and by the generated-sample class accuracy;
 - sagan-long, sagan-noattn-long (full budget only): the same pair at 2.5 times the steps
-  (seeds as time allowed: the committed JSON's n), to see whether the reading changes with
+  (3 seeds; see the JSON), to see whether the reading changes with
   more training;
 - floor: the real-data floor: the same FID between training digits and the test digits, at
   the same sample size.
