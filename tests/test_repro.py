@@ -72,7 +72,18 @@ def _dram(data: dict) -> None:  # the retinas take in fewer values than the imag
     assert {"error", "label_error"} <= set(data["summary"]["multi-dram"]["metrics"])
 
 
+def _sagan(data: dict) -> None:  # every row ran in order; the baseline has no gammas
+    summary = data["summary"]
+    assert {"fid", "fid_floor", "class_accuracy", "gamma_generator"} <= set(
+        summary["sagan"]["metrics"]
+    )
+    assert "gamma_generator" not in summary["sagan-noattn"]["metrics"]
+    assert {"accuracy"} <= set(summary["classifier"]["metrics"])
+    assert summary["floor"]["metrics"]["fid"]["mean"] >= 0
+
+
 CHECKS = {
+    "sagan": _sagan,
     "attention_overhead": _overhead,
     "keras": _keras,
     "seq2seq_throughput": _throughput,

@@ -94,8 +94,25 @@ def build(config: dict):
     c = configs(config)
     spec = TASKS[config["task_name"]]
     task = spec.build(c["task"], seed=c["train"].seed, eval_config=c["eval"])
+    attach_runs(task)
     torch.manual_seed(c["train"].seed)
     return task, MODELS[config["model_name"]].build(c["model"], task)
+
+
+def attach_runs(task) -> None:
+    """Hand a task the trained runs its metrics need (`task.required_runs()` -> {config field:
+    run directory}, e.g. the GAN task's classifier), each loaded on the CPU by `load_run` and
+    given with `task.use_run(field, config, model)`. A directory that is not a usable run is
+    an error naming task.FIELD, before any data of the run being built."""
+    for field, run_dir in getattr(task, "required_runs", dict)().items():
+        path = Path(run_dir)
+        try:
+            if not (path / "config.json").is_file():
+                raise FileNotFoundError("no config.json")
+            run_config, _, model = load_run(path, device="cpu")
+        except (ValueError, OSError) as err:
+            fail("attnzoo", f"task.{field}", "a trained run's directory", f"{run_dir} ({err})")
+        task.use_run(field, run_config, model)
 
 
 def load_run(run_dir: Path, device: str = "auto"):
@@ -115,7 +132,8 @@ def load_run(run_dir: Path, device: str = "auto"):
 
 
 def write_figures(run_dir: Path, task, model, *, count: int = 3) -> list[Path]:
-    """The task's figures (`task.figures`) and loss.png, the learning curve, in figures/."""
+    """The task's figures (`task.figures`), loss.png, the learning curve, and scalars.png, the
+    model's per-step scalars (scalars.jsonl, when the model logs any), in figures/."""
     from attnzoo.viz import loss_figure
 
     figures = Path(run_dir) / "figures"
@@ -128,6 +146,16 @@ def write_figures(run_dir: Path, task, model, *, count: int = 3) -> list[Path]:
         fig = loss_figure([r["step"] for r in rows], [r["loss"] for r in rows])
         fig.savefig(figures / "loss.png", dpi=110)
         written.append(figures / "loss.png")
+    scalars = Path(run_dir) / "scalars.jsonl"
+    rows = read_metrics(scalars, None) if scalars.exists() else []
+    if rows:  # the model's per-step scalars (`train.loop`), e.g. the SAGAN gammas
+        from attnzoo.viz.gan import scalars_figure
+
+        names = [k for k in rows[0] if k != "step"]
+        curves = {k: ([r["step"] for r in rows], [r[k] for r in rows]) for k in names}
+        fig = scalars_figure(curves, title="logged every step")
+        fig.savefig(figures / "scalars.png", dpi=100)
+        written.append(figures / "scalars.png")
     return written
 
 

@@ -110,6 +110,16 @@ class ConvNet(nn.Module):
             )
         else:
             self.head = nn.Linear(flat, classes)
+        self.feature_size = config.hidden or flat  # of `features`
+
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        """The penultimate layer (batch, feature_size): the ReLU layer's output, or the flat
+        convolutional features without one (the GAN metrics' feature extractor,
+        `attnzoo.tasks.gan_mnist`)."""
+        _check_images("ConvNet", images, self.channels, self.image_size)
+        x = F.max_pool2d(F.relu(self.conv1(images)), 2)  # (b, c, H/2, W/2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2).flatten(1)  # (b, 2c H/4 W/4)
+        return self.head[:-1](x) if isinstance(self.head, nn.Sequential) else x
 
     def forward(self, images: torch.Tensor, **_sampling) -> ClassifierOutput:
         """images (batch, channels, height, width); sampling options are ignored."""

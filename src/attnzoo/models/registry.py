@@ -14,7 +14,8 @@ the model offers (documented with the task of that interface, e.g.
 - "multi_image": `(config, image_size, channels, classes, labels)`;
 - "caption": `(config, vocab, max_len, image_size, channels)`;
 - "fewshot": `(config, image_size, channels, ways, shots)`;
-- "bandit": `(config, arms, pulls)`.
+- "bandit": `(config, arms, pulls)`;
+- "gan": `(config, image_size, channels, classes)`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from attnzoo.models import (
     lstmn,
     protonet,
     ram,
+    sagan,
     seq2seq,
     show_attend_tell,
     snail,
@@ -43,7 +45,7 @@ class ModelSpec:
     preset: Callable[..., object]  # (**overrides) -> frozen config dataclass
     model_class: type
     description: str
-    interface: str = "seq2seq"  # seq2seq | lm | pointer | bits | image | multi_image
+    interface: str = "seq2seq"  # seq2seq | lm | pointer | bits | image | multi_image | gan
     # a config.json "model" section written by an earlier version -> today's fields
     upgrade: Callable[[dict], dict] = lambda fields: fields
 
@@ -170,6 +172,19 @@ MODELS = {
         show_attend_tell.ShowAttendTell,
         "LSTM captioner without attention (mean annotation), sized to the soft model",
         interface="caption",
+    ),
+    "sagan": ModelSpec(
+        sagan.sagan,
+        sagan.SAGAN,
+        "Self-Attention GAN: conditional generator, projection discriminator, a self-attention "
+        "block in each, spectral norm, hinge loss, TTUR (Zhang 2018)",
+        interface="gan",
+    ),
+    "sagan-noattn": ModelSpec(
+        sagan.sagan_noattn,
+        sagan.SAGAN,
+        "the same GAN without the self-attention blocks (within 2% of sagan's parameters)",
+        interface="gan",
     ),
     "snail": ModelSpec(
         snail.snail,

@@ -101,7 +101,11 @@ class Task(Protocol):
       built with (`attnzoo.models.registry.ModelSpec.build`).
 
     A task that keeps state across steps (the pointer task's REINFORCE baseline) also has
-    `state_dict()` and `load_state_dict(tensors)`, saved with every checkpoint.
+    `state_dict()` and `load_state_dict(tensors)`, saved with every checkpoint. A task whose
+    metrics need another trained run (the GAN task's classifier) has `required_runs()` ->
+    {config field: run directory} and `use_run(field, config, model)`: the runs layer loads
+    each run and hands it over (`attnzoo.runs.attach_runs`; a task imports no model). A task
+    trained by several optimisers (`attnzoo.train.loop`) takes `loss(model, batch, phase=...)`.
     """
 
     def batch(

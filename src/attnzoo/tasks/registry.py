@@ -22,7 +22,7 @@ class TaskSpec:
     module: str  # attnzoo.tasks.<module>
     config_class: str
     description: str
-    interface: str  # seq2seq|lm|pointer|bits|image|multi_image|caption|fewshot|bandit
+    interface: str  # seq2seq|lm|pointer|bits|image|multi_image|caption|fewshot|bandit|gan
     train: dict  # the default budget: TrainConfig fields (sized for a 2-core CPU)
     eval: dict = field(default_factory=dict)  # EvalConfig fields
     defaults: dict = field(default_factory=dict)  # the config's values for this task name
@@ -244,6 +244,26 @@ TASKS = {
         "caption",
         train={**_image_train(6000), "lr": 2e-3, "log_every": 200, "eval_every": 2000},
         eval=dict(limit=0),  # all DigitCaptionsConfig.n_test images
+    ),
+    # Class-conditional MNIST generation for the Self-Attention GAN (Zhang 2018): an untuned
+    # CPU budget. The learning rates and betas are the model's (its two optimiser groups:
+    # `train.lr` and `train.betas` are unused); constant rates, no warm-up, no clipping, as
+    # the paper. The metrics need `task.classifier` (`attnzoo.tasks.gan_mnist`).
+    "gan_mnist": TaskSpec(
+        "gan_mnist",
+        "GanMnistConfig",
+        "class-conditional generation of MNIST digits padded to 32 x 32 (Zhang 2018 at CPU scale)",
+        "gan",
+        train=dict(
+            steps=2000,
+            batch_size=64,
+            schedule="constant",
+            warmup=0,
+            clip=0.0,
+            log_every=50,
+            checkpoint_every=500,
+        ),
+        eval=dict(limit=0),  # all GanMnistConfig.n_fid images
     ),
     # Few-shot glyphs for SNAIL and prototypical networks (Mishra 2017, sec. 5.1): untuned
     # CPU budgets; GlyphsConfig.test_episodes held-out episodes are scored (eval.limit 0: all)

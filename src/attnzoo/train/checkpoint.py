@@ -1,11 +1,12 @@
 """Checkpoints: safetensors for every tensor, JSON for everything else, written atomically.
 
 A checkpoint is a folder `step_{N:08d}/` holding `tensors.safetensors` (model weights under
-`model.`, optimizer tensors under `optimizer.`, the torch RNG states under `rng.`: the CPU's,
-and the GPU's of a model on CUDA) and
-`state.json` (optimizer hyper-parameters, schedule, step, Python RNG, and the SHA-256 of
-tensors.safetensors). `latest.json` names the newest complete one; it is written last, so a run
-killed mid-save resumes from the previous checkpoint. Nothing is ever unpickled. Tensors are
+`model.`, optimizer tensors under `optimizer.` (a model with several optimisers: each under
+`optimizers.NAME.`), the torch RNG states under `rng.`: the CPU's, and the GPU's of a model on
+CUDA) and `state.json` (optimizer hyper-parameters, schedule (several optimisers: each under
+`{"groups": {NAME: ...}}`), step, Python RNG, and the SHA-256 of tensors.safetensors).
+`latest.json` names the newest complete one; it is written last, so a run killed mid-save
+resumes from the previous checkpoint. Nothing is ever unpickled. Tensors are
 saved from the CPU and loaded onto `map_location` (by default the model's device), so a run
 saved on one device resumes or evaluates on another.
 
@@ -94,20 +95,21 @@ def save_checkpoint(
     directory: Path, step: int, model, optimizer, scheduler, keep: int = 2, task=None
 ):
     """Save everything needed to continue bit-for-bit at step + 1, including the tensors of a
-    task that keeps state (`task.state_dict()`, e.g. a REINFORCE baseline policy)."""
+    task that keeps state (`task.state_dict()`, e.g. a REINFORCE baseline policy).
+    `optimizer` and `scheduler`: one each, or dicts {name: one} of a model that trains
+    several (`attnzoo.train.loop`), all saved."""
     directory = Path(directory)
     folder = directory / f"step_{step:08d}"
     tensors = {f"model.{k}": v for k, v in model_tensors(model).items()}
     if hasattr(task, "state_dict"):
         tensors.update({f"task.{k}": v for k, v in task.state_dict().items()})
-    opt = optimizer.state_dict()
-    opt_scalars = {}
-    for pid, entry in opt["state"].items():
-        for name, value in entry.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"optimizer.{pid}.{name}"] = value
-            else:
-                opt_scalars[f"{pid}.{name}"] = value
+    if isinstance(optimizer, dict):
+        groups = {n: _optimizer_state(o, f"optimizers.{n}.", tensors) for n, o in optimizer.items()}
+        opt_json = {"groups": groups}
+        sched_json = {"groups": {n: sched.state_dict() for n, sched in scheduler.items()}}
+    else:
+        opt_json = _optimizer_state(optimizer, "optimizer.", tensors)
+        sched_json = scheduler.state_dict()
     tensors["rng.torch"] = torch.get_rng_state()
     device = _device(model)
     if device.type == "cuda":
@@ -115,8 +117,8 @@ def save_checkpoint(
     data = save_tensors(_contiguous(tensors))
     state = {
         "step": step,
-        "optimizer": {"param_groups": opt["param_groups"], "scalars": opt_scalars},
-        "scheduler": scheduler.state_dict(),
+        "optimizer": opt_json,
+        "scheduler": sched_json,
         "python_rng": _jsonable(random.getstate()),
         "tensors_sha256": hashlib.sha256(data).hexdigest(),
     }
@@ -126,6 +128,20 @@ def save_checkpoint(
     for p in checkpoint_folders(directory)[keep:]:
         shutil.rmtree(p, ignore_errors=True)
     return folder
+
+
+def _optimizer_state(optimizer, prefix: str, tensors: dict[str, torch.Tensor]) -> dict:
+    """An optimizer's JSON part ({param_groups, scalars}); its tensors go into `tensors` under
+    `prefix`."""
+    opt = optimizer.state_dict()
+    opt_scalars = {}
+    for pid, entry in opt["state"].items():
+        for name, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{prefix}{pid}.{name}"] = value
+            else:
+                opt_scalars[f"{pid}.{name}"] = value
+    return {"param_groups": opt["param_groups"], "scalars": opt_scalars}
 
 
 def _jsonable(obj):
@@ -280,23 +296,29 @@ def _fit(model: torch.nn.Module, weights: dict[str, torch.Tensor], path: Path) -
 
 def load_checkpoint(folder: Path, model, optimizer, scheduler, task=None, map_location=None) -> int:
     """Restore model, optimizer, schedule, RNG and task states; returns the step saved.
-    Tensors go to `map_location`, by default the model's device."""
+    Tensors go to `map_location`, by default the model's device. `optimizer` and `scheduler`
+    as `save_checkpoint`'s: dicts by name must name the checkpoint's optimisers."""
     folder = Path(folder)
     tensors, state = _load(folder, map_location or _device(model))
     _fit(model, _section(tensors, "model."), folder / TENSORS)
-    opt_state: dict[int, dict] = {}
-    for key, value in tensors.items():
-        if key.startswith("optimizer."):
-            _, pid, name = key.split(".", 2)
-            opt_state.setdefault(int(pid), {})[name] = value
-    for key, value in state["optimizer"]["scalars"].items():
-        pid, name = key.split(".", 1)
-        opt_state.setdefault(int(pid), {})[name] = value
+    several = isinstance(optimizer, dict)
+    saved_groups = (
+        state["optimizer"].get("groups") if isinstance(state["optimizer"], dict) else None
+    )
+    if several != (saved_groups is not None) or (
+        several and set(optimizer) != set(saved_groups or ())
+    ):
+        given = sorted(optimizer) if several else "one optimizer"
+        saved = sorted(saved_groups) if saved_groups is not None else "one optimizer"
+        _corrupt(folder / STATE, f"optimizers {saved}, the model trains {given}")
     try:
-        optimizer.load_state_dict(
-            {"state": opt_state, "param_groups": state["optimizer"]["param_groups"]}
-        )
-        scheduler.load_state_dict(state["scheduler"])
+        if several:
+            for name, opt in optimizer.items():
+                _load_optimizer(opt, saved_groups[name], _section(tensors, f"optimizers.{name}."))
+                scheduler[name].load_state_dict(state["scheduler"]["groups"][name])
+        else:
+            _load_optimizer(optimizer, state["optimizer"], _section(tensors, "optimizer."))
+            scheduler.load_state_dict(state["scheduler"])
     except (ValueError, KeyError, TypeError) as err:
         _corrupt(folder / STATE, f"an optimizer state that does not fit the model ({err})")
     if hasattr(task, "load_state_dict"):
@@ -306,6 +328,18 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler, task=None, map_lo
         torch.cuda.set_rng_state(tensors["rng.cuda"], _device(model))
     random.setstate(_tupled(state["python_rng"]))
     return int(state["step"])
+
+
+def _load_optimizer(optimizer, saved: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """Load an optimizer from its JSON part and its tensors (prefix removed)."""
+    opt_state: dict[int, dict] = {}
+    for key, value in tensors.items():
+        pid, name = key.split(".", 1)
+        opt_state.setdefault(int(pid), {})[name] = value
+    for key, value in saved["scalars"].items():
+        pid, name = key.split(".", 1)
+        opt_state.setdefault(int(pid), {})[name] = value
+    optimizer.load_state_dict({"state": opt_state, "param_groups": saved["param_groups"]})
 
 
 def resume_point(directory: Path, *, set_aside: bool = True) -> Path:

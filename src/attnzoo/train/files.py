@@ -38,25 +38,29 @@ def read_json(path: Path, what: str = "a JSON file"):
         fail("attnzoo", str(path), what, f"malformed JSON ({err})")
 
 
-def _row(line: str) -> dict | None:
-    """A metrics row, or None when `line` is not one."""
+def _row(line: str, value: str | None = "loss") -> dict | None:
+    """A metrics row (with a number `value` unless None), or None when `line` is not one."""
     try:
         row = json.loads(line)
     except json.JSONDecodeError:
         return None
     if not isinstance(row, dict):
         return None
-    step, loss = row.get("step"), row.get("loss")
+    step = row.get("step")
     if isinstance(step, bool) or not isinstance(step, int):
         return None
-    if isinstance(loss, bool) or not isinstance(loss, int | float):
+    if value is None:
+        return row
+    number = row.get(value)
+    if isinstance(number, bool) or not isinstance(number, int | float):
         return None
     return row
 
 
-def read_metrics(path: Path) -> list[dict]:
+def read_metrics(path: Path, value: str | None = "loss") -> list[dict]:
     """The rows of a metrics.jsonl (module docstring: a torn last line is skipped with a
-    warning, a bad line before it is an error naming the file and the line)."""
+    warning, a bad line before it is an error naming the file and the line). `value`: the
+    number every row holds beside "step" (None: none, e.g. the loop's scalars.jsonl)."""
     path = Path(path)
     try:
         text = path.read_text(errors="replace")
@@ -67,7 +71,7 @@ def read_metrics(path: Path) -> list[dict]:
         lines.pop()  # the newline that ends the last complete line
     rows = []
     for number, line in enumerate(lines, start=1):
-        row = _row(line)
+        row = _row(line, value)
         if row is not None:
             rows.append(row)
         elif number == len(lines):
@@ -76,7 +80,8 @@ def read_metrics(path: Path) -> list[dict]:
             fail(
                 "attnzoo",
                 str(path),
-                'one JSON object per line with an int "step" and a number "loss"',
+                'one JSON object per line with an int "step"'
+                + (f' and a number "{value}"' if value else ""),
                 f"line {number}: {_preview(line)}",
             )
     return rows

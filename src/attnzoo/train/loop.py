@@ -7,6 +7,18 @@ returns this process's shard on `device`; `task.loss(model, batch)` returns the 
 the number of items it sums over; `task.evaluate(model)` returns metrics. The loop owns the
 device (`train.device`), optimisation (AdamW, schedule, clipping), logging, checkpoints and
 torch.distributed (one process per GPU with NCCL on CUDA, gloo on the CPU).
+
+A model that trains several optimisers (a GAN's discriminator and generator) declares them:
+`model.optimizer_groups()` -> [(name, params, lr, betas)], each an AdamW of its own lr and
+betas (`train.lr` and `train.betas` unused; weight decay, schedule and clipping are
+`train`'s, the schedule scaling each group's lr). Every step then runs one phase per group,
+in order: `task.loss(model, batch, phase=name)`, backpropagated, clipped over the group's
+parameters and stepped into that group's optimiser only, every gradient cleared after it.
+The log has each phase's loss (`loss_NAME`, and `loss` their sum) and lr (`lr_NAME`). Every
+optimiser and schedule is checkpointed. A model without `optimizer_groups` trains one AdamW,
+whose rate `model.lr_scales()` may scale for some parameters (`parameter_groups`).
+A model with `log_scalars()` -> {name: scalar tensor} has them logged after every step, one
+line per step in scalars.jsonl (trimmed on resume like metrics.jsonl).
 """
 
 from __future__ import annotations
@@ -183,16 +195,23 @@ def train(
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
-    optimizer = torch.optim.AdamW(
-        parameter_groups(model, config.lr),
-        lr=config.lr,
-        betas=config.betas,
-        weight_decay=config.weight_decay,
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(config, s))
+    phases = _phases(model, config, env)
+    if phases is None:
+        optimizer = torch.optim.AdamW(
+            parameter_groups(model, config.lr),
+            lr=config.lr,
+            betas=config.betas,
+            weight_decay=config.weight_decay,
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(config, s))
+    else:  # one optimiser and schedule per phase, checkpointed by name
+        optimizer = {name: opt for name, opt, _, _ in phases}
+        scheduler = {name: sched for name, _, sched, _ in phases}
     start = 0
     ckpt_dir = Path(run_dir) / "checkpoints" if run_dir else None
     metrics_path = Path(run_dir) / "metrics.jsonl" if run_dir else None
+    scalars = getattr(model, "log_scalars", None)
+    scalars_path = Path(run_dir) / "scalars.jsonl" if run_dir and scalars else None
     if resume and ckpt_dir is not None:
         # 1. the checkpoint: the one given, or the newest intact one (damaged ones named)
         folder = resume if isinstance(resume, Path) else resume_point(ckpt_dir, set_aside=env.main)
@@ -206,13 +225,16 @@ def train(
             )
         start = load_checkpoint(folder, model, optimizer, scheduler, task) + 1
         # 2. the log: lines written after that checkpoint are dropped (a torn last line too)
-        if env.main and metrics_path.exists():
-            kept = [row for row in read_metrics(metrics_path) if row["step"] < start]
-            atomic_write(metrics_path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        for path, value in ((metrics_path, "loss"), (scalars_path, None)):
+            if env.main and path is not None and path.exists():
+                kept = [row for row in read_metrics(path, value) if row["step"] < start]
+                atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
         if env.main:
             note(f"--resume: continuing from {folder.parent.name}/{folder.name}, step {start}")
-    elif env.main and metrics_path is not None and metrics_path.exists():
-        metrics_path.unlink()
+    elif env.main:
+        for path in (metrics_path, scalars_path):
+            if path is not None and path.exists():
+                path.unlink()
 
     trained = model
     if env.world > 1:
@@ -222,20 +244,39 @@ def train(
     bar = _progress(progress and env.main, config.steps, start)
     loop_start, eval_during = time.perf_counter(), 0.0
     window_losses, window_items, window_start = [], 0, time.perf_counter()
+    phase_losses: dict[str, list[torch.Tensor]] = {name: [] for name, *_ in phases or ()}
     for step in range(start, config.steps):
         model.train()
         batch = task.batch(step, config.batch_size, device, env.rank, env.world)
-        with _autocast(config, device):
-            loss_sum, count = task.loss(trained, batch)
-        total = torch.tensor(float(count), device=device)
-        if env.world > 1:  # normalise by the global count so the gradient equals 1 process's
-            dist.all_reduce(total)
-        (loss_sum * env.world / total).backward()
-        if config.clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        if phases is None:
+            with _autocast(config, device):
+                loss_sum, count = task.loss(trained, batch)
+            total = torch.tensor(float(count), device=device)
+            if env.world > 1:  # normalise by the global count so the gradient equals 1 process's
+                dist.all_reduce(total)
+            (loss_sum * env.world / total).backward()
+            if config.clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            loss_sum = None
+            for name, phase_optimizer, phase_scheduler, params in phases:
+                with _autocast(config, device):
+                    phase_loss, count = task.loss(trained, batch, phase=name)
+                (phase_loss / count).backward()
+                if config.clip > 0:
+                    torch.nn.utils.clip_grad_norm_(params, config.clip)
+                phase_optimizer.step()
+                phase_scheduler.step()
+                model.zero_grad(set_to_none=True)  # a later phase's loss reaches these too
+                detached = phase_loss.detach()  # read at the log step, as the window's
+                phase_losses[name].append(detached)
+                loss_sum = detached if loss_sum is None else loss_sum + detached
+        if scalars_path is not None and env.main:
+            values = {k: float(v) for k, v in scalars().items()}  # a sync per step
+            _append(scalars_path, json.dumps({"step": step, **values}) + "\n")
 
         window_losses.append(loss_sum.detach())  # read at the log step: one sync per window
         window_items += count
@@ -246,12 +287,19 @@ def train(
             if env.world > 1:
                 dist.all_reduce(stats)
             elapsed = time.perf_counter() - window_start
+            items = max(1.0, stats[1].item())
             record = {
                 "step": step,
-                "loss": stats[0].item() / max(1.0, stats[1].item()),
-                "lr": scheduler.get_last_lr()[0],
+                "loss": stats[0].item() / items,
+                "lr": _schedulers(scheduler)[0].get_last_lr()[0],
                 "items_per_s": stats[1].item() / max(elapsed, 1e-9),
             }
+            if phases is not None:
+                for name, _, phase_scheduler, _ in phases:
+                    summed = float(torch.stack(phase_losses[name]).double().sum())
+                    record[f"loss_{name}"] = summed / items
+                    record[f"lr_{name}"] = phase_scheduler.get_last_lr()[0]
+                    phase_losses[name] = []
             if config.eval_every and (step + 1) % config.eval_every == 0 and not last:
                 eval_start = time.perf_counter()
                 record.update(_evaluate(task, model))
@@ -285,6 +333,30 @@ def train(
     if env.world > 1:
         dist.barrier()
     return final
+
+
+def _phases(model: torch.nn.Module, config: TrainConfig, env: Distributed):
+    """[(name, AdamW, its schedule, its parameters)] of a model's `optimizer_groups` (module
+    docstring), or None for a model with one optimiser."""
+    declared = getattr(model, "optimizer_groups", None)
+    if declared is None:
+        return None
+    if env.world > 1:
+        fail("train", "world", "1 process for a model with several optimisers", env.world)
+    if hasattr(model, "lr_scales"):  # each group has its own lr: a scale would be ignored
+        fail(type(model).__name__, "lr_scales", "absent with optimizer_groups", "both defined")
+    phases = []
+    for name, params, lr, betas in declared():
+        params = list(params)
+        opt = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=config.weight_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(config, s))
+        phases.append((name, opt, sched, params))
+    return phases
+
+
+def _schedulers(scheduler) -> list:
+    """The schedule, or each of a model's several (a dict by phase), in phase order."""
+    return list(scheduler.values()) if isinstance(scheduler, dict) else [scheduler]
 
 
 def _autocast(config: TrainConfig, device: torch.device):

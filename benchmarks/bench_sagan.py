@@ -1,0 +1,234 @@
+"""Self-Attention GAN experiments (Zhang et al. 2018) on `gan_mnist` (MNIST padded to 32 x 32),
+on the shared driver. Rows, run in this order by one worker at a time (`jobs=1`: the GAN rows
+read the classifier's run):
+
+- classifier: the MNIST classifier the GAN metrics use (`convnet` on `mnist`, trained by the
+  one loop; its test accuracy must reach 99%); its run dir is the GAN rows' `task.classifier`;
+- sagan, sagan-noattn: the GAN with and without the self-attention blocks (parameter counts
+  within 2%), the same steps and batch, 3 seeds each, scored by FID (torchmetrics'
+  `FrechetInceptionDistance` on the classifier's penultimate features) against the official
+  test digits and by the generated-sample class accuracy;
+- sagan-long, sagan-noattn-long (full budget only): the same pair at 2.5 times the steps
+  (3 seeds; see the JSON), to see whether the reading changes with
+  more training;
+- floor: the real-data floor: the same FID between training digits and the test digits, at
+  the same sample size.
+
+The budget is reduced (`FULL`) to fit this machine's shared CPU (one thread, a few minutes per
+GAN run); the page says so. Zhang 2018's numbers are ImageNet 128 x 128: a different dataset
+and scale.
+
+    python benchmarks/bench_sagan.py [--budget smoke|full] [--only ID ...] [--seeds N]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _common as C
+from _common import Bench, Experiment, Table, columns, drive, targets
+
+MODELS = {"sagan": "sagan", "sagan-noattn": "sagan-noattn"}
+CLASSIFIER = ["model.channels=16", "train.steps=5000"]  # ~4 min on one thread
+# the reduced GAN budget: ~0.3 s a step with attention at batch 32 on one loaded thread
+FULL = ["train.steps=1200", "train.batch_size=32"]
+# one seed of each at a longer budget (still reduced): does more training change the reading?
+LONG = ["train.steps=3000", "train.batch_size=32"]
+MINUTES = {"classifier": 4.0, "sagan": 7.0, "sagan-noattn": 3.0, "floor": 0.5}
+MINUTES.update({"sagan-long": 12.0, "sagan-noattn-long": 7.0})
+SEEDS = 3
+SMOKE_CLASSIFIER = ["model.channels=2", "model.hidden=8", "train.steps=3", "train.batch_size=8"]
+SMOKE_CLASSIFIER += ["task.n_test=16", "task.n_valid=16"]
+SMOKE = ["train.steps=2", "train.batch_size=4", "model.channels=8", "model.z_dim=8"]
+SMOKE += ["task.n_fid=20", "train.checkpoint_every=1"]
+# Zhang 2018 (arXiv:1805.08318) abstract, class-conditional ImageNet 128 x 128 (PAPERS.md)
+PAPER = {"imagenet_fid": 18.65, "imagenet_is": 52.52}
+
+
+def experiments(budget: str) -> list[Experiment]:
+    smoke = budget == "smoke"
+    classifier = SMOKE_CLASSIFIER if smoke else CLASSIFIER
+    rows = [
+        Experiment(
+            "classifier",
+            "classifier",
+            {"model": "convnet", "task": "mnist", "sets": classifier},
+            1,
+            0.1 if smoke else MINUTES["classifier"],
+        )
+    ]
+    rows += [
+        Experiment(
+            variant,
+            "gan",
+            {"model": model, "task": "gan_mnist", "sets": SMOKE if smoke else FULL},
+            1 if smoke else SEEDS,
+            0.2 if smoke else MINUTES[variant],
+        )
+        for variant, model in MODELS.items()
+    ]
+    if not smoke:  # the longer single-seed pair: full budget only
+        rows += [
+            Experiment(
+                f"{variant}-long",
+                "long",
+                {"model": model, "task": "gan_mnist", "sets": LONG},
+                SEEDS,
+                MINUTES[f"{variant}-long"],
+            )
+            for variant, model in MODELS.items()
+        ]
+    floor_sets = ["task.n_fid=20"] if smoke else []
+    rows.append(Experiment("floor", "floor", {"sets": floor_sets}, 1, 0.1 if smoke else 0.5))
+    return rows
+
+
+def classifier_dir(ctx: C.Context) -> Path:
+    """The classifier row's run (seed 0) beside this row's, in the same runs folder."""
+    run = Path(ctx.run_dir).parents[1] / "classifier" / "seed0"
+    if not (run / "final.json").exists():
+        raise RuntimeError(f"{run} has no finished classifier: run the 'classifier' row first")
+    return run.resolve()
+
+
+def worker(params: dict, ctx: C.Context) -> dict:
+    if ctx.id == "classifier":
+        metrics, *_ = C.train_worker(params["sets"], "convnet", "mnist", ctx)
+        return metrics
+    classifier = f"task.classifier={classifier_dir(ctx)}"
+    if ctx.id == "floor":
+        return floor(params["sets"], classifier)
+    sets = [*params["sets"], classifier]
+    metrics, config, _, _ = C.train_worker(sets, params["model"], "gan_mnist", ctx)
+    metrics["n_fid"] = config["task"]["n_fid"]
+    metrics["gamma_curve_steps"] = len(_gammas(Path(ctx.run_dir)))
+    return metrics
+
+
+def floor(sets: list[str], classifier: str) -> dict:
+    """The real-data floor: FID between n_fid training images and the first n_fid test images,
+    and the classifier's accuracy on those test images."""
+    import torch
+
+    from attnzoo import runs
+    from attnzoo.tasks.registry import TASKS
+
+    config = runs.apply_overrides(runs.default_config("sagan", "gan_mnist"), [*sets, classifier])
+    c = runs.configs(config)
+    task = TASKS["gan_mnist"].build(c["task"], seed=0, eval_config=c["eval"])
+    runs.attach_runs(task)  # loads the classifier's run
+    with torch.no_grad():
+        features = task.classifier(torch.device("cpu"))
+        real, labels = task.reference("test")
+        fid = task.fid(features, real, task.floor_images(len(real)))
+        predicted = torch.cat([features.classify(x) for x in real.split(256)])
+    accuracy = 100.0 * float((predicted == labels).double().mean())
+    return {"fid": fid, "fid_floor": fid, "classifier_accuracy": accuracy, "n_fid": len(real)}
+
+
+def _gammas(run_dir: Path) -> list[dict]:
+    import json
+
+    path = Path(run_dir) / "scalars.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def derive(summary: dict) -> dict:
+    """Zhang 2018's numbers; per seed, FID with attention minus without, and the parameter
+    count of the baseline over the attention model's."""
+    from dataclasses import asdict
+
+    from attnzoo.models.sagan import sagan
+    from attnzoo.tasks.gan_mnist import GanMnistConfig
+
+    fa, fn = (C.by_seed(summary, i, "fid") for i in ("sagan", "sagan-noattn"))
+    la, ln = (C.by_seed(summary, i, "fid") for i in ("sagan-long", "sagan-noattn-long"))
+    pa, pn = (C.by_seed(summary, i, "params") for i in ("sagan", "sagan-noattn"))
+    setup = {
+        k: v
+        for k, v in asdict(sagan()).items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    setup.update(side=GanMnistConfig().side, pad=GanMnistConfig().pad)
+    return {
+        "paper": PAPER,
+        "setup": setup,
+        "compare": {
+            "fid_attn_minus_noattn": [fa[s] - fn[s] for s in sorted(fa.keys() & fn.keys())],
+            "long_fid_attn_minus_noattn": [la[s] - ln[s] for s in sorted(la.keys() & ln.keys())],
+            "noattn_params_over_attn": [pn[s] / pa[s] for s in sorted(pa.keys() & pn.keys())],
+        },
+    }
+
+
+def figures(data: dict, folder: Path) -> list[Path]:
+    """Seed 0's samples per class and attention maps (Zhang 2018, Fig. 1), and every seed's
+    gammas per step, from the full-budget run dirs where they exist."""
+    written = C.copy_run_figures(
+        {
+            "sagan_samples.png": C.bench_run_dir("sagan", "sagan") / "figures/samples.png",
+            "sagan_attention.png": C.bench_run_dir("sagan", "sagan") / "figures/attention.png",
+            "sagan_noattn_samples.png": C.bench_run_dir("sagan", "sagan-noattn")
+            / "figures/samples.png",
+            "sagan_long_samples.png": C.bench_run_dir("sagan", "sagan-long")
+            / "figures/samples.png",
+            "sagan_long_attention.png": C.bench_run_dir("sagan", "sagan-long")
+            / "figures/attention.png",
+        },
+        folder,
+    )
+    seeds = [_gammas(C.bench_run_dir("sagan", "sagan", s)) for s in range(SEEDS)]
+    seeds = [rows for rows in seeds if rows]
+    if seeds:
+        from attnzoo.viz.gan import scalars_figure
+
+        curves, styles = {}, {}
+        for s, rows in enumerate(seeds):
+            for name, dash in (("gamma_generator", "-"), ("gamma_discriminator", "--")):
+                label = f"{name.removeprefix('gamma_')}, seed {s}"
+                curves[label] = ([r["step"] for r in rows], [r[name] for r in rows])
+                styles[label] = {"color": f"C{s}", "linestyle": dash}
+        title = "attention blocks' gamma, every step (solid: generator, dashed: discriminator)"
+        fig = scalars_figure(curves, ylabel="gamma", title=title, styles=styles)
+        path = Path(folder) / "sagan_gamma.png"
+        fig.savefig(path, dpi=100)
+        written.append(path)
+    return written
+
+
+TARGETS = targets(
+    "issue 13",
+    ("classifier: test accuracy % >= 99", "classifier", "accuracy", ">=", 99),
+    ("FID with attention < without (paired by seed)", "compare", "fid_attn_minus_noattn", "<", 0),
+    ("sagan: generated-sample class accuracy % >= 95", "sagan", "class_accuracy", ">=", 95),
+    ("sagan: training minutes <= 30", "sagan", "train_minutes", "<=", 30),
+    ("sagan-noattn: training minutes <= 30", "sagan-noattn", "train_minutes", "<=", 30),
+)
+SCORES = columns("row=id; FID=fid; real-data floor=fid_floor", 2)
+SCORES += columns("class accuracy %=class_accuracy; classifier % on test=classifier_accuracy", 1)
+SCORES += columns("gamma G=gamma_generator; gamma D=gamma_discriminator", 3)
+RUN = columns("params=params; steps=steps; batch=batch_size; FID images=n_fid", 0)
+RUN += columns("train min=train_minutes; eval min=eval_minutes", 1)
+TABLES = [
+    Table("gan", SCORES, ["gan", "long", "floor"]),
+    Table("classifier", columns("row=id; test accuracy %=accuracy", 2) + RUN[:3], ["classifier"]),
+    Table("budget", columns("row=id") + RUN, ["gan", "long"]),
+]
+BENCH = Bench(
+    "sagan",
+    __file__,
+    experiments,
+    worker,
+    TARGETS,
+    TABLES,
+    derive=derive,
+    figures=figures,
+    jobs=1,
+)
+
+if __name__ == "__main__":
+    drive(BENCH)
