@@ -186,3 +186,14 @@ def test_a_resumed_gan_run_equals_an_uninterrupted_one(tmp_path, mnist_classifie
     assert lrs == {"discriminator": 4e-4, "generator": 1e-4}
     written = runs.write_figures(full, *runs.load_run(full, device="cpu")[1:], count=1)
     assert "scalars.png" in {p.name for p in written}
+
+
+def test_optimizer_groups_with_lr_scales_is_an_error_naming_it():
+    """Each phase's optimiser has its own lr, so a scale from `lr_scales` would be ignored."""
+
+    class Scaled(Toy):
+        def lr_scales(self):
+            return {"first.weight": 0.1}
+
+    with pytest.raises(ValueError, match="lr_scales"):
+        train(ToyTask(), Scaled(), TrainConfig(steps=1, batch_size=2, device="cpu"), None)
