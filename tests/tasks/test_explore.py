@@ -55,15 +55,7 @@ def test_explore_fits_the_schema(model_name, task_name):
                 assert len(example["output"]) == len(kind["rows"])
     attention = [k for e in data["examples"] for k in e["attention"]]
     heads = config["model"].get("heads")
-    if model_name in (
-        "encdec",
-        "lstm",
-        "fc",
-        "convnet",
-        "convnet-multi",
-        "lstm-captioner",
-        "lstm-lm",
-    ):
+    if not MODELS[model_name].attends:
         assert attention == []  # no attention: examples without kinds, not an error
     elif heads is not None:  # per layer and head
         layers = {config["model"].get("layers_enc"), config["model"].get("layers_dec")}

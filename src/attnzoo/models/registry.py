@@ -48,6 +48,7 @@ class ModelSpec:
     interface: str = "seq2seq"  # seq2seq | lm | pointer | bits | image | multi_image | gan
     # a config.json "model" section written by an earlier version -> today's fields
     upgrade: Callable[[dict], dict] = lambda fields: fields
+    attends: bool = True  # False: a baseline without attention (the explorer shows none)
 
     @property
     def config_class(self) -> type:
@@ -75,6 +76,7 @@ MODELS = {
         Seq2Seq,
         "encoder-decoder without attention (Sutskever 2014 / Cho 2014)",
         upgrade=seq2seq.upgrade,
+        attends=False,
     ),
     "simple": ModelSpec(
         simple, Seq2Seq, "SimpleRNN + attention (the lecture model)", upgrade=seq2seq.upgrade
@@ -116,6 +118,7 @@ MODELS = {
         LSTMBaseline,
         "LSTM without memory, 3 layers sized to the NTM's parameter count (Graves 2014 baseline)",
         interface="bits",
+        attends=False,
     ),
     "ram": ModelSpec(
         ram.ram,
@@ -134,12 +137,14 @@ MODELS = {
         image_baselines.FullyConnected,
         "fully connected classifier, 2 layers of 256 (Mnih 2014 baseline)",
         interface="image",
+        attends=False,
     ),
     "convnet": ModelSpec(
         image_baselines.conv,
         image_baselines.ConvNet,
         "two-layer convnet classifier (Mnih 2014 baseline)",
         interface="image",
+        attends=False,
     ),
     "dram": ModelSpec(
         dram.dram,
@@ -153,6 +158,7 @@ MODELS = {
         image_baselines.MultiHeadConvNet,
         "two-layer convnet with one softmax head per label (Ba 2014 baseline)",
         interface="multi_image",
+        attends=False,
     ),
     "show-attend-tell": ModelSpec(
         show_attend_tell.soft,
@@ -172,6 +178,7 @@ MODELS = {
         show_attend_tell.ShowAttendTell,
         "LSTM captioner without attention (mean annotation), sized to the soft model",
         interface="caption",
+        attends=False,
     ),
     "sagan": ModelSpec(
         sagan.sagan,
@@ -185,6 +192,7 @@ MODELS = {
         sagan.SAGAN,
         "the same GAN without the self-attention blocks (within 2% of sagan's parameters)",
         interface="gan",
+        attends=False,
     ),
     "snail": ModelSpec(
         snail.snail,
@@ -221,5 +229,6 @@ MODELS = {
         lstmn.LSTMLM,
         "LSTM language model (torch.nn.LSTM), no attention",
         interface="lm",
+        attends=False,
     ),
 }
