@@ -133,7 +133,7 @@ TARGETS = targets(
     ("soft: attention correctness >= 0.5", "soft", "correctness", ">=", 0.5),
     ("soft: correctness >= 4x uniform", "soft", "correctness_over_uniform", ">=", 4),
     (
-        "hard: exact match within 5 points of soft",
+        "hard: exact match within five points of soft",
         "compare",
         "hard_minus_soft_exact_match",
         ">=",
