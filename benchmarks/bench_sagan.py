@@ -129,12 +129,11 @@ def floor(sets: list[str], classifier: str) -> dict:
 
 
 def _gammas(run_dir: Path) -> list[dict]:
-    import json
+    """The run's per-step scalars (the loop's scalars.jsonl; none when the run is absent)."""
+    from attnzoo.train.files import read_metrics
 
     path = Path(run_dir) / "scalars.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_metrics(path, None) if path.exists() else []
 
 
 def derive(summary: dict) -> dict:

@@ -112,21 +112,22 @@ class ConvNet(nn.Module):
             self.head = nn.Linear(flat, classes)
         self.feature_size = config.hidden or flat  # of `features`
 
+    def flat(self, images: torch.Tensor, owner: str = "ConvNet") -> torch.Tensor:
+        """The two convolutional layers' output, flattened: (batch, 2c H/4 W/4)."""
+        _check_images(owner, images, self.channels, self.image_size)
+        x = F.max_pool2d(F.relu(self.conv1(images)), 2)  # (b, c, H/2, W/2)
+        return F.max_pool2d(F.relu(self.conv2(x)), 2).flatten(1)  # (b, 2c, H/4, W/4) flat
+
     def features(self, images: torch.Tensor) -> torch.Tensor:
         """The penultimate layer (batch, feature_size): the ReLU layer's output, or the flat
         convolutional features without one (the GAN metrics' feature extractor,
         `attnzoo.tasks.gan_mnist`)."""
-        _check_images("ConvNet", images, self.channels, self.image_size)
-        x = F.max_pool2d(F.relu(self.conv1(images)), 2)  # (b, c, H/2, W/2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2).flatten(1)  # (b, 2c H/4 W/4)
+        x = self.flat(images)
         return self.head[:-1](x) if isinstance(self.head, nn.Sequential) else x
 
     def forward(self, images: torch.Tensor, **_sampling) -> ClassifierOutput:
         """images (batch, channels, height, width); sampling options are ignored."""
-        _check_images("ConvNet", images, self.channels, self.image_size)
-        x = F.max_pool2d(F.relu(self.conv1(images)), 2)  # (b, c, H/2, W/2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)  # (b, 2c, H/4, W/4)
-        return ClassifierOutput(torch.log_softmax(self.head(x.flatten(1)), -1))
+        return ClassifierOutput(torch.log_softmax(self.head(self.flat(images)), -1))
 
 
 class MultiHeadConvNet(ConvNet):
@@ -147,8 +148,6 @@ class MultiHeadConvNet(ConvNet):
 
     def forward(self, images: torch.Tensor, **_sampling) -> ClassifierOutput:
         """images (batch, channels, height, width) -> log_probs (batch, labels, classes)."""
-        _check_images("MultiHeadConvNet", images, self.channels, self.image_size)
-        x = F.max_pool2d(F.relu(self.conv1(images)), 2)  # (b, c, H/2, W/2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)  # (b, 2c, H/4, W/4)
-        logits = self.head(x.flatten(1)).view(-1, self.labels, self.classes)  # (b, s, classes)
+        flat = self.flat(images, "MultiHeadConvNet")
+        logits = self.head(flat).view(-1, self.labels, self.classes)  # (b, s, classes)
         return ClassifierOutput(torch.log_softmax(logits, -1))

@@ -291,7 +291,7 @@ def train(
             record = {
                 "step": step,
                 "loss": stats[0].item() / items,
-                "lr": _schedulers(scheduler)[0].get_last_lr()[0],
+                "lr": (phases[0][2] if phases else scheduler).get_last_lr()[0],
                 "items_per_s": stats[1].item() / max(elapsed, 1e-9),
             }
             if phases is not None:
@@ -352,11 +352,6 @@ def _phases(model: torch.nn.Module, config: TrainConfig, env: Distributed):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(config, s))
         phases.append((name, opt, sched, params))
     return phases
-
-
-def _schedulers(scheduler) -> list:
-    """The schedule, or each of a model's several (a dict by phase), in phase order."""
-    return list(scheduler.values()) if isinstance(scheduler, dict) else [scheduler]
 
 
 def _autocast(config: TrainConfig, device: torch.device):
