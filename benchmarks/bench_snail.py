@@ -8,7 +8,9 @@ time.
    (short runs of both sides, interleaved); scored on `GlyphsConfig.test_episodes` episodes of
    the held-out scripts with a 95% interval.
 2. "reduced": the 5-way 1-shot unit at a budget that fits a shared 2-core CPU next to other
-   jobs (one seed, a few minutes a side), run while the full budget has not been.
+   jobs (one seed, a few minutes a side), run while the full budget has not been; with a third
+   side, SNAIL with PyTorch's own start of its query and key maps (`qk_init="independent"`,
+   the ablation of the library's "similarity" start).
 3. "bandits": SNAIL's bandit policy (`snail-bandit`) trained by REINFORCE with a learned value
    baseline on Bernoulli bandits (N = 5 arms, K = 10 pulls; N = 10, K = 100), scored on the
    held-out draws beside UCB1, Thompson sampling, a random policy and the oracle on the same
@@ -37,6 +39,7 @@ REDUCED_MINUTES = 9  # per side, of the reduced unit
 CALIBRATION = {"steps": 10, "rounds": 2}  # steps per calibration run, timed rounds
 SMOKE = ["model.embed_dim=8", "task.test_episodes=50", "train.batch_size=4", "train.warmup=2"]
 SMOKE_SNAIL = ["model.filters=8", "model.keys=8,8,8", "model.values=4,4,4"]
+INDEPENDENT = "model.qk_init=independent"
 # Mishra 2017 (arXiv 1707.03141) Table 1, Omniglot, accuracy %: SNAIL, and prototypical
 # networks as that table quotes Snell 2017 (PAPERS.md confirms SNAIL's row; the ProtoNet row is
 # recalled, not confirmed from a copy here)
@@ -56,23 +59,21 @@ BANDIT_SMOKE = ["train.steps=3", "train.batch_size=4", "task.test_episodes=20", 
 
 
 def experiments(budget: str) -> list[Experiment]:
-    rows = [  # id, group, task, model, minutes of budget
-        (f"matched-{task}-{model}", "matched", task, model, FULL_MINUTES)
-        for task in SETTINGS
-        for model in MODELS
+    rows = [  # unit, model, task, minutes of budget, the model's overrides
+        (f"matched-{task}", model, task, FULL_MINUTES, []) for task in SETTINGS for model in MODELS
     ]
-    rows += [
-        (f"reduced-glyphs-{model}", "reduced", "glyphs", model, REDUCED_MINUTES) for model in MODELS
-    ]
+    rows += [("reduced-glyphs", model, "glyphs", REDUCED_MINUTES, []) for model in MODELS]
+    # the ablation of SnailConfig.qk_init: PyTorch's own start of the query and key maps
+    rows += [("reduced-glyphs", "snail", "glyphs", REDUCED_MINUTES, [INDEPENDENT])]
     found = []
-    for id, group, task, model, minutes in rows:
-        sets, seeds = [], 3 if group == "matched" else 1
+    for unit, model, task, minutes, sets in rows:
+        id = f"{unit}-{model}" + "-independent" * (INDEPENDENT in sets)
+        group, seeds = unit.split("-")[0], 3 if unit.startswith("matched") else 1
         if budget == "smoke":
-            if not id.startswith("reduced"):
+            if group != "reduced":
                 continue
-            sets, minutes = SMOKE + SMOKE_SNAIL * (model == "snail"), 0.05
+            sets, minutes = [*sets, *SMOKE, *SMOKE_SNAIL * (model == "snail")], 0.05
         params = {"model": model, "task": task, "sets": sets, "budget_minutes": minutes}
-        unit = id.rsplit("-", 1)[0]
         found.append(Experiment(id, group, params, seeds, minutes + 1, unit))
     for id, (task, sets, minutes, seeds) in BANDITS.items():
         if budget == "smoke":
@@ -98,6 +99,7 @@ def worker(params: dict, ctx: C.Context) -> dict:
         metrics["episodes_trained"] = config["train"]["steps"] * config["train"]["batch_size"]
         return {k: v for k, v in metrics.items() if v is not None}
     metrics["budget_minutes"] = params["budget_minutes"]
+    metrics["qk_init"] = config["model"].get("qk_init")  # SNAIL's; none for the baseline
     metrics["sec_per_step_planned"] = ctx.extra.get("sec_per_step")
     metrics["sec_per_step_run"] = 60 * metrics["train_minutes"] / max(1, metrics["steps_run"])
     metrics["episodes_trained"] = config["train"]["steps"] * config["train"]["batch_size"]
@@ -198,7 +200,7 @@ TARGETS = targets(
         )
     ),
 )
-RUN = columns("setting=params.task; model=params.model", 0)
+RUN = columns("setting=params.task; model=params.model; query and key start=qk_init", 0)
 RUN += columns("accuracy %=accuracy; ± ci95=ci95", 2)
 RUN += columns("test episodes=n; steps=steps; episodes trained=episodes_trained", 0)
 RUN += columns("budget min=budget_minutes; train min=train_minutes", 1)

@@ -12,7 +12,15 @@ import torch
 from torch import nn
 
 from attnzoo.models.protonet import ProtoNet, protonet
-from attnzoo.models.snail import SNAIL, AttentionBlock, DenseBlock, SnailConfig, TCBlock, snail
+from attnzoo.models.snail import (
+    QK_INITS,
+    SNAIL,
+    AttentionBlock,
+    DenseBlock,
+    SnailConfig,
+    TCBlock,
+    snail,
+)
 
 SIZE = (28, 28)
 
@@ -87,6 +95,22 @@ def test_blocks_gradcheck():
     x = torch.randn(1, 5, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: attn(t)[0], (x,))
     assert torch.autograd.gradcheck(dense, (x,))
+
+
+@pytest.mark.parametrize("qk_init", QK_INITS)
+def test_similarity_init_makes_an_identical_earlier_position_the_most_attended(qk_init):
+    # an earlier position equal to the last one gets the last row's largest weight at the
+    # start: always with "similarity", by chance (one in five) with "independent"
+    hits = 0
+    for seed in range(20):
+        torch.manual_seed(seed)
+        block = AttentionBlock(64, 64, 8, qk_init).double()
+        x = torch.randn(1, 6, 64, dtype=torch.float64)
+        x[0, -1] = x[0, 2]
+        with torch.no_grad():
+            weights = block(x, return_weights=True)[1][0, -1, :-1]  # the earlier positions
+        hits += int(weights.argmax()) == 2
+    assert hits == 20 if qk_init == "similarity" else hits < 15
 
 
 def test_the_preset_is_the_papers_omniglot_configuration():
@@ -239,6 +263,8 @@ def test_runs_on_the_device(make, device):
         (lambda: snail(keys=()), "SnailConfig: argument 'keys'"),
         (lambda: protonet(embed_dim=0), "ProtoNetConfig: argument 'embed_dim'"),
         (lambda: SNAIL(snail(), SIZE, 1, 0, 1), "'ways'"),
+        (lambda: snail(qk_init="tied"), "SnailConfig: argument 'qk_init'"),
+        (lambda: AttentionBlock(3, 2, 2, "tied"), "AttentionBlock: argument 'qk_init'"),
         (lambda: SNAIL(snail(embed_blocks=6), SIZE, 1, 2, 1), "'image_size'"),
         (lambda: tiny_snail()(*episode(ways=2)), "'support'"),
         (

@@ -59,6 +59,9 @@ def check_episode(owner: str, support, support_labels, query, channels, image_si
         fail(owner, "query", wanted, tuple(query.shape))
 
 
+QK_INITS = ("independent", "similarity")  # AttentionBlock's starts of its query and key maps
+
+
 @dataclass(frozen=True)
 class SnailConfig:
     """Attributes:
@@ -67,6 +70,9 @@ class SnailConfig:
     filters: D of every TC block.
     keys: K of each attention block; a TC block sits between consecutive attention blocks.
     values: V of each attention block.
+    qk_init: how each attention block's query and key maps start (`AttentionBlock`); the
+        paper does not say, "similarity" is this library's choice (docs/snail.md measures it
+        against "independent").
     """
 
     embed_dim: int = 64
@@ -74,10 +80,13 @@ class SnailConfig:
     filters: int = 128
     keys: tuple[int, ...] = (64, 256, 512)
     values: tuple[int, ...] = (32, 128, 256)
+    qk_init: str = "similarity"
 
     def __post_init__(self):
         for name in ("embed_dim", "embed_blocks", "filters"):
             check_size("SnailConfig", name, getattr(self, name))
+        if self.qk_init not in QK_INITS:
+            fail("SnailConfig", "qk_init", f"one of {QK_INITS}", repr(self.qk_init))
         for name in ("keys", "values"):
             value = getattr(self, name)
             if (
@@ -158,14 +167,30 @@ class TCBlock(nn.Module):
 
 class AttentionBlock(nn.Module):
     """x (b, T, C) -> concat(x, causal softmax(q k^T / sqrt(K)) v) (b, T, C + V), with q, k of
-    size K and v of size V linear maps of x; also the weights (b, T, T)."""
+    size K and v of size V linear maps of x; also the weights (b, T, T).
 
-    def __init__(self, channels: int, key_size: int, value_size: int):
+    `qk_init`: "independent" keeps PyTorch's initialisation of the two maps; "similarity"
+    starts the key map as a copy of the query map, its weights drawn from N(0, 1 / C) and its
+    bias zero, so that at the start `q_i . k_j = (W x_i) . (W x_j)` scores similar positions
+    highest (the weights then train apart as usual). In the spirit of Trockman & Kolter 2023's
+    mimetic initialisation (`W_q W_k^T` near a multiple of the identity); it shortens the
+    plateau a sequence meta-learner sits on at `log N` before its attention learns to match
+    the query with the support (docs/snail.md)."""
+
+    def __init__(self, channels: int, key_size: int, value_size: int, qk_init: str = "independent"):
         super().__init__()
+        if qk_init not in QK_INITS:
+            fail("AttentionBlock", "qk_init", f"one of {QK_INITS}", repr(qk_init))
         self.query = nn.Linear(channels, key_size)
         self.key = nn.Linear(channels, key_size)
         self.value = nn.Linear(channels, value_size)
         self.out_channels = channels + value_size
+        if qk_init == "similarity":
+            with torch.no_grad():
+                nn.init.normal_(self.query.weight, std=channels**-0.5)
+                self.key.weight.copy_(self.query.weight)
+                self.query.bias.zero_()
+                self.key.bias.zero_()
 
     def forward(self, x: torch.Tensor, return_weights: bool = False):
         out = attention(
@@ -205,7 +230,7 @@ class SNAIL(nn.Module):
             if k > 0:
                 self.tc.append(TCBlock(width, self.length, config.filters))
                 width = self.tc[-1].out_channels
-            self.attend.append(AttentionBlock(width, key, value))
+            self.attend.append(AttentionBlock(width, key, value, config.qk_init))
             width = self.attend[-1].out_channels
         self.out = nn.Linear(width, ways)  # the 1 x 1 convolution
 
