@@ -735,6 +735,16 @@ def resolved_config(sets: Sequence[str], model: str, task: str, seed: int) -> di
     return runs.apply_overrides(runs.default_config(model, task), [*sets, *extra])
 
 
+def parameter_count(model: str, task: str, sets: Sequence[str], built: Any, **changes) -> int:
+    """Parameters of MODEL built for the task object `built`, its config resolved from `sets`
+    (`resolved_config`) with `changes` (e.g. a width searched for a matched count)."""
+    from attnzoo.models.registry import MODELS
+
+    spec, own = MODELS[model], resolved_config(sets, model, task, 0)["model"]
+    net = spec.build(spec.config_class(**{**own, **changes}), built)
+    return sum(p.numel() for p in net.parameters())
+
+
 def train_worker(
     sets: Sequence[str], model: str, task: str, ctx: Context, *, curve: str = "", figures: int = 1
 ) -> tuple[dict[str, Any], dict, Any, Any]:

@@ -102,18 +102,15 @@ def sized(params: dict, reference: list[str]) -> list[str]:
     of `heads`, d_ff = 4 d_model, the paper's ratio), then its d_ff (the count is linear in
     d_ff: solved from the slope)."""
     from attnzoo import runs
-    from attnzoo.models.registry import MODELS
 
     if params["model"] == "bahdanau":
         return []
     task, reference = runs.build(C.resolved_config(reference, "bahdanau", params["task"], 0))
     target = sum(p.numel() for p in reference.parameters())
     own = C.resolved_config(params["sets"], params["model"], params["task"], 0)["model"]
-    spec = MODELS[params["model"]]
 
     def count(**changes) -> int:
-        model = spec.build(spec.config_class(**{**own, **changes}), task)
-        return sum(p.numel() for p in model.parameters())
+        return C.parameter_count(params["model"], params["task"], params["sets"], task, **changes)
 
     if "hidden" in own:
         best = min(range(8, 4 * own["hidden"] + 1, 4), key=lambda h: abs(count(hidden=h) - target))
