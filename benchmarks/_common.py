@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import json
+import operator
 import os
 import platform
 import re
@@ -208,6 +209,13 @@ def by_seed(summary: Mapping[str, Any], experiment_id: str, key: str) -> dict[in
     if stat is None or len(stat["values"]) != len(entry["seeds"]):
         return {}
     return dict(zip(entry["seeds"], stat["values"], strict=True))
+
+
+def paired(summary: Mapping[str, Any], key: str, a: str, b: str, op: Callable = operator.sub):
+    """`op(a's value, b's value)` of metric `key` of experiments a and b, per seed both
+    measured (in seed order): e.g. a difference paired by seed."""
+    x, y = by_seed(summary, a, key), by_seed(summary, b, key)
+    return [op(x[s], y[s]) for s in sorted(x.keys() & y.keys())]
 
 
 def extreme(
