@@ -16,6 +16,7 @@ BLEU is sacrebleu's; its signature is recorded beside the score.
 
 from __future__ import annotations
 
+import operator
 from fnmatch import fnmatch
 from itertools import pairwise
 from pathlib import Path
@@ -180,15 +181,11 @@ def derive(summary: dict) -> dict:
     wall clock" hold?)."""
     derived: dict = {"paper": PAPER}
     for task in MATCHED:
-        ids = [f"matched-{task}-{m}" for m in ("bahdanau", "transformer")]
-        key = "bleu" if task == "kjv2web" else "exact_match_pct"
-        (b, t), (bm, tm) = ([C.by_seed(summary, i, k) for i in ids] for k in (key, "train_minutes"))
-        seeds = sorted(b.keys() & t.keys() & bm.keys() & tm.keys())
-        if seeds:
-            derived[f"matched-{task}"] = {
-                "gain": [t[k] - b[k] for k in seeds],
-                "train_minutes_ratio": [tm[k] / bm[k] for k in seeds],
-            }
+        b, t = (f"matched-{task}-{m}" for m in ("bahdanau", "transformer"))
+        gain = C.paired(summary, "bleu" if task == "kjv2web" else "exact_match_pct", t, b)
+        minutes = C.paired(summary, "train_minutes", t, b, operator.truediv)
+        if gain and minutes:
+            derived[f"matched-{task}"] = {"gain": gain, "train_minutes_ratio": minutes}
     return derived
 
 
