@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import json
+import operator
 import os
 import platform
 import re
@@ -208,6 +209,13 @@ def by_seed(summary: Mapping[str, Any], experiment_id: str, key: str) -> dict[in
     if stat is None or len(stat["values"]) != len(entry["seeds"]):
         return {}
     return dict(zip(entry["seeds"], stat["values"], strict=True))
+
+
+def paired(summary: Mapping[str, Any], key: str, a: str, b: str, op: Callable = operator.sub):
+    """`op(a's value, b's value)` of metric `key` of experiments a and b, per seed both
+    measured (in seed order): e.g. a difference paired by seed."""
+    x, y = by_seed(summary, a, key), by_seed(summary, b, key)
+    return [op(x[s], y[s]) for s in sorted(x.keys() & y.keys())]
 
 
 def extreme(
@@ -733,6 +741,16 @@ def resolved_config(sets: Sequence[str], model: str, task: str, seed: int) -> di
 
     extra = [f"train.seed={seed}", "train.threads=1", "train.device=cpu"]
     return runs.apply_overrides(runs.default_config(model, task), [*sets, *extra])
+
+
+def parameter_count(model: str, task: str, sets: Sequence[str], built: Any, **changes) -> int:
+    """Parameters of MODEL built for the task object `built`, its config resolved from `sets`
+    (`resolved_config`) with `changes` (e.g. a width searched for a matched count)."""
+    from attnzoo.models.registry import MODELS
+
+    spec, own = MODELS[model], resolved_config(sets, model, task, 0)["model"]
+    net = spec.build(spec.config_class(**{**own, **changes}), built)
+    return sum(p.numel() for p in net.parameters())
 
 
 def train_worker(

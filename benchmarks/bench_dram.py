@@ -19,11 +19,10 @@ column stands beside ours.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import Bench, Column, Experiment, Table, Target, drive
+import _common as C
+from _common import Bench, Experiment, Table, columns, drive, targets
 from bench_ram import worker
 
 # train steps and batch at the full budget, per task (the convnet at its task's), and the
@@ -55,13 +54,9 @@ def experiments(budget: str) -> list[Experiment]:
     return out
 
 
-COLUMNS = [
-    Column("row", "id"),
-    Column("error % (any label)", "error"),
-    Column("label error %", "label_error"),
-    Column("values read / image pixels", "pixels_read_ratio", 2),
-    Column("minutes", "train_minutes", 1),
-]
+COLUMNS = columns("row=id; error % (any label)=error; label error %=label_error")
+COLUMNS += columns("values read / image pixels=pixels_read_ratio")
+COLUMNS += columns("minutes=train_minutes", 1)
 TABLES = [
     Table("two digits, left to right, then end", COLUMNS, groups=["multi"]),
     Table("the sum of two digits", COLUMNS, groups=["addition"]),
@@ -71,47 +66,26 @@ TABLES = [
 def figures(data: dict, folder: Path) -> list[Path]:
     """The glimpse paths of seed 0 of the DRAM runs, copied from their run dirs where they
     exist."""
-    from _common import bench_run_dir, copy_run_figures
-
     shown = {
-        f"dram_{i}_glimpses.png": bench_run_dir("dram", i) / "figures" / "glimpses.png"
+        f"dram_{i}_glimpses.png": C.bench_run_dir("dram", i) / "figures/glimpses.png"
         for i in ("multi-dram", "addition-dram")
     }
-    return copy_run_figures(shown, folder)
+    return C.copy_run_figures(shown, folder)
 
 
-TARGETS = [
-    Target(
-        "two digits: sequence error <= 5%",
-        "multi-dram",
-        "error",
-        "<=",
-        5.0,
-        "issue 12",
-    ),
-    Target(
-        "two digits: DRAM reads fewer values than the convnet's pixels (ratio < 1)",
-        "multi-dram",
-        "pixels_read_ratio",
-        "<",
-        1.0,
-        "issue 12",
-    ),
-    Target("addition: error <= 5%", "addition-dram", "error", "<=", 5.0, "issue 12"),
-]
+TARGETS = targets(
+    "issue 12",
+    ("two digits: sequence error <= 5%", "multi-dram", "error", "<=", 5.0),
+    ("two digits: DRAM reads fewer values than the convnet's pixels (ratio < 1)", "multi-dram",
+     "pixels_read_ratio", "<", 1.0),
+    ("addition: error <= 5%", "addition-dram", "error", "<=", 5.0),
+)  # fmt: skip
 METHOD = {
     "full_budget": {"multi": FULL["multi_mnist"], "addition": FULL["mnist_addition"]},
     "seeds": SEEDS,
 }
 BENCH = Bench(
-    "dram",
-    __file__,
-    experiments,
-    worker,
-    targets=TARGETS,
-    tables=TABLES,
-    method=METHOD,
-    figures=figures,
+    "dram", __file__, experiments, worker, TARGETS, TABLES, figures=figures, method=METHOD
 )
 
 if __name__ == "__main__":

@@ -44,30 +44,19 @@ def experiments(budget: str) -> list[Experiment]:
     speed.update(embed_dim=128, hidden=256, attn_hidden=128)
     if smoke:
         speed.update(batch=2, lengths=[4, 6], repeats=2, vocab=50, hidden=8, attn_hidden=8)
-        speed.update(small_vocab=4)
-        speed.update(embed_dim=8)
+        speed.update(small_vocab=4, embed_dim=8)
     found = [Experiment("speed", "speed", speed, minutes=6)]  # 5.4 measured
-    units = {
-        "matched": (MATCHED_MINUTES, MATCHED_SEEDS),
-        "matched-short": (SHORT_MINUTES, SHORT_SEEDS),
-    }
-    for unit, (minutes, seeds) in units.items():
+    units = {"matched": (MATCHED_MINUTES, MATCHED_SEEDS)}
+    units["matched-short"] = (SHORT_MINUTES, SHORT_SEEDS)
+    for unit, (minutes, unit_seeds) in units.items():
         if smoke and unit == "matched":  # the smoke run checks one unit: the short one
             continue
         for model in MODELS:
             sets = SMOKE_MODEL + SMOKE_TASK if smoke else []
             params = {"model": model, "task": TASK, "sets": sets}
             params["budget_minutes"] = 0.05 if smoke else minutes
-            found.append(
-                Experiment(
-                    f"{unit}-{model}",
-                    unit,
-                    params,
-                    1 if smoke else seeds,
-                    0.2 if smoke else minutes + 1.5,
-                    unit,
-                )
-            )
+            seeds, cost = (1, 0.2) if smoke else (unit_seeds, minutes + 1.5)
+            found.append(Experiment(f"{unit}-{model}", unit, params, seeds, cost, unit))
     return found
 
 
@@ -171,41 +160,30 @@ def _speed_pair(params: dict, vocab: int) -> dict:
 # 2. Matched language models --------------------------------------------------------------------
 
 
-def count(model: str, task, sets: list[str], **changes) -> int:
-    from attnzoo.models.registry import MODELS as REGISTRY
-
-    spec = REGISTRY[model]
-    own = C.resolved_config(sets, model, TASK, 0)["model"]
-    net = spec.build(spec.config_class(**{**own, **changes}), task)
-    return sum(p.numel() for p in net.parameters())
-
-
 def sized(unit: list[Experiment]) -> dict[str, list[str]]:
     """Per side, the `model.hidden` whose parameter count is nearest the reference's (the
     LSTM at its preset), checked within TOLERANCE."""
+    import bisect
+
     from attnzoo import runs
 
     reference = next(e for e in unit if e.params["model"] == MODELS[0])
     task, _ = runs.build(C.resolved_config(reference.params["sets"], MODELS[0], TASK, 0))
-    target = count(MODELS[0], task, reference.params["sets"])
+    target = C.parameter_count(MODELS[0], TASK, reference.params["sets"], task)
     out = {}
     for e in unit:
         if e is reference:
             out[e.id] = []
             continue
-        hidden = C.resolved_config(e.params["sets"], e.params["model"], TASK, 0)["model"]["hidden"]
-        low, high = 1, 4 * hidden  # the count grows with hidden: bisect for the crossing
-        while low < high:
-            middle = (low + high) // 2
-            if count(e.params["model"], task, e.params["sets"], hidden=middle) < target:
-                low = middle + 1
-            else:
-                high = middle
-        near = {
-            h: count(e.params["model"], task, e.params["sets"], hidden=h)
-            for h in (low - 1, low)
-            if h > 0
-        }
+        model, sets = e.params["model"], e.params["sets"]
+
+        def count(hidden: int, model=model, sets=sets) -> int:
+            return C.parameter_count(model, TASK, sets, task, hidden=hidden)
+
+        hidden = C.resolved_config(sets, model, TASK, 0)["model"]["hidden"]
+        # the count grows with hidden: the first width reaching the target, or the one before
+        low = 1 + bisect.bisect_left(range(1, 4 * hidden), target, key=count)
+        near = {h: count(h) for h in (low - 1, low) if h > 0}
         best = min(near, key=lambda h: abs(near[h] - target))
         got = near[best]
         if abs(got - target) > TOLERANCE * target:
@@ -251,85 +229,54 @@ def derive(summary: dict) -> dict:
     """The paper's numbers, and per matched unit and seed: LSTMN and SimpleRNN+self-attention
     perplexity over the LSTM's, their parameter counts and training minutes over the LSTM's."""
     derived: dict = {"paper": PAPER}
-    derived["budgets"] = {
-        "matched_minutes": MATCHED_MINUTES,
-        "matched_seeds": MATCHED_SEEDS,
-        "short_minutes": SHORT_MINUTES,
-        "short_seeds": SHORT_SEEDS,
-    }
+    derived["budgets"] = dict(matched_minutes=MATCHED_MINUTES, matched_seeds=MATCHED_SEEDS)
+    derived["budgets"].update(short_minutes=SHORT_MINUTES, short_seeds=SHORT_SEEDS)
+    names = {"perplexity": "ppl", "params": "params", "train_minutes": "minutes"}
     for unit in ("matched", "matched-short"):
-        ids = {m: f"{unit}-{m}" for m in MODELS}
-        values = {
-            key: {m: C.by_seed(summary, i, key) for m, i in ids.items()}
-            for key in ("perplexity", "params", "train_minutes")
-        }
+        values = {k: {m: C.by_seed(summary, f"{unit}-{m}", k) for m in MODELS} for k in names}
         seeds = sorted(set.intersection(*(set(v) for d in values.values() for v in d.values())))
-        if not seeds:
-            continue
-        entry = {}
-        for m, short in (("lstmn", "lstmn"), ("simplernn-self", "simple")):
-            for key, name in (
-                ("perplexity", "ppl"),
-                ("params", "params"),
-                ("train_minutes", "minutes"),
-            ):
-                entry[f"{short}_over_lstm_{name}"] = [
-                    values[key][m][s] / values[key]["lstm-lm"][s] for s in seeds
+        if seeds:
+            derived[unit] = {
+                f"{short}_over_lstm_{name}": [
+                    values[k][m][s] / values[k][MODELS[0]][s] for s in seeds
                 ]
-        derived[unit] = entry
+                for m, short in (("lstmn", "lstmn"), ("simplernn-self", "simple"))
+                for k, name in names.items()
+            }
     return derived
 
 
 def figures(data: dict, folder: Path) -> list[Path]:
-    """The LSTMN's intra-attention figures of the matched-short run (seed 0), when its run dir
-    exists."""
-    pairs = {}
-    for unit in ("matched", "matched-short"):
-        run = C.bench_run_dir("lstmn", f"{unit}-lstmn") / "figures"
-        if run.exists():
-            pairs = {
-                f"lstmn_{name}.png": run / f"{name}.png"
-                for name in ("intra_attention", "intra_attention_1", "intra_attention_heatmap")
-            }
-    return C.copy_run_figures(pairs, folder)
+    """The LSTMN's intra-attention figures of seed 0 of the matched-short run, else of the
+    matched one, when its run dir exists."""
+    found = [
+        C.bench_run_dir("lstmn", f"{u}-lstmn") / "figures" for u in ("matched-short", "matched")
+    ]
+    run = next((r for r in found if r.exists()), None)
+    names = ("intra_attention", "intra_attention_1", "intra_attention_heatmap") if run else ()
+    return C.copy_run_figures({f"lstmn_{n}.png": run / f"{n}.png" for n in names}, folder)
 
 
 TARGETS = targets(
     "issue 14",
-    (
-        "LSTMN perplexity / LSTM's, equal params and wall clock (declared budget)",
-        "matched",
-        "lstmn_over_lstm_ppl",
-        "<=",
-        0.97,
-    ),
-    (
-        "LSTMN perplexity / LSTM's, equal params and wall clock (reduced budget)",
-        "matched-short",
-        "lstmn_over_lstm_ppl",
-        "<=",
-        0.97,
-    ),
-    (
-        f"LSTMN training tokens/s over recomputing W_h h, context {SPEED_TARGET_LENGTH}",
-        "speed",
-        "speedup_at_context",
-        ">=",
-        3,
-    ),
-)
-MATCHED_COLUMNS = columns("model=params.model") + columns(
-    "params=params; hidden=hidden; steps=steps_run; batch=batch_size; context=context", 0
-)
+    *((f"LSTMN perplexity / LSTM's, equal params and wall clock ({budget} budget)", unit,
+       "lstmn_over_lstm_ppl", "<=", 0.97)
+      for unit, budget in (("matched", "declared"), ("matched-short", "reduced"))),
+    (f"LSTMN training tokens/s over recomputing W_h h, context {SPEED_TARGET_LENGTH}", "speed",
+     "speedup_at_context", ">=", 3),
+)  # fmt: skip
+MATCHED_COLUMNS = columns("model=params.model")
+MATCHED_COLUMNS += columns("params=params; hidden=hidden; steps=steps_run; batch=batch_size", 0)
+MATCHED_COLUMNS += columns("context=context", 0)
 MATCHED_COLUMNS += columns(
     "s/step planned=sec_per_step_planned; s/step in the run=sec_per_step_run", 3
 )
 MATCHED_COLUMNS += columns("budget min=budget_minutes; train min=train_minutes", 1)
 MATCHED_COLUMNS += columns("held-out words=n_words", 0) + columns("perplexity=perplexity", 1)
 SPEED = "; ".join(
-    f"{name} n={n} (tok/s)=by_length.{n}.tokens_per_s.{key}"
+    f"{name} n={n} (tok/s)=by_length.{n}.tokens_per_s.{name}"
     for n in SPEED_LENGTHS
-    for name, key in (("tape", "tape"), ("recompute", "recompute"))
+    for name in ("tape", "recompute")
 )
 SPEEDUP = "; ".join(f"n={n}=by_length.{n}.speedup" for n in SPEED_LENGTHS)
 RECURRENCE_SPEEDUP = "; ".join(f"n={n}=by_length.{n}.recurrence_speedup" for n in SPEED_LENGTHS)
@@ -340,26 +287,16 @@ TABLES = [
     Table("matched", MATCHED_COLUMNS, ["matched"]),
     Table("matched-short", MATCHED_COLUMNS, ["matched-short"]),
 ]
-BENCH = Bench(
-    "lstmn",
-    __file__,
-    experiments,
-    worker,
-    TARGETS,
-    TABLES,
-    prepare=prepare,
-    derive=derive,
-    figures=figures,
-    jobs=1,
-    method={
-        "speed": "one Adam update per call on random tokens (vocab 10k), both implementations "
-        "timed interleaved in one process, median of the repeats; tokens/s = batch x length / "
-        "median seconds",
-        "matched": "sizes by `sized` (parameter counts within 2% of the LSTM's); steps = unit "
-        "minutes x 60 / calibrated seconds per step; perplexity on every held-out window of "
-        "the test books",
-    },
-)
+METHOD = {
+    "speed": "one Adam update per call on random tokens (vocab 10k), both implementations "
+    "timed interleaved in one process, median of the repeats; tokens/s = batch x length / "
+    "median seconds",
+    "matched": "sizes by `sized` (parameter counts within 2% of the LSTM's); steps = unit "
+    "minutes x 60 / calibrated seconds per step; perplexity on every held-out window of "
+    "the test books",
+}
+BENCH = Bench("lstmn", __file__, experiments, worker, TARGETS, TABLES, prepare, derive, figures,
+              jobs=1, method=METHOD)  # fmt: skip
 
 if __name__ == "__main__":
     drive(BENCH)

@@ -103,9 +103,8 @@ TABLES = [
     Table("hull", columns(HULL) + RUN, ["convex"]),
     Table("sort", columns(SORT, 1) + RUN, ["sort"]),
 ]
-BENCH = Bench(
-    "pointer", __file__, experiments, worker, TARGETS, TABLES, derive=derive, figures=figures
-)
+BENCH = Bench("pointer", __file__, experiments, worker, TARGETS, TABLES, derive=derive,
+              figures=figures)  # fmt: skip
 
 if __name__ == "__main__":
     drive(BENCH)

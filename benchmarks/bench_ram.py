@@ -20,11 +20,10 @@ indices) and by cropping each patch at full size then pooling; and a RAM trainin
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import Bench, Column, Experiment, Table, Target, drive, median, time_interleaved
+import _common as C
+from _common import Bench, Experiment, Table, Target, columns, drive
 
 SEEDS = 3
 # train steps and batch of every trained row at the full budget, per task (baselines at their
@@ -44,22 +43,12 @@ SMOKE = {"steps": 10, "batch_size": 16}
 SMOKE_SETS = ["task.n_test=64", "task.mc_samples=2", "model.hidden=32"]
 TASK_NAMES = {"mnist": "mnist", "translated": "translated_mnist", "cluttered": "cluttered_mnist"}
 
-# Mnih et al. 2014 (NIPS version), test error %: Table 1a (28 x 28), 1b (60 x 60), 2 (cluttered)
+# Mnih et al. 2014 (NIPS version), test error %: Table 1a (28 x 28), 1b (60 x 60), 2 (cluttered),
+# per kind by glimpses or baseline
 PAPER = {
-    ("mnist", 2): 3.79,
-    ("mnist", 3): 1.51,
-    ("mnist", 4): 1.54,
-    ("mnist", 5): 1.34,
-    ("mnist", 6): 1.12,
-    ("mnist", 7): 1.07,
-    ("mnist", "fc"): 1.69,
-    ("mnist", "convnet"): 1.21,
-    ("translated", 4): 1.54,
-    ("translated", 6): 1.22,
-    ("translated", 8): 1.20,
-    ("translated", "fc"): 2.63,
-    ("translated", "convnet"): 1.62,
-    ("cluttered", 8): 4.04,
+    "mnist": {2: 3.79, 3: 1.51, 4: 1.54, 5: 1.34, 6: 1.12, 7: 1.07, "fc": 1.69, "convnet": 1.21},
+    "translated": {4: 1.54, 6: 1.22, 8: 1.20, "fc": 2.63, "convnet": 1.62},
+    "cluttered": {8: 4.04},
 }
 
 
@@ -89,10 +78,10 @@ def experiments(budget: str) -> list[Experiment]:
 def _trained(id_, group, model, sets, seeds, smoke) -> Experiment:
     kind = id_.split("-")[0]
     train = SMOKE if smoke else FULL[TASK_NAMES[kind]]
-    paper_key = (kind, model) if model in ("fc", "convnet") else (kind, int(id_.split("g")[-1]))
+    paper_key = model if model in ("fc", "convnet") else int(id_.split("g")[-1])
     sets = [*sets, *(f"train.{k}={v}" for k, v in train.items()), *(SMOKE_SETS if smoke else [])]
     params = {"model": model, "task": TASK_NAMES[kind], "sets": sets}
-    params["paper_error"] = PAPER.get(paper_key)
+    params["paper_error"] = PAPER[kind].get(paper_key)
     minutes = 0.2 if smoke else MINUTES[TASK_NAMES[kind]]
     return Experiment(id_, group, params, seeds=seeds, minutes=minutes)
 
@@ -104,10 +93,7 @@ def worker(params, ctx) -> dict:
 
     from attnzoo import runs
 
-    config = runs.apply_overrides(
-        runs.default_config(params["model"], params["task"]),
-        [*params["sets"], f"train.seed={ctx.seed}", "train.threads=1", "train.device=cpu"],
-    )
+    config = C.resolved_config(params["sets"], params["model"], params["task"], ctx.seed)
     start = time.perf_counter()
     task, model, final = runs.run_train(config, ctx.run_dir, overwrite=True, progress=False)
     minutes = (time.perf_counter() - start) / 60
@@ -192,7 +178,7 @@ def speed(params) -> dict:
     retinas = {m: (lambda s=s: retina(s, images)) for m, s in sensors.items()}
     retinas["crop_then_pool"] = lambda: [crop_then_pool(images, w) for w in where]
     torch.testing.assert_close(retinas["crop_then_pool"]()[0], retinas["index"]()[0])
-    sensor_times = time_interleaved(retinas, repeats=10 * repeats, warmup=3)
+    sensor_times = C.time_interleaved(retinas, repeats=10 * repeats, warmup=3)
     data = task.batch(0, batch, "cpu")
     config = ram_translated(glimpses=glimpses, patch=patch, scales=scales)
     batched = RAM(config, (canvas, canvas), 1, 10)
@@ -207,13 +193,13 @@ def speed(params) -> dict:
 
     optimizers = {m: torch.optim.Adam(m.parameters(), lr=1e-4) for m in (batched, looped)}
     models = {"batched": batched, "loop": looped}
-    step_times = time_interleaved(
+    step_times = C.time_interleaved(
         {n: (lambda m=m: step(m, optimizers[m])) for n, m in models.items()},
         repeats=repeats,
         warmup=1,
     )
-    ms = {f"retina_ms_{m}": 1e3 * median(t) for m, t in sensor_times.items()}
-    ms.update({f"step_ms_{n}": 1e3 * median(t) for n, t in step_times.items()})
+    ms = {f"retina_ms_{m}": 1e3 * C.median(t) for m, t in sensor_times.items()}
+    ms.update({f"step_ms_{n}": 1e3 * C.median(t) for n, t in step_times.items()})
     return {
         **ms,
         "retina_index_over_grid": ms["retina_ms_index"] / ms["retina_ms_grid"],
@@ -222,49 +208,35 @@ def speed(params) -> dict:
     }
 
 
-ERRORS = [
-    Column("row", "id"),
-    Column("paper error %", "params.paper_error"),
-    Column("error % (mean locations)", "error"),
-    Column("error % (Monte Carlo)", "error_mc"),
-    Column("minutes", "train_minutes", 1),
-]
+ERRORS = columns("row=id; paper error %=params.paper_error; error % (mean locations)=error")
+ERRORS += columns("error % (Monte Carlo)=error_mc") + columns("minutes=train_minutes", 1)
+SPEED = columns(
+    "batch=params.batch; glimpses=params.glimpses; retinas: grid_sample ms=retina_ms_grid"
+)
+SPEED += columns("gather ms=retina_ms_index; crop, then pool ms=retina_ms_crop_then_pool")
+SPEED += columns("RAM step ms=step_ms_batched; per-image loop step ms=step_ms_loop", 1)
+SPEED += columns("speed-up=step_speedup", 1)
 TABLES = [
-    Table("28 x 28 MNIST, 8 x 8 glimpses (Table 1a)", ERRORS, groups=["mnist", "mnist-baselines"]),
+    Table("28 x 28 MNIST, 8 x 8 glimpses (Table 1a)", ERRORS, ["mnist", "mnist-baselines"]),
     Table(
         "60 x 60 translated MNIST, 12 x 12 glimpses at 3 scales (Table 1b)",
         ERRORS,
-        groups=["translated", "translated-baselines"],
+        ["translated", "translated-baselines"],
     ),
-    Table("60 x 60 cluttered MNIST (Table 2)", ERRORS, groups=["cluttered", "cluttered-baselines"]),
-    Table(
-        "speed (ms, medians, interleaved)",
-        [
-            Column("batch", "params.batch"),
-            Column("glimpses", "params.glimpses"),
-            Column("retinas: grid_sample ms", "retina_ms_grid", 2),
-            Column("gather ms", "retina_ms_index", 2),
-            Column("crop, then pool ms", "retina_ms_crop_then_pool", 2),
-            Column("RAM step ms", "step_ms_batched", 1),
-            Column("per-image loop step ms", "step_ms_loop", 1),
-            Column("speed-up", "step_speedup", 1),
-        ],
-        ids=["speed"],
-    ),
+    Table("60 x 60 cluttered MNIST (Table 2)", ERRORS, ["cluttered", "cluttered-baselines"]),
+    Table("speed (ms, medians, interleaved)", SPEED, ids=["speed"]),
 ]
 
 
 def figures(data: dict, folder: Path) -> list[Path]:
     """The glimpse figures (Mnih 2014, Fig. 3 layout) of seed 0 of the 6-glimpse runs, copied
     from their run dirs where they exist."""
-    from _common import bench_run_dir, copy_run_figures
-
     shown = {
-        f"ram_{i}_glimpses_{kind}.png": bench_run_dir("ram", i) / "figures" / f"glimpses_{kind}.png"
+        f"ram_{i}_glimpses_{kind}.png": C.bench_run_dir("ram", i) / f"figures/glimpses_{kind}.png"
         for i in ("mnist-g6", "translated-g6")
         for kind in ("correct", "wrong")
     }
-    return copy_run_figures(shown, folder)
+    return C.copy_run_figures(shown, folder)
 
 
 def derive(summary: dict) -> dict[str, dict]:
@@ -283,49 +255,26 @@ def derive(summary: dict) -> dict[str, dict]:
 TARGETS = [
     Target("MNIST 6 glimpses: error <= 1.3%", "mnist-g6", "error", "<=", 1.3, "issue 12"),
     Target("translated 6 glimpses: error <= 1.6%", "translated-g6", "error", "<=", 1.6, "issue 12"),
-    Target(
-        "cluttered 8 glimpses: error <= 6% (paper 4.04%)",
-        "cluttered-g8",
-        "error",
-        "<=",
-        6.0,
-        "issue 12; Mnih 2014 Table 2",
-    ),
-    Target(
-        "translated 6 glimpses: error below the FC baseline's (same steps and batch)",
-        "translated-ram-minus-fc",
-        "error",
-        "<",
-        0.0,
-        "issue 12",
-    ),
+    Target("cluttered 8 glimpses: error <= 6% (paper 4.04%)", "cluttered-g8", "error", "<=", 6.0,
+           "issue 12; Mnih 2014 Table 2"),
+    Target("translated 6 glimpses: error below the FC baseline's (same steps and batch)",
+           "translated-ram-minus-fc", "error", "<", 0.0, "issue 12"),
     Target("RAM step >= 5x the per-image loop", "speed", "step_speedup", ">=", 5.0, "issue 12"),
-]
-
-
-def _row_id(key) -> str:
-    return f"{key[0]}-{key[1]}" if isinstance(key[1], str) else f"{key[0]}-g{key[1]}"
-
-
+]  # fmt: skip
 # in the JSON as "method": the docs list every experiment, run or not, beside the paper
 METHOD = {
     "paper": "Mnih et al. 2014, NIPS version: Table 1a (28 x 28), 1b (60 x 60), 2 (cluttered)",
-    "paper_error": {_row_id(key): value for key, value in PAPER.items()},
+    "paper_error": {
+        f"{kind}-{key}" if isinstance(key, str) else f"{kind}-g{key}": error
+        for kind, errors in PAPER.items()
+        for key, error in errors.items()
+    },
     "full_budget": {kind: FULL[task] for kind, task in TASK_NAMES.items()},
     "full_minutes": {kind: MINUTES[task] for kind, task in TASK_NAMES.items()},
     "seeds": SEEDS,
 }
-BENCH = Bench(
-    "ram",
-    __file__,
-    experiments,
-    worker,
-    targets=TARGETS,
-    tables=TABLES,
-    method=METHOD,
-    derive=derive,
-    figures=figures,
-)
+BENCH = Bench("ram", __file__, experiments, worker, TARGETS, TABLES, derive=derive,
+              figures=figures, method=METHOD)  # fmt: skip
 
 if __name__ == "__main__":
     drive(BENCH)

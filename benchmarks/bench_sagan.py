@@ -23,14 +23,13 @@ and scale.
 
 from __future__ import annotations
 
-import sys
+import operator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
 import _common as C
 from _common import Bench, Experiment, Table, columns, drive, targets
 
-MODELS = {"sagan": "sagan", "sagan-noattn": "sagan-noattn"}
+MODELS = ("sagan", "sagan-noattn")  # the ids of the reduced-budget rows, "-long" the longer
 CLASSIFIER = ["model.channels=16", "train.steps=5000"]  # ~4 min on one thread
 # the reduced GAN budget: ~0.3 s a step with attention at batch 32 on one loaded thread
 FULL = ["train.steps=1200", "train.batch_size=32"]
@@ -49,39 +48,19 @@ PAPER = {"imagenet_fid": 18.65, "imagenet_is": 52.52}
 
 def experiments(budget: str) -> list[Experiment]:
     smoke = budget == "smoke"
-    classifier = SMOKE_CLASSIFIER if smoke else CLASSIFIER
-    rows = [
-        Experiment(
-            "classifier",
-            "classifier",
-            {"model": "convnet", "task": "mnist", "sets": classifier},
-            1,
-            0.1 if smoke else MINUTES["classifier"],
-        )
-    ]
-    rows += [
-        Experiment(
-            variant,
-            "gan",
-            {"model": model, "task": "gan_mnist", "sets": SMOKE if smoke else FULL},
-            1 if smoke else SEEDS,
-            0.2 if smoke else MINUTES[variant],
-        )
-        for variant, model in MODELS.items()
-    ]
-    if not smoke:  # the longer single-seed pair: full budget only
-        rows += [
-            Experiment(
-                f"{variant}-long",
-                "long",
-                {"model": model, "task": "gan_mnist", "sets": LONG},
-                SEEDS,
-                MINUTES[f"{variant}-long"],
-            )
-            for variant, model in MODELS.items()
-        ]
+    classifier = {"model": "convnet", "task": "mnist"}
+    classifier["sets"] = SMOKE_CLASSIFIER if smoke else CLASSIFIER
+    minutes = {"classifier": 0.1, "floor": 0.1} if smoke else MINUTES
+    rows = [Experiment("classifier", "classifier", classifier, 1, minutes["classifier"])]
+    pairs = [("", "gan", SMOKE if smoke else FULL)]
+    pairs += [] if smoke else [("-long", "long", LONG)]  # the longer pair: full budget only
+    for suffix, group, sets in pairs:
+        for model in MODELS:
+            params = {"model": model, "task": "gan_mnist", "sets": sets}
+            seeds, cost = (1, 0.2) if smoke else (SEEDS, MINUTES[model + suffix])
+            rows.append(Experiment(model + suffix, group, params, seeds, cost))
     floor_sets = ["task.n_fid=20"] if smoke else []
-    rows.append(Experiment("floor", "floor", {"sets": floor_sets}, 1, 0.1 if smoke else 0.5))
+    rows.append(Experiment("floor", "floor", {"sets": floor_sets}, 1, minutes["floor"]))
     return rows
 
 
@@ -144,9 +123,6 @@ def derive(summary: dict) -> dict:
     from attnzoo.models.sagan import sagan
     from attnzoo.tasks.gan_mnist import GanMnistConfig
 
-    fa, fn = (C.by_seed(summary, i, "fid") for i in ("sagan", "sagan-noattn"))
-    la, ln = (C.by_seed(summary, i, "fid") for i in ("sagan-long", "sagan-noattn-long"))
-    pa, pn = (C.by_seed(summary, i, "params") for i in ("sagan", "sagan-noattn"))
     setup = {
         k: v
         for k, v in asdict(sagan()).items()
@@ -157,9 +133,9 @@ def derive(summary: dict) -> dict:
         "paper": PAPER,
         "setup": setup,
         "compare": {
-            "fid_attn_minus_noattn": [fa[s] - fn[s] for s in sorted(fa.keys() & fn.keys())],
-            "long_fid_attn_minus_noattn": [la[s] - ln[s] for s in sorted(la.keys() & ln.keys())],
-            "noattn_params_over_attn": [pn[s] / pa[s] for s in sorted(pa.keys() & pn.keys())],
+            "fid_attn_minus_noattn": C.paired(summary, "fid", "sagan", "sagan-noattn"),
+            "long_fid_attn_minus_noattn": C.paired(summary, "fid", *(f"{m}-long" for m in MODELS)),
+            "noattn_params_over_attn": C.paired(summary, "params", *MODELS[::-1], operator.truediv),
         },
     }
 
@@ -167,19 +143,14 @@ def derive(summary: dict) -> dict:
 def figures(data: dict, folder: Path) -> list[Path]:
     """Seed 0's samples per class and attention maps (Zhang 2018, Fig. 1), and every seed's
     gammas per step, from the full-budget run dirs where they exist."""
-    written = C.copy_run_figures(
-        {
-            "sagan_samples.png": C.bench_run_dir("sagan", "sagan") / "figures/samples.png",
-            "sagan_attention.png": C.bench_run_dir("sagan", "sagan") / "figures/attention.png",
-            "sagan_noattn_samples.png": C.bench_run_dir("sagan", "sagan-noattn")
-            / "figures/samples.png",
-            "sagan_long_samples.png": C.bench_run_dir("sagan", "sagan-long")
-            / "figures/samples.png",
-            "sagan_long_attention.png": C.bench_run_dir("sagan", "sagan-long")
-            / "figures/attention.png",
-        },
-        folder,
-    )
+    shown = {"sagan": ("samples", "attention"), "sagan-noattn": ("samples",)}
+    shown["sagan-long"] = ("samples", "attention")
+    pairs = {
+        f"{i.replace('-', '_')}_{name}.png": C.bench_run_dir("sagan", i) / f"figures/{name}.png"
+        for i, names in shown.items()
+        for name in names
+    }
+    written = C.copy_run_figures(pairs, folder)
     seeds = [_gammas(C.bench_run_dir("sagan", "sagan", s)) for s in range(SEEDS)]
     seeds = [rows for rows in seeds if rows]
     if seeds:
@@ -218,15 +189,7 @@ TABLES = [
     Table("budget", columns("row=id") + RUN, ["gan", "long"]),
 ]
 BENCH = Bench(
-    "sagan",
-    __file__,
-    experiments,
-    worker,
-    TARGETS,
-    TABLES,
-    derive=derive,
-    figures=figures,
-    jobs=1,
+    "sagan", __file__, experiments, worker, TARGETS, TABLES, derive=derive, figures=figures, jobs=1
 )
 
 if __name__ == "__main__":

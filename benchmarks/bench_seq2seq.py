@@ -16,6 +16,7 @@ BLEU is sacrebleu's; its signature is recorded beside the score.
 
 from __future__ import annotations
 
+import operator
 from fnmatch import fnmatch
 from itertools import pairwise
 from pathlib import Path
@@ -102,18 +103,15 @@ def sized(params: dict, reference: list[str]) -> list[str]:
     of `heads`, d_ff = 4 d_model, the paper's ratio), then its d_ff (the count is linear in
     d_ff: solved from the slope)."""
     from attnzoo import runs
-    from attnzoo.models.registry import MODELS
 
     if params["model"] == "bahdanau":
         return []
     task, reference = runs.build(C.resolved_config(reference, "bahdanau", params["task"], 0))
     target = sum(p.numel() for p in reference.parameters())
     own = C.resolved_config(params["sets"], params["model"], params["task"], 0)["model"]
-    spec = MODELS[params["model"]]
 
     def count(**changes) -> int:
-        model = spec.build(spec.config_class(**{**own, **changes}), task)
-        return sum(p.numel() for p in model.parameters())
+        return C.parameter_count(params["model"], params["task"], params["sets"], task, **changes)
 
     if "hidden" in own:
         best = min(range(8, 4 * own["hidden"] + 1, 4), key=lambda h: abs(count(hidden=h) - target))
@@ -183,15 +181,11 @@ def derive(summary: dict) -> dict:
     wall clock" hold?)."""
     derived: dict = {"paper": PAPER}
     for task in MATCHED:
-        ids = [f"matched-{task}-{m}" for m in ("bahdanau", "transformer")]
-        key = "bleu" if task == "kjv2web" else "exact_match_pct"
-        (b, t), (bm, tm) = ([C.by_seed(summary, i, k) for i in ids] for k in (key, "train_minutes"))
-        seeds = sorted(b.keys() & t.keys() & bm.keys() & tm.keys())
-        if seeds:
-            derived[f"matched-{task}"] = {
-                "gain": [t[k] - b[k] for k in seeds],
-                "train_minutes_ratio": [tm[k] / bm[k] for k in seeds],
-            }
+        b, t = (f"matched-{task}-{m}" for m in ("bahdanau", "transformer"))
+        gain = C.paired(summary, "bleu" if task == "kjv2web" else "exact_match_pct", t, b)
+        minutes = C.paired(summary, "train_minutes", t, b, operator.truediv)
+        if gain and minutes:
+            derived[f"matched-{task}"] = {"gain": gain, "train_minutes_ratio": minutes}
     return derived
 
 

@@ -23,10 +23,9 @@ with `--seeds 1` (the rule's `SEEDS` per row when the machine allows); the page 
 
 from __future__ import annotations
 
-import sys
+import operator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
 import _common as C
 from _common import Bench, Experiment, Table, columns, drive, targets
 
@@ -45,15 +44,9 @@ PAPER = {"flickr8k": {"soft": 19.5, "hard": 21.3}, "coco": {"soft": 24.3, "hard"
 
 
 def experiments(budget: str) -> list[Experiment]:
-    smoke = budget == "smoke"
+    sets, seeds, minutes = (SMOKE, 1, 0.2) if budget == "smoke" else (FULL, SEEDS, MINUTES)
     return [
-        Experiment(
-            variant,
-            "captions",
-            {"model": model, "sets": SMOKE if smoke else FULL},
-            1 if smoke else SEEDS,
-            0.2 if smoke else MINUTES,
-        )
+        Experiment(variant, "captions", {"model": model, "sets": sets}, seeds, minutes)
         for variant, model in MODELS.items()
     ]
 
@@ -83,19 +76,12 @@ def derive(summary: dict) -> dict:
         setup.update(
             {f"{name}_{k}": v for k, v in asdict(config).items() if isinstance(v, float | int)}
         )
-    derived: dict = {
-        "paper": {f"{d}_{v}_bleu4": b[v] for d, b in PAPER.items() for v in b},
-        "setup": setup,
+    compare = {
+        "hard_minus_soft_exact_match": C.paired(summary, "exact_match_pct", "hard", "soft"),
+        "baseline_params_over_soft": C.paired(summary, "params", "none", "soft", operator.truediv),
     }
-    soft, hard = (C.by_seed(summary, i, "exact_match_pct") for i in ("soft", "hard"))
-    ps, pn = C.by_seed(summary, "soft", "params"), C.by_seed(summary, "none", "params")
-    derived["compare"] = {
-        "hard_minus_soft_exact_match": [
-            hard[s] - soft[s] for s in sorted(soft.keys() & hard.keys())
-        ],
-        "baseline_params_over_soft": [pn[s] / ps[s] for s in sorted(ps.keys() & pn.keys())],
-    }
-    return derived
+    paper = {f"{d}_{v}_bleu4": b[v] for d, b in PAPER.items() for v in b}
+    return {"paper": paper, "setup": setup, "compare": compare}
 
 
 def figures(data: dict, folder: Path) -> list[Path]:
@@ -132,14 +118,9 @@ TARGETS = targets(
     ("soft: exact caption match % >= 95", "soft", "exact_match_pct", ">=", 95),
     ("soft: attention correctness >= 0.5", "soft", "correctness", ">=", 0.5),
     ("soft: correctness >= 4x uniform", "soft", "correctness_over_uniform", ">=", 4),
-    (
-        "hard: exact match within five points of soft",
-        "compare",
-        "hard_minus_soft_exact_match",
-        ">=",
-        -5,
-    ),
-)
+    ("hard: exact match within five points of soft", "compare", "hard_minus_soft_exact_match",
+     ">=", -5),
+)  # fmt: skip
 SCORES = columns("row=id; exact match %=exact_match_pct", 1)
 SCORES += columns("BLEU-1=bleu1; BLEU-2=bleu2; BLEU-3=bleu3; BLEU-4=bleu4", 1)
 SCORES += columns("correctness=correctness; uniform=uniform_correctness", 3)
@@ -150,16 +131,8 @@ TABLES = [
     Table("captions", SCORES, ["captions"]),
     Table("budget", columns("row=id") + RUN, ["captions"]),
 ]
-BENCH = Bench(
-    "show_attend_tell",
-    __file__,
-    experiments,
-    worker,
-    TARGETS,
-    TABLES,
-    derive=derive,
-    figures=figures,
-)
+BENCH = Bench("show_attend_tell", __file__, experiments, worker, TARGETS, TABLES, derive=derive,
+              figures=figures)  # fmt: skip
 
 if __name__ == "__main__":
     drive(BENCH)
