@@ -21,10 +21,9 @@ time.
 
 from __future__ import annotations
 
-import sys
+from operator import truediv
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
 import _common as C
 from _common import Bench, Experiment, Table, columns, drive, targets
 
@@ -110,20 +109,19 @@ def worker(params: dict, ctx: C.Context) -> dict:
 
 def derive(summary: dict) -> dict:
     """The paper's numbers, and per unit and seed SNAIL's accuracy minus the prototypical
-    network's and its training minutes over the other's (did "equal time" hold?)."""
+    network's and its training minutes over the other's (did "equal time" hold?); for the
+    reduced unit also the similarity start's accuracy minus the independent start's."""
     derived: dict = {"paper": PAPER}
-    units = [(f"matched-{t}", t) for t in SETTINGS] + [("reduced-glyphs", "glyphs")]
-    for unit, _ in units:
-        ids = [f"{unit}-{m}" for m in MODELS]
-        (s, p), (sm, pm) = (
-            [C.by_seed(summary, i, k) for i in ids] for k in ("accuracy", "train_minutes")
-        )
-        seeds = sorted(s.keys() & p.keys() & sm.keys() & pm.keys())
-        if seeds:
-            derived[unit] = {
-                "gain": [s[k] - p[k] for k in seeds],
-                "train_minutes_ratio": [sm[k] / pm[k] for k in seeds],
-            }
+    for unit in [*(f"matched-{t}" for t in SETTINGS), "reduced-glyphs"]:
+        snail, proto = f"{unit}-snail", f"{unit}-protonet"
+        entry = {
+            "gain": C.paired(summary, "accuracy", snail, proto),
+            "train_minutes_ratio": C.paired(summary, "train_minutes", snail, proto, truediv),
+        }
+        if unit.startswith("reduced"):
+            entry["init_gain"] = C.paired(summary, "accuracy", snail, f"{snail}-independent")
+        if any(entry.values()):
+            derived[unit] = entry
     return derived
 
 
