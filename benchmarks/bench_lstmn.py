@@ -247,10 +247,10 @@ def derive(summary: dict) -> dict:
 
 
 def figures(data: dict, folder: Path) -> list[Path]:
-    """The LSTMN's intra-attention figures of seed 0 of the matched-short run, else of the
-    matched one, when its run dir exists."""
+    """The LSTMN's intra-attention figures of seed 0 of the matched run (the longest
+    trained), else of the matched-short one, when its run dir exists."""
     found = [
-        C.bench_run_dir("lstmn", f"{u}-lstmn") / "figures" for u in ("matched-short", "matched")
+        C.bench_run_dir("lstmn", f"{u}-lstmn") / "figures" for u in ("matched", "matched-short")
     ]
     run = next((r for r in found if r.exists()), None)
     names = ("intra_attention", "intra_attention_1", "intra_attention_heatmap") if run else ()
