@@ -93,7 +93,8 @@ def targets(source: str, *rows: tuple) -> list[Target]:
 
 @dataclass(frozen=True)
 class Column:
-    """A table column: `key` is a metric (dotted for nested ones), `params.NAME` or `id`."""
+    """A table column: `key` is a metric (dotted for nested ones; a string metric is shown as
+    it is), `params.NAME` or `id`."""
 
     header: str
     key: str
@@ -269,6 +270,8 @@ def cell(entry: Mapping[str, Any], column: Column, experiment_id: str, item: str
         return item or experiment_id
     if key.startswith("params."):
         return _param(entry["params"].get(key.split(".", 1)[1]))
+    if key in entry.get("text", {}):  # a string metric every seed agrees on
+        return entry["text"][key]
     if column.spread:
         low, high = ("min", "max") if column.spread == "range" else ("q1", "q3")
         stats = [metrics.get(f"{key}.{k}") for k in ("median", low, high)]

@@ -102,3 +102,19 @@ def test_render_table_gives_a_row_per_item_and_spreads():
         "| 4 | ours | 2.0 (1.5-2.5) | 2 (1-3) | 1 |",
         "| 4 | peer | OOM | OOM | 1 |",
     ]
+
+
+def test_render_table_shows_a_string_metric_only_where_every_seed_agrees():
+    rows = [
+        {"id": i, "seed": s, "status": "ok", "metrics": {"acc": 1.0 + s, "init": init}}
+        for i, inits in (("same", ("a", "a")), ("differ", ("a", "b")))
+        for s, init in enumerate(inits)
+    ]
+    experiments = [_common.Experiment(i, "g", {}) for i in ("same", "differ")]
+    summary = _common.summary_of(rows, experiments)
+    table = _common.Table("t", [("id", "id"), ("init", "init"), ("acc", "acc", 1)], groups=["g"])
+    text = _common.render_table(table, {"summary": summary, "rows": rows})
+    assert text.splitlines()[2:] == [
+        "| same | a | 1.5 ± 0.7 | 2 |",
+        "| differ | - | 1.5 ± 0.7 | 2 |",
+    ]
