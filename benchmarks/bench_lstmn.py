@@ -157,6 +157,40 @@ def _speed_pair(params: dict, vocab: int) -> dict:
     return out
 
 
+def multiply_adds(params: dict, length: int, vocab: int) -> dict[str, float]:
+    """Forward multiply-adds per token of each implementation (the backward's are a fixed
+    multiple of them in both), counted from the sizes: the gate matrices, the score's query
+    projection, a read of t slots at step t (the score's v over t tanh rows, the values' 2H
+    columns) and the output layer are common; the tape projects each of its length + 1 slots
+    (h_0 too) once, the other projects all t slots again at step t (t = 1 .. length)."""
+    e, h, a = params["embed_dim"], params["hidden"], params["attn_hidden"]
+    common = e * 4 * h + h * 4 * h + (e + h) * a + h * vocab
+    mean_slots = (length + 1) / 2  # the mean of t over t = 1 .. length
+    read = mean_slots * (a + 2 * h)
+    tape_keys = h * a * (length + 1) / length
+    return {"tape": common + read + tape_keys, "recompute": common + read + mean_slots * h * a}
+
+
+def arithmetic(params: dict) -> dict:
+    """The speed-up the multiply-adds alone predict (recomputing's over the tape's), per
+    length, for the task's vocabulary and for the small one: what the measured speed-ups would
+    be if every multiply-add cost the same in both implementations."""
+
+    def ratio(length: int, vocab: int) -> float:
+        counts = multiply_adds(params, length, vocab)
+        return counts["recompute"] / counts["tape"]
+
+    out: dict = {"by_length": {}}
+    for n in params["lengths"]:
+        out["by_length"][str(n)] = {
+            "speedup": ratio(n, params["vocab"]),
+            "recurrence_speedup": ratio(n, params["small_vocab"]),
+        }
+    if SPEED_TARGET_LENGTH in params["lengths"]:
+        out["speedup_at_context"] = ratio(SPEED_TARGET_LENGTH, params["vocab"])
+    return out
+
+
 # 2. Matched language models --------------------------------------------------------------------
 
 
@@ -226,9 +260,12 @@ PAPER = {
 
 
 def derive(summary: dict) -> dict:
-    """The paper's numbers, and per matched unit and seed: LSTMN and SimpleRNN+self-attention
+    """The paper's numbers; the speed-ups the multiply-adds predict (`arithmetic`) for the
+    speed row's sizes; and per matched unit and seed: LSTMN and SimpleRNN+self-attention
     perplexity over the LSTM's, their parameter counts and training minutes over the LSTM's."""
     derived: dict = {"paper": PAPER}
+    if "speed" in summary and summary["speed"]["seeds"]:
+        derived["speed-arithmetic"] = arithmetic(summary["speed"]["params"])
     derived["budgets"] = dict(matched_minutes=MATCHED_MINUTES, matched_seeds=MATCHED_SEEDS)
     derived["budgets"].update(short_minutes=SHORT_MINUTES, short_seeds=SHORT_SEEDS)
     names = {"perplexity": "ppl", "params": "params", "train_minutes": "minutes"}
@@ -280,10 +317,11 @@ SPEED = "; ".join(
 )
 SPEEDUP = "; ".join(f"n={n}=by_length.{n}.speedup" for n in SPEED_LENGTHS)
 RECURRENCE_SPEEDUP = "; ".join(f"n={n}=by_length.{n}.recurrence_speedup" for n in SPEED_LENGTHS)
+ROW, SPEED_ROWS = columns("row=id"), ["speed", "speed-arithmetic"]
 TABLES = [
     Table("speed", columns(SPEED, 0), ["speed"]),
-    Table("speedup", columns(SPEEDUP), ["speed"]),
-    Table("recurrence-speedup", columns(RECURRENCE_SPEEDUP), ["speed"]),
+    Table("speedup", ROW + columns(SPEEDUP), ids=SPEED_ROWS),
+    Table("recurrence-speedup", ROW + columns(RECURRENCE_SPEEDUP), ids=SPEED_ROWS),
     Table("matched", MATCHED_COLUMNS, ["matched"]),
     Table("matched-short", MATCHED_COLUMNS, ["matched-short"]),
 ]

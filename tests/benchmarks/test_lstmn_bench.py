@@ -47,3 +47,22 @@ def test_recomputing_peer_projects_the_whole_tape_at_every_step():
         model.score.key_proj.register_forward_hook(lambda m, i, o, rows=rows: rows.append(i[0]))
         model(tokens)
         assert [r.shape[1] for r in rows] == expected
+
+
+def test_multiply_adds_count_what_torch_counts():
+    """`multiply_adds` against torch's own count of the forward's matrix products
+    (`FlopCounterMode`: two flops per multiply-add), for both implementations at odd sizes;
+    the one term it does not see is the score's v over the tanh rows (an elementwise product
+    and sum, t * attn_hidden at step t), added here."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    batch, length = 3, 9
+    params = {"embed_dim": 5, "hidden": 7, "attn_hidden": 3}
+    tokens = torch.randint(1, V, (batch, length))
+    v_dot = (length + 1) / 2 * CONFIG.attn_hidden  # per token
+    for name, model in zip(("tape", "recompute"), pair(), strict=True):
+        with FlopCounterMode(display=False) as counter:
+            model(tokens)
+        counted = counter.get_total_flops() / 2 / (batch * length) + v_dot
+        expected = bench_lstmn.multiply_adds(params, length, V)[name]
+        assert abs(counted - expected) < 1e-9 * expected, name
