@@ -10,6 +10,9 @@ beside the uniform baseline (box area / canvas area):
 - soft: deterministic attention with beta and the doubly stochastic regulariser;
 - hard: a sampled location per word, REINFORCE with a moving-average baseline and an entropy
   bonus (its correctness is the mass of the distribution it samples from);
+- soft-lambda0: soft without the doubly stochastic term (lambda = 0), the ablation that asks
+  what the term does to attention correctness: with fewer caption steps than feature-map
+  cells, sum_i (1 - sum_t alpha_ti)^2 is smallest when every step spreads its weight evenly;
 - none: the LSTM captioner without attention (the mean annotation at every step), its LSTM
   widened to the soft model's parameter count (within 2%).
 
@@ -45,10 +48,12 @@ PAPER = {"flickr8k": {"soft": 19.5, "hard": 21.3}, "coco": {"soft": 24.3, "hard"
 
 def experiments(budget: str) -> list[Experiment]:
     sets, seeds, minutes = (SMOKE, 1, 0.2) if budget == "smoke" else (FULL, SEEDS, MINUTES)
-    return [
+    found = [
         Experiment(variant, "captions", {"model": model, "sets": sets}, seeds, minutes)
         for variant, model in MODELS.items()
     ]
+    ablation = {"model": MODELS["soft"], "sets": [*sets, "model.doubly_stochastic=0"]}
+    return [*found, Experiment("soft-lambda0", "captions", ablation, seeds, minutes)]
 
 
 def worker(params: dict, ctx: C.Context) -> dict:
