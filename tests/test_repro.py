@@ -4,6 +4,7 @@ one line naming the argument."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -82,7 +83,26 @@ def _sagan(data: dict) -> None:  # every row ran in order; the baseline has no g
     assert summary["floor"]["metrics"]["fid"]["mean"] >= 0
 
 
+def _attention(data: dict) -> None:  # the additive rows' OOM estimate, cap and targets
+    rows = {r["id"]: r for r in data["rows"]}
+    # the long plain additive does not fit the smoke budget: "oom" by its estimate
+    long = rows["additive-h32-fwd+bwd-L256"]["metrics"]["impls"]
+    assert long["plain"]["status"] == "oom" and "estimated" in long["plain"]["error"]
+    row = rows["additive-h32-fwd+bwd-L64"]
+    cap_mib = (row["params"]["budget_gib"] + 1) * 1024
+    for name, impl in row["metrics"]["impls"].items():
+        assert len(impl["times_ms"]) == row["params"]["repeats"], name
+        assert 0 < impl["peak_mib"] < cap_mib, name  # measured in a child, under the cap
+    plain = row["metrics"]["impls"]["plain"]["ratio"]
+    assert plain["min"] <= plain["median"]
+    measured = {t["key"] for t in data["targets"] if t["id"] == "additive" and t["n"] == 1}
+    keras = {"peak_over_keras"} if importlib.util.find_spec("keras") else set()
+    assert {"time_over_plain", "peak_over_plain", "gtanh_per_s"} | keras <= measured
+    assert data["method"]["peak_mib"].startswith("VmHWM")
+
+
 CHECKS = {
+    "attention": _attention,
     "sagan": _sagan,
     "attention_overhead": _overhead,
     "keras": _keras,
