@@ -273,6 +273,18 @@ def test_moving_average_baseline():
     b.update(torch.tensor([6.0]))
     assert b().item() == pytest.approx(0.75 * 2.0 + 0.25 * 6.0)
     assert set(b.state_dict()) == {"value", "started"}
+    # only the counted rows enter the mean; a batch with none counted changes nothing
+    before = b().item()
+    b.update(torch.tensor([100.0, 10.0, -50.0]), torch.tensor([False, True, False]))
+    assert b().item() == pytest.approx(0.75 * before + 0.25 * 10.0)
+    before = b().item()
+    b.update(torch.tensor([100.0]), torch.tensor([False]))
+    assert b().item() == before
+    fresh = MovingAverageBaseline(momentum=0.75)
+    fresh.update(torch.tensor([7.0]), torch.tensor([False]))  # nothing counted: not started
+    assert not fresh.started and fresh().item() == 0.0
+    fresh.update(torch.tensor([7.0, 1.0]), torch.tensor([False, True]))  # the first sets it
+    assert fresh.started and fresh().item() == pytest.approx(1.0)
 
 
 def test_toolkit_on_every_device(device):

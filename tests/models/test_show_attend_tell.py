@@ -100,10 +100,11 @@ def test_hard_variant_gradients_route_per_the_toolkit():
     """The score (the location policy) learns only through log pi (and the entropy): the
     caption's likelihood gives it no gradient, since the sampled location is not
     differentiable; the likelihood trains the encoder through the chosen annotation."""
-    model = build(hard(**SMALL)).train()
+    model = build(hard(**SMALL, expectation_rate=0.0)).train()  # every image samples
     images, tokens, lengths = inputs()
     g = torch.Generator().manual_seed(3)
     out = model(images, tokens, lengths, sample=True, generator=g)
+    assert out.expected is None
     assert out.locations.shape == tokens.shape and out.log_pi.shape == tokens.shape
     picked = out.weights.gather(-1, out.locations.unsqueeze(-1)).squeeze(-1).log()
     torch.testing.assert_close(out.log_pi, picked)  # log pi is log alpha at the sample
@@ -125,6 +126,39 @@ def test_hard_variant_gradients_route_per_the_toolkit():
     masked = reinforce_loss(log_pi, reward, 0.1, mask=real)
     (grad,) = torch.autograd.grad(masked.total, log_pi)
     assert (grad[~real] == 0).all() and (grad[real] != 0).all()
+
+
+def test_hard_attention_by_expectation_on_the_drawn_images():
+    """Xu 2015 sec. 4.1: in training, with probability `expectation_rate` per image, z_t is
+    sum_i alpha_ti a_i (a float64 loop here) instead of the sampled annotation, and the
+    likelihood's gradient then reaches the location policy; evaluation always samples."""
+    model = build(hard(**SMALL, expectation_rate=0.5)).train()
+    images, tokens, _ = inputs(b=3)
+    images = images.repeat(40, 1, 1, 1)  # 120 images: both kinds occur
+    tokens, lengths = tokens.repeat(40, 1), torch.full((120,), tokens.shape[1])
+    out = model(images, tokens, lengths, generator=torch.Generator().manual_seed(5))
+    drawn = int(out.expected.sum())
+    assert out.expected.shape == (120,) and 40 <= drawn <= 80  # Binomial(120, 0.5): ~5 sd
+    state = model.start(images)
+    state.expected = out.expected
+    state.h = torch.randn(state.h.shape, dtype=torch.float64)
+    z, alpha, _, _, index = model._attend(state, sample=True)
+    a = model.encoder(images)
+    for b in (int(out.expected.nonzero()[0]), int((~out.expected).nonzero()[0])):
+        if out.expected[b]:
+            reference = sum(float(alpha[b, i].detach()) * a[b, i] for i in range(a.shape[1]))
+        else:
+            reference = a[b, int(index[b])]
+        torch.testing.assert_close(z[b], reference, rtol=1e-12, atol=1e-12)
+    # the likelihood of an expected image trains the score; a sampled one's does not
+    for pick, gets in ((out.expected, True), (~out.expected, False)):
+        nll = -out.log_probs[pick].sum()
+        grads = torch.autograd.grad(nll, model.score.key_proj.weight, retain_graph=True)
+        assert bool(grads[0].abs().max() > 0) is gets
+    every = build(hard(**SMALL, expectation_rate=1.0)).train()
+    assert every(images[:3], tokens[:3], lengths[:3]).expected.all()
+    evaluating = build(hard(**SMALL, expectation_rate=1.0)).eval()
+    assert evaluating(images[:3], tokens[:3], lengths[:3]).expected is None
 
 
 def test_hard_decoding_shows_the_sampled_location_one_hot():

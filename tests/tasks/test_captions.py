@@ -149,6 +149,18 @@ def test_the_loss_adds_the_penalty_and_counts_real_tokens(task):
     loss.backward()
     assert bool(hard_model.reward_baseline.started)  # the moving average has its first value
     assert hard_model.score.query_proj.weight.grad.abs().max() > 0
+    # every image attending by expectation: no policy term, the baseline left unstarted
+    every = ShowAttendTell(hard(**small, expectation_rate=1.0), **task.model_dims())
+    every.load_state_dict(hard_model.state_dict())
+    every.reward_baseline.started.fill_(False)
+    every.reward_baseline.value.zero_()
+    loss, _ = task.loss(every, batch)
+    g = torch.Generator().manual_seed(task.seed * 7 + batch.step)  # the loss's own draws
+    out = every(batch.images, batch.tokens_in, batch.lengths, sample=True, generator=g)
+    real = batch.tokens_out != 0
+    nll = -(out.log_probs.gather(-1, batch.tokens_out.unsqueeze(-1)).squeeze(-1) * real).sum()
+    assert out.expected.all() and loss.item() == pytest.approx(nll.item(), rel=1e-6)
+    assert not bool(every.reward_baseline.started)
 
 
 def test_evaluate_reports_bleu_with_its_signature_and_correctness(task):

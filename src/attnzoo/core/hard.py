@@ -258,9 +258,17 @@ class MovingAverageBaseline(nn.Module):
         return self.value
 
     @torch.no_grad()
-    def update(self, reward: torch.Tensor) -> None:
-        """Fold in the batch mean of `reward` (batch, *shape); the first batch sets it."""
-        mean = reward.detach().to(self.value.dtype).mean(0)
-        rate = torch.where(self.started, 1.0 - self.momentum, 1.0)
+    def update(self, reward: torch.Tensor, counts: torch.Tensor | None = None) -> None:
+        """Fold in the batch mean of `reward` (batch, *shape); the first batch sets it.
+        `counts` (batch,) bool: only those rows enter the mean, and a batch with none leaves
+        the baseline as it was (no host sync: it stays a tensor operation)."""
+        reward = reward.detach().to(self.value.dtype)
+        if counts is None:
+            counts = torch.ones(reward.shape[0], dtype=torch.bool, device=reward.device)
+        weight = counts.to(reward.dtype).reshape(-1, *([1] * (reward.dim() - 1)))
+        total = weight.sum(0)  # (1, ...) broadcastable
+        mean = (reward * weight).sum(0) / total.clamp(min=1)
+        some = total.reshape(-1)[0] > 0
+        rate = torch.where(self.started, 1.0 - self.momentum, 1.0) * some
         self.value.add_(rate * (mean - self.value))
-        self.started.fill_(True)
+        self.started.logical_or_(some)

@@ -26,10 +26,13 @@ Note:
       the L = (H / 2^pools) * (W / 2^pools) cells see ~30 pixels each.
     - The regulariser sums over the real caption steps only (the words and <end>), never over
       padding after <end>; the paper's captions are bucketed by length and have none.
-    - Hard attention: the paper also replaces the sampled location by its expectation with
-      probability 0.5 in training; here every training step samples. At evaluation the hard
-      model samples too (from the task's seeded generator), so its figures show the locations
-      it actually used. The moving-average baseline tracks the whole caption's log-likelihood.
+    - Hard attention in training, as the paper does (sec. 4.1): with probability
+      `expectation_rate` (0.5) for a given image, every step of its caption uses the expected
+      annotation sum_i alpha_ti a_i instead of a sampled one, so the likelihood's gradient
+      reaches the location policy directly on those images; REINFORCE and the moving-average
+      baseline (which tracks the whole caption's log-likelihood) count the sampled images
+      only. At evaluation the hard model always samples (from the task's seeded generator),
+      so its figures show the locations it actually used.
     - lambda defaults to 0.1, not the paper's 1: with T ~ 12 words and L = 64 cells, the term
       (summed per caption, as the log-likelihood is) pushes attention to spread over every
       cell, and at 1 it outweighs the caption's log-likelihood once that is learned.
@@ -69,6 +72,9 @@ class ShowAttendTellConfig:
     entropy_weight: lambda_e of the entropy bonus (hard only).
     reinforce_weight: lambda_r of the REINFORCE terms (hard only).
     baseline_momentum: the moving-average baseline's momentum (hard only; the paper: 0.9).
+    expectation_rate: hard only, in training: the probability, per image, that its caption
+        attends by the expectation sum_i alpha_ti a_i instead of a sampled location (Xu 2015
+        sec. 4.1: 0.5; 0: always sample).
     """
 
     variant: str = "soft"
@@ -81,6 +87,7 @@ class ShowAttendTellConfig:
     entropy_weight: float = 0.01
     reinforce_weight: float = 1.0
     baseline_momentum: float = 0.9
+    expectation_rate: float = 0.5
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -96,6 +103,13 @@ class ShowAttendTellConfig:
         for name in ("doubly_stochastic", "entropy_weight", "reinforce_weight"):
             if not getattr(self, name) >= 0:
                 fail("ShowAttendTellConfig", name, "a number >= 0", getattr(self, name))
+        if not 0 <= self.expectation_rate <= 1:
+            fail(
+                "ShowAttendTellConfig",
+                "expectation_rate",
+                "a probability in [0, 1]",
+                self.expectation_rate,
+            )
         if not 0 <= self.baseline_momentum < 1:
             fail(
                 "ShowAttendTellConfig",
@@ -193,6 +207,7 @@ class CaptionState:
     keys: PreparedKey | None  # W_a a, once per image
     generator: torch.Generator | None
     weights: torch.Tensor | None = None  # (b, L) the last step's attention (one-hot if hard)
+    expected: torch.Tensor | None = None  # (b,) bool: hard, this image attends by expectation
 
     def reorder(self, index: torch.Tensor) -> CaptionState:
         pick = lambda x: None if x is None else x.index_select(0, index)  # noqa: E731
@@ -205,6 +220,7 @@ class CaptionState:
             keys,
             self.generator,
             pick(self.weights),
+            pick(self.expected),
         )
 
 
@@ -217,6 +233,7 @@ class CaptionOutput:
     log_pi: torch.Tensor | None = None  # (b, t) log alpha_{t, s_t} (hard)
     entropy: torch.Tensor | None = None  # (b, t) H(alpha_t) (hard)
     locations: torch.Tensor | None = None  # (b, t) s_t (hard)
+    expected: torch.Tensor | None = None  # (b,) bool: hard, attended by expectation (no s_t)
 
 
 class ShowAttendTell(nn.Module):
@@ -296,6 +313,9 @@ class ShowAttendTell(nn.Module):
             index = log_alpha.argmax(-1)
             log_pi = log_alpha.gather(-1, index.unsqueeze(-1)).squeeze(-1)
         z = state.annotations[torch.arange(len(index), device=index.device), index]  # (b, D)
+        if state.expected is not None:  # these images use sum_i alpha_i a_i instead
+            mean = torch.bmm(alpha.unsqueeze(1), state.annotations).squeeze(1)  # (b, D)
+            z = torch.where(state.expected.unsqueeze(-1), mean, z)
         return z, alpha, log_pi, entropy, index
 
     def _step(self, y_prev: torch.Tensor, state: CaptionState, sample: bool):
@@ -323,7 +343,9 @@ class ShowAttendTell(nn.Module):
     ) -> CaptionOutput:
         """Teacher forcing. images (b, C, H, W); tokens_in (b, t) <bos> + words, padded;
         lengths (b,) real steps (words + <end>). Returns `CaptionOutput`; `penalty` is the
-        doubly stochastic term lambda * sum_b sum_i (1 - sum_{t < length_b} alpha_bti)^2."""
+        doubly stochastic term lambda * sum_b sum_i (1 - sum_{t < length_b} alpha_bti)^2.
+        A hard model in training mode draws, from `generator`, which images attend by
+        expectation (`expectation_rate`; `CaptionOutput.expected`)."""
         if tokens_in.dim() != 2 or tokens_in.shape[0] != images.shape[0]:
             fail(
                 "ShowAttendTell",
@@ -332,6 +354,10 @@ class ShowAttendTell(nn.Module):
                 tuple(tokens_in.shape),
             )
         state = self.start(images, generator)
+        rate = self.config.expectation_rate
+        if self.config.variant == "hard" and sample and self.training and rate:
+            draw = torch.rand(images.shape[0], generator=generator, device=images.device)
+            state.expected = draw < rate  # (b,)
         steps = tokens_in.shape[1]
         logits, alphas, log_pis, entropies, locations = [], [], [], [], []
         for y_prev in tokens_in.unbind(1):
@@ -360,6 +386,7 @@ class ShowAttendTell(nn.Module):
             torch.stack(log_pis, 1),
             torch.stack(entropies, 1),
             torch.stack(locations, 1),
+            state.expected,
         )
 
     # ----- decoding engine -----

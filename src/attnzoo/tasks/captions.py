@@ -365,7 +365,8 @@ class DigitCaptionsTask:
         """Summed cross-entropy over the real target tokens (<end> included) plus the model's
         penalty (the doubly stochastic term); with hard attention, plus REINFORCE (Xu 2015
         eq. 12): reward log p(y | s, a) of the whole caption for every sampled location,
-        minus a moving-average baseline, with an entropy bonus, counted on real steps only."""
+        minus a moving-average baseline, with an entropy bonus, counted on real steps of the
+        images that sampled (not those that attended by expectation, `out.expected`)."""
         g = sampling_generator(batch.images.device).manual_seed(self.seed * 7 + batch.step)
         out = model(batch.images, batch.tokens_in, batch.lengths, sample=True, generator=g)
         real = batch.tokens_out != PAD  # (b, t)
@@ -377,20 +378,23 @@ class DigitCaptionsTask:
         if log_pi is None:
             return supervised, batch.tokens
         reward = token_ll.detach().sum(-1, keepdim=True)  # (b, 1) log p(y | s, a)
+        # images that attended by expectation sampled nothing: no policy term, no baseline
+        expected = getattr(out, "expected", None)
+        sampled = torch.ones_like(real[:, 0]) if expected is None else ~expected  # (b,)
         tracker = model.reward_baseline
         # before the first update the tracker holds 0, not a log-likelihood: that one step
-        # uses its batch's mean instead (a baseline of one batch, once)
-        first = reward.mean().expand_as(tracker())
-        baseline = torch.where(tracker.started, tracker(), first).to(reward.dtype)
+        # uses its sampled images' mean instead (a baseline of one batch, once)
+        first = (reward.squeeze(-1) * sampled).sum() / sampled.sum().clamp(min=1)
+        baseline = torch.where(tracker.started, tracker(), first.expand_as(tracker()))
         policy = reinforce_loss(
             log_pi,
             reward,
-            baseline.detach(),
+            baseline.to(reward.dtype).detach(),
             entropy=out.entropy,
             entropy_weight=model.config.entropy_weight,
-            mask=real,
+            mask=real & sampled.unsqueeze(-1),
         )
-        tracker.update(reward.squeeze(-1))
+        tracker.update(reward.squeeze(-1), sampled)
         return hybrid_loss(supervised, policy, weight=model.config.reinforce_weight), batch.tokens
 
     def held_out(self, split: str) -> tuple[CaptionBatch, list[str]]:
