@@ -207,11 +207,13 @@ class GanMnistTask:
                 continue
             g = sampling_generator(device).manual_seed((self.seed * 1_000_003 + batch.step) * 2 + k)
             z = latents(len(labels), z_dim, g, device)
-            fake = model.generator(z, labels).images
-            if name == "discriminator":
+            if name == "discriminator":  # the generator's output enters detached: no graph
+                with torch.no_grad():
+                    fake = model.generator(z, labels).images
                 real = model.discriminator(batch.images, labels).scores
-                loss = d_hinge_loss(real, model.discriminator(fake.detach(), labels).scores)
+                loss = d_hinge_loss(real, model.discriminator(fake, labels).scores)
             else:
+                fake = model.generator(z, labels).images
                 loss = g_hinge_loss(model.discriminator(fake, labels).scores)
             total = loss if total is None else total + loss
         return total, batch.items
