@@ -135,6 +135,9 @@ def derive(summary: dict) -> dict:
         "compare": {
             "fid_attn_minus_noattn": C.paired(summary, "fid", "sagan", "sagan-noattn"),
             "noattn_params_over_attn": C.paired(summary, "params", *MODELS[::-1], operator.truediv),
+            "attn_minutes_over_noattn": C.paired(
+                summary, "train_minutes", *MODELS, operator.truediv
+            ),
         },
     }
 
