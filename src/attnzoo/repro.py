@@ -68,14 +68,21 @@ def pages(root: Path) -> dict[str, dict[str, str]]:
 def listing(root: Path, seeds: int | None = None) -> list[dict]:
     """Each page with its benches, their full budget in CPU-minutes (a bench shared by two pages
     counts for each) and the experiments no run has timed yet."""
-    found: dict[str, dict] = {}
+    from concurrent.futures import ThreadPoolExecutor
+
+    known = pages(root)
+    scripts = {bench: script for benches in known.values() for bench, script in benches.items()}
+    extra = ["--seeds", str(seeds)] if seeds else []
+
+    def listed_by(script: str) -> dict:
+        out = _python(root, script, "--list", "--budget", "full", *extra, capture=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    # one process per bench (each imports torch, seconds apiece): run them side by side
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        found = dict(zip(scripts, pool.map(listed_by, scripts.values()), strict=True))
     rows = []
-    for page, benches in pages(root).items():
-        for bench, script in benches.items():
-            if bench not in found:
-                extra = ["--seeds", str(seeds)] if seeds else []
-                out = _python(root, script, "--list", "--budget", "full", *extra, capture=True)
-                found[bench] = json.loads(out.stdout.strip().splitlines()[-1])
+    for page, benches in known.items():
         listed = [found[b] for b in benches]
         rows.append(
             {
