@@ -13,7 +13,9 @@ This module imports only the standard library at its top, so a worker pays for n
 
 from __future__ import annotations
 
+import functools
 import gc
+import hashlib
 import json
 import operator
 import os
@@ -373,7 +375,27 @@ def _current(row: Mapping[str, Any], e: Experiment, budget: str) -> bool:
         row.get("status") == STATUS_OK
         and row.get("budget") == budget
         and row.get("params") == json.loads(json.dumps(dict(e.params)))
+        and _defaults_stand(row)
     )
+
+
+@functools.cache
+def defaults_stamp(model: str, task: str) -> str:
+    """The stamp "MODEL|TASK|digest" of the library's default config for the pair (`attnzoo
+    train`'s before any --set): a trained row records it, so a changed default (a model's or a
+    task's) makes the row stale, where its params alone would still look current."""
+    from attnzoo import runs
+
+    text = json.dumps(runs.default_config(model, task), sort_keys=True, default=str)
+    return f"{model}|{task}|{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def _defaults_stand(row: Mapping[str, Any]) -> bool:
+    stamp = row.get("metrics", {}).get("defaults")
+    if not isinstance(stamp, str):  # not trained by train_worker, or from before the stamp
+        return True
+    model, task, _ = stamp.split("|")
+    return defaults_stamp(model, task) == stamp
 
 
 def _says_oom(text: str) -> bool:
@@ -767,8 +789,9 @@ def train_worker(
        written in the last RUN_IN_PROGRESS_S (an error: never train into it twice), else an
        interrupted one, resumed from its checkpoints. Otherwise `run_train` trains from scratch.
     3. The task's figures are written when the run has none.
-    4. Metrics: final.json's, the minutes from timing.json, steps, batch, parameter count and,
-       with `curve`, that metric's learning curve from metrics.jsonl (per evaluation step).
+    4. Metrics: final.json's, the minutes from timing.json, steps, batch, parameter count, the
+       defaults' stamp (`defaults_stamp`: a row is stale once a default changes) and, with
+       `curve`, that metric's learning curve from metrics.jsonl (per evaluation step).
     """
     from attnzoo import runs
 
@@ -803,6 +826,7 @@ def train_worker(
         "batch_size": config["train"]["batch_size"],
         "params": sum(p.numel() for p in built_model.parameters()),
         "reused_run": reused,
+        "defaults": defaults_stamp(model, task),
     }
     if curve:
         logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -123,3 +123,31 @@ def test_train_worker_resumes_an_interrupted_run_and_leaves_a_live_one(tmp_path)
     again, *_ = _common.train_worker(sets, "ntm", "bit_copy", ctx)
     assert not again["reused_run"] and again["steps_run"] == 0  # resumed at its last step
     assert again["bit_errors"] == first["bit_errors"]
+
+
+def test_a_row_goes_stale_when_a_default_changes(monkeypatch):
+    """A trained row carries the defaults' stamp; once a default of its model or task changes,
+    the row is no longer current though its params are the same."""
+    from attnzoo import runs
+
+    (experiment,) = [e for e in bench_show_attend_tell.experiments("full") if e.id == "hard"]
+    stamp = _common.defaults_stamp("show-attend-tell-hard", "digit_captions")
+    row = {"status": "ok", "budget": "full", "params": json.loads(json.dumps(experiment.params))}
+    row["metrics"] = {"defaults": stamp}
+    assert _common._current(row, experiment, "full")
+    assert _common._current({**row, "metrics": {}}, experiment, "full")  # an unstamped row
+    real = runs.default_config
+
+    def changed(model, task):
+        config = real(model, task)
+        config["model"]["expectation_rate"] = 0.25
+        return config
+
+    monkeypatch.setattr(runs, "default_config", changed)
+    _common.defaults_stamp.cache_clear()
+    try:
+        assert not _common._current(row, experiment, "full")
+    finally:
+        monkeypatch.undo()
+        _common.defaults_stamp.cache_clear()
+    assert _common._current(row, experiment, "full")
