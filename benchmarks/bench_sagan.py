@@ -128,7 +128,7 @@ def derive(summary: dict) -> dict:
         for k, v in asdict(sagan()).items()
         if isinstance(v, int | float) and not isinstance(v, bool)
     }
-    setup.update(side=GanMnistConfig().side, pad=GanMnistConfig().pad)
+    setup.update(side=GanMnistConfig().side, pad=GanMnistConfig().pad, curve_steps=list(CURVE))
     return {
         "paper": PAPER,
         "setup": setup,

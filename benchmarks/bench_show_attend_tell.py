@@ -98,10 +98,14 @@ def derive(summary: dict) -> dict:
     return {"paper": paper, "setup": setup, "compare": compare}
 
 
+SHOWN = ("soft-lambda0", "hard")  # the figure's rows: the best soft variant, then hard
+
+
 def figures(data: dict, folder: Path) -> list[Path]:
-    """Seed 0's soft and hard models over the same test images: each word's attention
-    overlaid, soft on one row and hard below it (Xu 2015, Fig. 2/3), when both runs exist."""
-    runs_dir = {v: C.bench_run_dir("show_attend_tell", v) for v in ("soft", "hard")}
+    """Seed 0's soft (`SHOWN`) and hard models over the same test images: each word's
+    attention overlaid, soft on one row and hard below it (Xu 2015, Fig. 2/3), when both runs
+    exist."""
+    runs_dir = {v: C.bench_run_dir("show_attend_tell", v) for v in SHOWN}
     if not all((d / "final.json").exists() for d in runs_dir.values()):
         return []
     import torch
@@ -118,7 +122,7 @@ def figures(data: dict, folder: Path) -> list[Path]:
         drawn[variant] = task.attend(model, 3, g)
     rows = []
     for k in range(3):
-        for variant in ("soft", "hard"):
+        for variant in SHOWN:
             images, _, predictions, weights, grid = drawn[variant]
             rows.append((images[k, 0], [*predictions[k], "<end>"], weights[k], grid, variant))
     fig = caption_attention_figure(rows)
