@@ -28,5 +28,10 @@ def test_full_budget_declares_every_row_with_three_seeds():
     expected |= {
         f"{k}-{m}" for k in ("mnist", "translated", "cluttered") for m in ("fc", "convnet")
     }
-    assert set(rows) == expected
+    ablations = {i for i, e in rows.items() if e["group"].endswith("-ablations")}
+    assert ablations and set(rows) == expected | ablations  # the rows, then ablations
+    for i in ablations:  # each a declared row with sets added
+        base = rows[i.rsplit("-", 1)[0]]["params"]
+        assert rows[i]["params"]["sets"][: len(base["sets"])] == base["sets"]
+        assert len(rows[i]["params"]["sets"]) > len(base["sets"])
     assert all(e["seeds"] >= 3 for i, e in rows.items() if i != "speed")
