@@ -51,7 +51,7 @@ PAPER = {
 # id -> (task, overrides, CPU-minutes per seed (a guess until timed), seeds)
 BANDITS = {
     "bandits-n5-k10": ("bandits", ["train.steps=6000"], 40.0, 3),
-    "bandits-n10-k100": ("bandits_n10_k100", ["train.steps=2000", "train.batch_size=32"], 150.0, 3),
+    "bandits-n10-k100": ("bandits_n10_k100", ["train.steps=2000", "train.batch_size=32"], 35.0, 3),
     "reduced-bandits-n5-k10": ("bandits", ["train.steps=3000"], 3.0, 1),
 }
 BANDIT_SMOKE = ["train.steps=3", "train.batch_size=4", "task.test_episodes=20", "model.filters=4"]

@@ -85,6 +85,47 @@ def test_the_policy_is_causal():
         torch.testing.assert_close(out.value[:, :t], base.value[:, :t], rtol=0, atol=0)
 
 
+def test_step_equals_the_forward_pass_at_every_position():
+    # 17 pulls: dilations 2 .. 32, some longer than the episode
+    torch.manual_seed(3)
+    model = SnailPolicy(snail_bandit(filters=5, key_size=4, value_size=3), 4, 17).double()
+    x = torch.randn(3, 17, 6, dtype=torch.float64)
+    whole = model(x)
+    tape = model.start(x[:, 0])
+    for t in range(17):
+        logits, value = model.step(tape, x[:, t])
+        torch.testing.assert_close(logits, whole.logits[:, t], rtol=0, atol=1e-12)
+        torch.testing.assert_close(value, whole.value[:, t], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="'tape'"):
+        model.step(tape, x[:, 0])
+    with pytest.raises(ValueError, match="'inputs'"):
+        model.step(model.start(x[:, 0]), x[:, 0, :5])
+
+
+def test_rollout_plays_what_the_policy_picks_on_every_prefix(task):
+    # the reference: the whole forward pass on each prefix, the argmax of its last position
+    model = tiny_policy().double()
+    batch = task.held_out(5)
+    batch = B.BanditBatch(batch.probs.double(), batch.payoff.double(), 0, batch.items)
+    actions, rewards = B.rollout(model, batch, None, greedy=True)
+    played, paid = torch.zeros(5, 0, dtype=torch.long), torch.zeros(5, 0, dtype=torch.float64)
+    for t in range(CONFIG.pulls):
+        pick = model(B.inputs_of(played, paid, CONFIG.arms)).logits[:, -1].argmax(-1)
+        played = torch.cat([played, pick[:, None]], 1)
+        paid = torch.cat([paid, batch.payoff[torch.arange(5), t, pick][:, None]], 1)
+    assert torch.equal(actions, played) and torch.equal(rewards, paid)
+
+
+def test_rollout_and_loss_run_on_the_device(task, device):
+    model = tiny_policy().to(device)
+    batch = task.batch(0, 4, device)
+    actions, rewards = B.rollout(model, batch, None)
+    assert actions.device.type == device.type and rewards.shape == (4, CONFIG.pulls)
+    loss, _ = task.loss(model, batch)
+    loss.backward()
+    assert all(p.grad.device.type == device.type for p in model.parameters())
+
+
 def test_the_loss_is_reinforce_with_the_value_baseline(task):
     model = tiny_policy()
     loss, count = task.loss(model, task.batch(0, 8, "cpu"))

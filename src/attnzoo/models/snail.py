@@ -311,6 +311,17 @@ def snail_bandit(**overrides) -> SnailPolicyConfig:
     return replace(SnailPolicyConfig(), **overrides)
 
 
+@dataclass
+class PolicyTape:
+    """What `SnailPolicy.step` keeps of an episode: every block's outputs at the steps so far
+    (x (b, K, width), the inputs first, each block's channels after its inputs') and the
+    attention block's keys and values (kv (b, K, key + value))."""
+
+    x: torch.Tensor
+    kv: torch.Tensor
+    t: int = 0
+
+
 class SnailPolicy(nn.Module):
     """SNAIL as a recurrent policy over a bandit episode ("bandit" interface,
     `attnzoo.tasks.bandits`): inputs (b, t, arms + 2) -> logits (b, t, arms), value (b, t)."""
@@ -331,11 +342,60 @@ class SnailPolicy(nn.Module):
         self.value = nn.Linear(width, 1)
 
     def forward(self, inputs: torch.Tensor, return_weights: bool = False) -> PolicyOutput:
-        if inputs.dim() != 3 or inputs.shape[-1] != self.arms + 2:
-            fail("SnailPolicy", "inputs", f"(batch, steps, {self.arms + 2})", tuple(inputs.shape))
+        self._check_inputs(inputs, "(batch, steps, {})")
         x = inputs
         for block in self.tc:
             x = block(x)  # (b, t, C)
         x, w = self.attend(x, return_weights)  # (b, t, C + V)
         named = [("attention block (causal)", w.unsqueeze(1))] if return_weights else []
         return PolicyOutput(self.policy(x), self.value(x).squeeze(-1), named)
+
+    def _check_inputs(self, inputs: torch.Tensor, shape: str):
+        if inputs.dim() != shape.count(",") + 1 or inputs.shape[-1] != self.arms + 2:
+            fail("SnailPolicy", "inputs", shape.format(self.arms + 2), tuple(inputs.shape))
+
+    def start(self, inputs: torch.Tensor) -> PolicyTape:
+        """An empty tape for `step` over a batch like `inputs` (b, arms + 2): its device, dtype
+        and batch size."""
+        self._check_inputs(inputs, "(batch, {})")
+        b, width = inputs.shape[0], self.attend.out_channels
+        kv = self.attend.key.out_features + self.attend.value.out_features
+        return PolicyTape(
+            inputs.new_zeros(b, self.pulls, width), inputs.new_zeros(b, self.pulls, kv)
+        )
+
+    @torch.no_grad()
+    def step(self, tape: PolicyTape, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One more position of an episode, without gradient: `inputs` (b, arms + 2) at step
+        `tape.t` -> (logits (b, arms), value (b,)), equal to `forward`'s outputs at that step
+        on all the inputs so far (tested). Each block computes only the new position: a dense
+        block reads its inputs at t and t - R from the tape, the attention block's key and
+        value of t are stored once and its query at t attends to the stored 0 .. t. A rollout
+        of K pulls costs K positions, not the K (K + 1) / 2 of calling `forward` on every
+        prefix."""
+        self._check_inputs(inputs, "(batch, {})")
+        t, x = tape.t, tape.x
+        if t >= self.pulls:
+            fail("SnailPolicy.step", "tape", f"fewer than {self.pulls} steps taken", t)
+        x[:, t, : inputs.shape[1]] = inputs
+        width = inputs.shape[1]
+        for block in (b for tc in self.tc for b in tc.blocks):
+            w, bias = block.conv.weight, block.conv.bias  # (2 D, C, 2), (2 D,)
+            h = F.linear(x[:, t, :width], w[..., 1], bias)  # (b, 2 D)
+            if t >= block.dilation:
+                h = h + F.linear(x[:, t - block.dilation, :width], w[..., 0])
+            f, g = h.chunk(2, -1)
+            x[:, t, width : width + f.shape[1]] = torch.tanh(f) * torch.sigmoid(g)
+            width += f.shape[1]
+        att, keys = self.attend, self.attend.key.out_features
+        tape.kv[:, t, :keys] = att.key(x[:, t, :width])
+        tape.kv[:, t, keys:] = att.value(x[:, t, :width])
+        out = attention(
+            att.query(x[:, t : t + 1, :width]),  # (b, 1, K)
+            tape.kv[:, : t + 1, :keys],  # (b, t + 1, K)
+            tape.kv[:, : t + 1, keys:],  # (b, t + 1, V)
+            score="scaled_dot",
+        )
+        x[:, t, width:] = out.context[:, 0]
+        tape.t = t + 1
+        return self.policy(x[:, t]), self.value(x[:, t]).squeeze(-1)

@@ -18,6 +18,9 @@ of the arm pulled at t - 1, its reward and a flag for t = 0 (zeros otherwise), a
 output with `logits` (batch, steps, arms) over the arm to pull at each step, `value`
 (batch, steps) (the baseline) and `attention` ((name, weights (batch, heads, steps, steps))
 per attention block, when asked). It must be causal: the output at t reads inputs <= t.
+Episodes are played one pull at a time through `model.start(inputs (batch, arms + 2))`, an
+empty tape, and `model.step(tape, inputs)` -> (logits (batch, arms), value (batch,)) at the
+tape's next step, equal to the forward pass's outputs there.
 """
 
 from __future__ import annotations
@@ -95,19 +98,23 @@ def inputs_of(actions: torch.Tensor, rewards: torch.Tensor, arms: int) -> torch.
 
 
 def rollout(model, batch: BanditBatch, generator, greedy: bool = False):
-    """Play every episode of `batch` with the model's policy (sampled; `greedy`: its argmax):
-    (actions (b, K), rewards (b, K)), no gradient."""
+    """Play every episode of `batch` with the model's policy (sampled; `greedy`: its argmax),
+    one position at a time through the model's `step`: (actions (b, K), rewards (b, K)), no
+    gradient."""
     b, pulls, arms = batch.payoff.shape
-    actions = batch.payoff.new_zeros(b, 0, dtype=torch.long)
-    rewards = batch.payoff.new_zeros(b, 0)
+    actions = batch.payoff.new_zeros(b, pulls, dtype=torch.long)
+    rewards = batch.payoff.new_zeros(b, pulls)
+    inputs = batch.payoff.new_zeros(b, arms + 2)
+    inputs[:, -1] = 1  # the start flag
+    rows = torch.arange(b, device=inputs.device)
     with torch.no_grad():
-        for _ in range(pulls):
-            logits = model(inputs_of(actions, rewards, arms)).logits[:, -1]  # (b, N)
+        tape = model.start(inputs)
+        for t in range(pulls):
+            logits, _ = model.step(tape, inputs)  # (b, N)
             pick = logits.argmax(-1) if greedy else sample_hard(logits, generator=generator).index
-            t = actions.shape[1]
-            paid = batch.payoff[:, t].gather(1, pick.unsqueeze(1))  # (b, 1)
-            actions = torch.cat([actions, pick.unsqueeze(1)], 1)
-            rewards = torch.cat([rewards, paid], 1)
+            actions[:, t] = pick
+            rewards[:, t] = batch.payoff[rows, t, pick]
+            inputs = inputs_of(actions[:, t : t + 1], rewards[:, t : t + 1], arms)[:, 1]
     return actions, rewards
 
 
