@@ -75,7 +75,8 @@ METHOD = {
     "peak_mib": f"VmHWM after one call minus VmHWM after imports, inputs and one call at length "
     f"{WARM_LENGTH}, in a fresh process per implementation and experiment",
     "peak_ratio": "attnzoo's peak_mib over this implementation's",
-    "oom": "estimated above params.budget_gib, or an allocation failure under a cap of it + 1 GiB",
+    "oom": "estimated above the row's `budget_gib` (in its params), or an allocation failure "
+    "under a cap of that + 1 GiB",
     "implementations": IMPLS,
 }
 

@@ -311,12 +311,12 @@ MATCHED_COLUMNS += columns(
 MATCHED_COLUMNS += columns("budget min=budget_minutes; train min=train_minutes", 1)
 MATCHED_COLUMNS += columns("held-out words=n_words", 0) + columns("perplexity=perplexity", 1)
 SPEED = "; ".join(
-    f"{name} n={n} (tok/s)=by_length.{n}.tokens_per_s.{name}"
+    f"{name} length {n} (tok/s)=by_length.{n}.tokens_per_s.{name}"
     for n in SPEED_LENGTHS
     for name in ("tape", "recompute")
 )
-SPEEDUP = "; ".join(f"n={n}=by_length.{n}.speedup" for n in SPEED_LENGTHS)
-RECURRENCE_SPEEDUP = "; ".join(f"n={n}=by_length.{n}.recurrence_speedup" for n in SPEED_LENGTHS)
+SPEEDUP = "; ".join(f"length {n}=by_length.{n}.speedup" for n in SPEED_LENGTHS)
+RECURRENCE_SPEEDUP = "; ".join(f"length {n}=by_length.{n}.recurrence_speedup" for n in SPEED_LENGTHS)
 ROW, SPEED_ROWS = columns("row=id"), ["speed", "speed-arithmetic"]
 TABLES = [
     Table("speed", columns(SPEED, 0), ["speed"]),

@@ -27,7 +27,8 @@ SIZES = {"full": ((16, 32, 64, 128), 200, 41), "smoke": ((16,), 20, 3)}  # lengt
 METHOD = {
     "clock": "the calling thread's CPU time (time.thread_time), one torch thread",
     "us": "microseconds per call: spread over the samples (median, quartiles, range); one sample "
-    "times params.calls calls back to back; samples of the implementations interleaved",
+    "times the row's `calls` (in its params) calls back to back; samples of the implementations "
+    "interleaved",
     "overhead_us": "per round, the attnzoo sample minus the same round's 4-D SDPA sample, per "
     "call (overhead_4d_us: likewise with 4-D inputs to attention()); median over the rounds",
     "matmul_gflops": "a `1024^3` fp32 matmul on one thread, before and after the samples",
