@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks
 
 test: $(STAMP) lint browser
-	$(BIN)/pytest -q -n 2 --durations=15
+	$(BIN)/pytest -q -n 2 --dist worksteal --durations=15
 
 # Headless Chromium for the explorer's browser test (tests/viz/test_explore_browser.py), from
 # Debian's packages, installed only when missing and only where apt-get may run (root or

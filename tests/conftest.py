@@ -13,6 +13,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(items):
+    """The slow tests (marked `slow`: the smoke runs, a minute or so each) first: `make test`
+    runs two workers that steal work from each other (`--dist worksteal`), so the short tests
+    fill in around the long ones instead of one long test running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -131,6 +131,7 @@ def _sharing_groups() -> list[list[str]]:
     return groups
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pages", _sharing_groups(), ids="+".join)
 def test_smoke_repro_renders_the_page(pages, tmp_path):
     for page in pages:
@@ -159,6 +160,7 @@ def _smoke_repro(page: str, tmp_path: Path) -> None:
     assert {p: p.stat().st_mtime_ns for p in before} == before
 
 
+@pytest.mark.slow
 def test_list_names_every_page_with_its_budget():
     r = attnzoo("repro", "--list")
     assert r.returncode == 0, r.stderr

@@ -97,6 +97,7 @@ def _weights(run: Path):
     return load_file(latest_checkpoint(run / "checkpoints") / "tensors.safetensors")
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
     full, killed = tmp_path / "full", tmp_path / "killed"
     r = cli(
@@ -154,6 +155,7 @@ def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
     assert all(t["train_seconds"] > 0 and t["eval_seconds"] > 0 for t in timing.values())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
     reason="torchrun not installed",
