@@ -17,7 +17,7 @@ from attnzoo import (
     rewards_to_go,
     sample_hard,
 )
-from attnzoo.core.hard import BOUNDS
+from attnzoo.core.hard import BOUNDS, lambda_returns
 
 REWARD = torch.tensor([1.0, 0.0, 2.0, -0.5], dtype=torch.float64)  # r(a) of 4 actions
 LOGITS = torch.tensor([0.3, -0.2, 0.1, 0.5], dtype=torch.float64)
@@ -245,6 +245,39 @@ def test_rewards_to_go_by_hand():
     assert rewards_to_go(r, 0.5).tolist() == expected
     assert rewards_to_go(r).tolist() == [[6.0, 5.0, 3.0], [1.0, 1.0, 1.0]]
     assert rewards_to_go(r, 0.0).tolist() == r.tolist()
+
+
+@pytest.mark.parametrize("discount", [1.0, 0.9])
+@pytest.mark.parametrize("lam", [0.0, 0.3, 1.0])
+def test_lambda_returns_against_a_backward_loop(discount, lam):
+    g = torch.Generator().manual_seed(1)
+    r = torch.rand(3, 7, generator=g, dtype=torch.float64)
+    v = torch.randn(3, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    expected = torch.zeros(3, 7, dtype=torch.float64)
+    for b in range(3):  # G_t = r_t + discount ((1 - lam) V_{t+1} + lam G_{t+1}), G_K = V_K = 0
+        following = 0.0
+        for t in reversed(range(7)):
+            next_v = v[b, t + 1].item() if t + 1 < 7 else 0.0
+            following = r[b, t].item() + discount * ((1 - lam) * next_v + lam * following)
+            expected[b, t] = following
+    got = lambda_returns(r, v, discount, lam)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    assert not got.requires_grad  # the values are detached
+    if lam == 1.0:  # the plain rewards to go, whatever the values
+        torch.testing.assert_close(got, rewards_to_go(r, discount), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: lambda_returns(torch.zeros(2, 3), torch.zeros(2, 3), 1.0, 1.5), "'lam'"),
+        (lambda: lambda_returns(torch.zeros(2, 3), torch.zeros(2, 3), -0.1), "'discount'"),
+        (lambda: lambda_returns(torch.zeros(2, 3), torch.zeros(2, 4)), "'values'"),
+    ],
+)
+def test_lambda_returns_bad_values_are_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
 
 
 def test_loss_terms_by_hand_with_mask_and_entropy():

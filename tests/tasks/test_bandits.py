@@ -2,6 +2,7 @@
 sampling against loops written here, the policy-gradient loss and the evaluation."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -134,6 +135,32 @@ def test_the_loss_is_reinforce_with_the_value_baseline(task):
     assert model.value.weight.grad.abs().sum() > 0 and model.policy.weight.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("lam", [0.0, 1.0])
+def test_the_loss_learns_from_the_lambda_returns(lam, monkeypatch):
+    # the same episodes (the policy head does not read the value head) under two value biases:
+    # at lambda 1 the returns are the rewards to go, whatever the value says; at lambda 0 each
+    # is r_t + V_{t+1}, so the bias shifts every step's but the last
+    returns = []
+
+    def spy(log_pi, target, *args, **kwargs):
+        returns.append(target)
+        return reinforce(log_pi, target, *args, **kwargs)
+
+    reinforce = B.reinforce_loss
+    monkeypatch.setattr(B, "reinforce_loss", spy)
+    task = B.BanditsTask(replace(CONFIG, gae_lambda=lam), seed=1, eval_config=EvalConfig())
+    for bias in (0.0, 5.0):
+        model = tiny_policy()
+        with torch.no_grad():
+            model.value.bias.fill_(bias)
+        task.loss(model, task.batch(0, 8, "cpu"))
+    shift = returns[1] - returns[0]  # (8, pulls)
+    expected = torch.zeros_like(shift)
+    if lam == 0.0:
+        expected[:, :-1] = 5.0
+    torch.testing.assert_close(shift, expected, rtol=0, atol=1e-5)
+
+
 def test_evaluation_scores_every_policy_on_the_same_draws(task):
     metrics = task.evaluate(tiny_policy())
     assert metrics["n"] == 40
@@ -164,6 +191,8 @@ def test_figures_and_explore(task, tmp_path):
         ({"arms": 1}, "'arms'"),
         ({"pulls": 0}, "'pulls'"),
         ({"entropy_weight": 1}, "'entropy_weight'"),
+        ({"gae_lambda": 1.5}, "'gae_lambda'"),
+        ({"gae_lambda": True}, "'gae_lambda'"),
     ],
 )
 def test_bad_config_values_are_named(changes, message):

@@ -16,6 +16,7 @@ from attnzoo.core.hard import (
     gaussian_log_prob,
     gaussian_sample,
     hybrid_loss,
+    lambda_returns,
     reinforce_loss,
     rewards_to_go,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "gumbel_softmax_st",
     "hard_argmax",
     "hybrid_loss",
+    "lambda_returns",
     "masked_softmax",
     "padding_mask",
     "prepare_key",

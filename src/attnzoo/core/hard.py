@@ -13,9 +13,9 @@ Model (Mnih et al. 2014, sec. 3.2), DRAM (Ba et al. 2014, sec. 3.2), hard Show-A
   N(mu, sigma^2 I), sigma fixed or learned, the location kept on the image by clamping the
   draw or by a tanh mean: `BOUNDS`);
 - the loss: `reinforce_loss` (policy term, squared-error baseline term, entropy bonus) over
-  rewards per step or `rewards_to_go`; `hybrid_loss` adds a supervised term (RAM's
-  classification cross-entropy, Mnih 2014 sec. 4); `MovingAverageBaseline` when the baseline
-  is not a network.
+  rewards per step, `rewards_to_go` or `lambda_returns` (generalised advantage estimation);
+  `hybrid_loss` adds a supervised term (RAM's classification cross-entropy, Mnih 2014 sec. 4);
+  `MovingAverageBaseline` when the baseline is not a network.
 
 Every loss here is a sum over its items (the training loop divides by the count the task
 returns), and every sample is detached: gradients reach a policy only through its log-prob.
@@ -164,6 +164,30 @@ def rewards_to_go(rewards: torch.Tensor, discount: float = 1.0) -> torch.Tensor:
     power = (t.unsqueeze(0) - t.unsqueeze(1)).to(rewards.dtype)  # (s, s'): t' - t
     weights = torch.where(power >= 0, discount ** power.clamp_min(0), 0.0)  # (s, s')
     return rewards @ weights.T  # (b, s') x (s', s) -> (b, s)
+
+
+def lambda_returns(
+    rewards: torch.Tensor, values: torch.Tensor, discount: float = 1.0, lam: float = 1.0
+) -> torch.Tensor:
+    """TD(lambda) returns G_t = V_t + A_t, with A_t the generalised advantage estimate
+    (Schulman et al. 2016): A_t = sum_k (discount lam)^k delta_{t+k}, delta_t = r_t +
+    discount V_{t+1} - V_t, the value after the last step 0. (batch, steps) -> (batch, steps).
+
+    Passed as `reinforce_loss`'s reward beside the same values as its baseline, the policy
+    learns from A_t and the value regresses on G_t. `lam` = 1 gives `rewards_to_go` exactly
+    (the sum telescopes); a smaller `lam` trades the high variance of a long episode's summed
+    rewards for the bias of the value's errors. The values are detached.
+    """
+    for name, x in (("discount", discount), ("lam", lam)):
+        if isinstance(x, bool) or not isinstance(x, int | float) or not 0.0 <= x <= 1.0:
+            fail("lambda_returns", name, "a number in [0, 1]", repr(x))
+    if rewards.dim() != 2 or values.shape != rewards.shape:
+        got = (tuple(rewards.shape), tuple(values.shape))
+        fail("lambda_returns", "values", "(batch, steps) tensors of one shape", got)
+    v = values.detach().to(rewards.dtype)
+    following = torch.cat([v[:, 1:], v.new_zeros(v.shape[0], 1)], 1)  # V_{t+1}, 0 at the end
+    delta = rewards + discount * following - v
+    return v + rewards_to_go(delta, discount * lam)
 
 
 class ReinforceLoss(NamedTuple):

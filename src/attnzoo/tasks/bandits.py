@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from attnzoo.core.checks import fail
-from attnzoo.core.hard import reinforce_loss, rewards_to_go
+from attnzoo.core.hard import lambda_returns, reinforce_loss
 from attnzoo.core.normalisers import sample_hard
 from attnzoo.tasks.base import EvalConfig, check_counts, model_device, sampling_generator
 
@@ -48,6 +48,10 @@ class BanditsConfig:
     pulls: K, pulls per episode.
     test_episodes: held-out episodes (eval.limit may score fewer).
     entropy_weight: the entropy bonus of the policy-gradient loss.
+    gae_lambda: lambda of the TD(lambda) returns the policy and the value learn from
+        (`attnzoo.core.hard.lambda_returns`): 1 is the plain rewards to go; below 1 the value's
+        estimates of later steps stand in for part of the summed rewards (less variance over a
+        long episode, some bias).
     seed: draws the held-out episodes and the held-out sampling.
     """
 
@@ -55,6 +59,7 @@ class BanditsConfig:
     pulls: int = 10
     test_episodes: int = 1000
     entropy_weight: float = 0.01
+    gae_lambda: float = 1.0
     seed: int = 0
 
     def __post_init__(self):
@@ -69,6 +74,9 @@ class BanditsConfig:
         w = self.entropy_weight
         if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < 1:
             fail("BanditsConfig", "entropy_weight", "a number in [0, 1)", repr(w))
+        lam = self.gae_lambda
+        if isinstance(lam, bool) or not isinstance(lam, int | float) or not 0 <= lam <= 1:
+            fail("BanditsConfig", "gae_lambda", "a number in [0, 1]", repr(lam))
 
 
 class BanditBatch(NamedTuple):
@@ -177,8 +185,9 @@ class BanditsTask:
         )
 
     def loss(self, model: torch.nn.Module, batch: BanditBatch) -> tuple[torch.Tensor, int]:
-        """REINFORCE with the model's value as a learned baseline, on the rewards to go of
-        episodes played by the model's sampled policy, plus an entropy bonus."""
+        """REINFORCE with the model's value as a learned baseline, on the TD(lambda) returns
+        (the rewards to go at lambda 1) of episodes played by the model's sampled policy, plus
+        an entropy bonus."""
         g = sampling_generator(batch.payoff.device).manual_seed(self.seed * 7 + batch.step)
         actions, rewards = rollout(model, batch, g)
         out = model(inputs_of(actions[:, :-1], rewards[:, :-1], self.config.arms))
@@ -187,7 +196,7 @@ class BanditsTask:
         entropy = -(log_p.exp() * log_p).sum(-1)  # (b, K)
         terms = reinforce_loss(
             log_pi,
-            rewards_to_go(rewards),
+            lambda_returns(rewards, out.value, 1.0, self.config.gae_lambda),
             out.value,
             entropy=entropy,
             entropy_weight=self.config.entropy_weight,
