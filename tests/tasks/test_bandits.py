@@ -127,6 +127,18 @@ def test_rollout_and_loss_run_on_the_device(task, device):
     assert all(p.grad.device.type == device.type for p in model.parameters())
 
 
+@pytest.mark.parametrize("detach", [False, True])
+def test_a_detached_value_head_trains_itself_alone(detach):
+    torch.manual_seed(0)
+    config = snail_bandit(filters=4, key_size=4, value_size=3, detach_value=detach)
+    model = SnailPolicy(config, CONFIG.arms, CONFIG.pulls)
+    model(torch.randn(2, 6, CONFIG.arms + 2)).value.square().sum().backward()
+    blocks = [p.grad for p in model.tc.parameters()] + [p.grad for p in model.attend.parameters()]
+    assert model.value.weight.grad.abs().sum() > 0 and model.policy.weight.grad is None
+    reached = any(g is not None and g.abs().sum() > 0 for g in blocks)
+    assert reached != detach
+
+
 def test_the_loss_is_reinforce_with_the_value_baseline(task):
     model = tiny_policy()
     loss, count = task.loss(model, task.batch(0, 8, "cpu"))
@@ -135,11 +147,11 @@ def test_the_loss_is_reinforce_with_the_value_baseline(task):
     assert model.value.weight.grad.abs().sum() > 0 and model.policy.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("lam", [0.0, 1.0])
-def test_the_loss_learns_from_the_lambda_returns(lam, monkeypatch):
+@pytest.mark.parametrize(("lam", "discount"), [(0.0, 1.0), (1.0, 1.0), (0.0, 0.9)])
+def test_the_loss_learns_from_the_lambda_returns(lam, discount, monkeypatch):
     # the same episodes (the policy head does not read the value head) under two value biases:
     # at lambda 1 the returns are the rewards to go, whatever the value says; at lambda 0 each
-    # is r_t + V_{t+1}, so the bias shifts every step's but the last
+    # is r_t + discount V_{t+1}, so the bias shifts every step's but the last
     returns = []
 
     def spy(log_pi, target, *args, **kwargs):
@@ -148,7 +160,8 @@ def test_the_loss_learns_from_the_lambda_returns(lam, monkeypatch):
 
     reinforce = B.reinforce_loss
     monkeypatch.setattr(B, "reinforce_loss", spy)
-    task = B.BanditsTask(replace(CONFIG, gae_lambda=lam), seed=1, eval_config=EvalConfig())
+    config = replace(CONFIG, gae_lambda=lam, discount=discount)
+    task = B.BanditsTask(config, seed=1, eval_config=EvalConfig())
     for bias in (0.0, 5.0):
         model = tiny_policy()
         with torch.no_grad():
@@ -157,7 +170,7 @@ def test_the_loss_learns_from_the_lambda_returns(lam, monkeypatch):
     shift = returns[1] - returns[0]  # (8, pulls)
     expected = torch.zeros_like(shift)
     if lam == 0.0:
-        expected[:, :-1] = 5.0
+        expected[:, :-1] = 5.0 * discount
     torch.testing.assert_close(shift, expected, rtol=0, atol=1e-5)
 
 
@@ -193,6 +206,7 @@ def test_figures_and_explore(task, tmp_path):
         ({"entropy_weight": 1}, "'entropy_weight'"),
         ({"gae_lambda": 1.5}, "'gae_lambda'"),
         ({"gae_lambda": True}, "'gae_lambda'"),
+        ({"discount": -0.5}, "'discount'"),
     ],
 )
 def test_bad_config_values_are_named(changes, message):

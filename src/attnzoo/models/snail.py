@@ -294,16 +294,22 @@ class SnailPolicyConfig:
     layers: TC blocks before the attention block.
     key_size: K of the attention block.
     value_size: V of the attention block.
+    detach_value: the value head reads the blocks' features detached, so its squared error
+        trains the head alone and the blocks learn from the policy's terms only (as RAM's
+        baseline, `attnzoo.models.ram`); False shares them between the two heads.
     """
 
     filters: int = 32
     layers: int = 2
     key_size: int = 32
     value_size: int = 32
+    detach_value: bool = False
 
     def __post_init__(self):
         for name in ("filters", "layers", "key_size", "value_size"):
             check_size("SnailPolicyConfig", name, getattr(self, name))
+        if not isinstance(self.detach_value, bool):
+            fail("SnailPolicyConfig", "detach_value", "a bool", repr(self.detach_value))
 
 
 def snail_bandit(**overrides) -> SnailPolicyConfig:
@@ -331,6 +337,7 @@ class SnailPolicy(nn.Module):
         check_size("SnailPolicy", "arms", arms)
         check_size("SnailPolicy", "pulls", pulls)
         self.arms, self.pulls = arms, pulls
+        self.detach_value = config.detach_value
         width = arms + 2
         self.tc = nn.ModuleList()
         for _ in range(config.layers):
@@ -348,7 +355,8 @@ class SnailPolicy(nn.Module):
             x = block(x)  # (b, t, C)
         x, w = self.attend(x, return_weights)  # (b, t, C + V)
         named = [("attention block (causal)", w.unsqueeze(1))] if return_weights else []
-        return PolicyOutput(self.policy(x), self.value(x).squeeze(-1), named)
+        value = self.value(x.detach() if self.detach_value else x).squeeze(-1)
+        return PolicyOutput(self.policy(x), value, named)
 
     def _check_inputs(self, inputs: torch.Tensor, shape: str):
         if inputs.dim() != shape.count(",") + 1 or inputs.shape[-1] != self.arms + 2:

@@ -48,6 +48,8 @@ class BanditsConfig:
     pulls: K, pulls per episode.
     test_episodes: held-out episodes (eval.limit may score fewer).
     entropy_weight: the entropy bonus of the policy-gradient loss.
+    discount: of the rewards in the returns the agent learns from (1: the episode's total, the
+        score; below 1, a pull is credited mostly with the rewards soon after it).
     gae_lambda: lambda of the TD(lambda) returns the policy and the value learn from
         (`attnzoo.core.hard.lambda_returns`): 1 is the plain rewards to go; below 1 the value's
         estimates of later steps stand in for part of the summed rewards (less variance over a
@@ -59,6 +61,7 @@ class BanditsConfig:
     pulls: int = 10
     test_episodes: int = 1000
     entropy_weight: float = 0.01
+    discount: float = 1.0
     gae_lambda: float = 1.0
     seed: int = 0
 
@@ -74,9 +77,10 @@ class BanditsConfig:
         w = self.entropy_weight
         if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < 1:
             fail("BanditsConfig", "entropy_weight", "a number in [0, 1)", repr(w))
-        lam = self.gae_lambda
-        if isinstance(lam, bool) or not isinstance(lam, int | float) or not 0 <= lam <= 1:
-            fail("BanditsConfig", "gae_lambda", "a number in [0, 1]", repr(lam))
+        for name in ("discount", "gae_lambda"):
+            x = getattr(self, name)
+            if isinstance(x, bool) or not isinstance(x, int | float) or not 0 <= x <= 1:
+                fail("BanditsConfig", name, "a number in [0, 1]", repr(x))
 
 
 class BanditBatch(NamedTuple):
@@ -196,7 +200,7 @@ class BanditsTask:
         entropy = -(log_p.exp() * log_p).sum(-1)  # (b, K)
         terms = reinforce_loss(
             log_pi,
-            lambda_returns(rewards, out.value, 1.0, self.config.gae_lambda),
+            lambda_returns(rewards, out.value, self.config.discount, self.config.gae_lambda),
             out.value,
             entropy=entropy,
             entropy_weight=self.config.entropy_weight,
