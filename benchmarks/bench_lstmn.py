@@ -316,7 +316,9 @@ SPEED = "; ".join(
     for name in ("tape", "recompute")
 )
 SPEEDUP = "; ".join(f"length {n}=by_length.{n}.speedup" for n in SPEED_LENGTHS)
-RECURRENCE_SPEEDUP = "; ".join(f"length {n}=by_length.{n}.recurrence_speedup" for n in SPEED_LENGTHS)
+RECURRENCE_SPEEDUP = "; ".join(
+    f"length {n}=by_length.{n}.recurrence_speedup" for n in SPEED_LENGTHS
+)
 ROW, SPEED_ROWS = columns("row=id"), ["speed", "speed-arithmetic"]
 TABLES = [
     Table("speed", columns(SPEED, 0), ["speed"]),

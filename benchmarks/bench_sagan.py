@@ -182,7 +182,8 @@ TARGETS = targets(
     ("sagan-noattn: training minutes <= 30", "sagan-noattn", "train_minutes", "<=", 30),
 )
 SCORES = columns("row=id; FID=fid; real-data floor=fid_floor", 2)
-SCORES += columns("class accuracy %=class_accuracy; classifier % on the FID test images=classifier_accuracy", 1)
+SCORES += columns("class accuracy %=class_accuracy", 1)
+SCORES += columns("classifier % on the FID test images=classifier_accuracy", 1)
 SCORES += columns("gamma G=gamma_generator; gamma D=gamma_discriminator", 3)
 RUN = columns("params=params; steps=steps; batch=batch_size; FID images=n_fid", 0)
 RUN += columns("train min=train_minutes; eval min=eval_minutes", 1)
