@@ -773,6 +773,19 @@ BAD_CALLS = {
     "rewards_to_go": [
         (lambda: core.rewards_to_go(torch.zeros(2, 3), -0.1), ValueError, "'discount'"),
     ],
+    "lambda_returns": [
+        (
+            lambda: core.lambda_returns(torch.zeros(2, 3), torch.zeros(2, 3), 1.0, 1.5),
+            ValueError,
+            "'lam'",
+        ),
+        (
+            lambda: core.lambda_returns(torch.zeros(2, 3), torch.zeros(2, 3), -0.1),
+            ValueError,
+            "'discount'",
+        ),
+        (lambda: core.lambda_returns(torch.zeros(2, 3), torch.zeros(2, 4)), ValueError, "'values'"),
+    ],
     "MovingAverageBaseline": [
         (lambda: core.MovingAverageBaseline(-0.5), ValueError, "'momentum' expected"),
     ],
