@@ -13,11 +13,12 @@ from attnzoo import (
     gaussian_log_prob,
     gaussian_sample,
     hybrid_loss,
+    lambda_returns,
     reinforce_loss,
     rewards_to_go,
     sample_hard,
 )
-from attnzoo.core.hard import BOUNDS, lambda_returns
+from attnzoo.core.hard import BOUNDS
 
 REWARD = torch.tensor([1.0, 0.0, 2.0, -0.5], dtype=torch.float64)  # r(a) of 4 actions
 LOGITS = torch.tensor([0.3, -0.2, 0.1, 0.5], dtype=torch.float64)
