@@ -13,6 +13,7 @@ This module imports only the standard library at its top, so a worker pays for n
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import gc
 import hashlib
@@ -25,6 +26,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -337,8 +339,14 @@ def relative_paths(value: Any, base: Path = ROOT) -> Any:
 
 
 def _write_json(path: Path, payload: Mapping[str, Any], base: Path) -> None:
+    """Atomically: a temporary file beside `path`, fsynced, renamed over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(relative_paths(payload, base), indent=2) + "\n")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "w") as f:
+        f.write(json.dumps(relative_paths(payload, base), indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
 
 
 def cpu_model() -> str:
@@ -460,6 +468,74 @@ def _listing(bench: Bench, experiments: list[Experiment], args: Any) -> dict[str
     return {"bench": bench.name, "minutes": minutes, "untimed": untimed, "experiments": listing}
 
 
+class _Saver:
+    """Writes a driver call's finished rows into its results JSON as they come. Each save
+    re-reads the file under a lock on its folder and merges: rows another call wrote meanwhile
+    (another `--only` of the same bench) are kept, a row this call re-ran replaces the earlier
+    one, and a matched unit's rows made under another calibration than the unit's are dropped
+    (its sides never mix calibrations). Then the summary, derived entries and targets are made
+    anew from all the rows."""
+
+    def __init__(self, bench, experiments, budget, path, base, calibrations):
+        self.bench, self.experiments, self.budget = bench, experiments, budget
+        self.path, self.base, self.calibrations = path, base, calibrations
+        self.mine: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, new: list[dict[str, Any]]) -> dict[str, Any]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        folder = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            with self.lock:
+                fcntl.flock(folder, fcntl.LOCK_EX)
+                return self._merge_and_write(new)
+        finally:
+            os.close(folder)  # releases the lock
+
+    def _merge_and_write(self, new: list[dict[str, Any]]) -> dict[str, Any]:
+        latest = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.mine += new
+        calibrations = {**latest.get("calibrations", {}), **self.calibrations}
+        # the extra each unit side's rows must carry: its unit's calibration
+        wanted = {
+            e.id: calibrations[e.unit]["extra"].get(e.id, {})
+            for e in self.experiments
+            if e.unit and e.unit in calibrations
+        }
+        mine = {(r["id"], r["seed"]) for r in self.mine}
+        order = {e.id: i for i, e in enumerate(self.experiments)}
+        rows = [
+            r
+            for r in latest.get("rows", [])
+            if r.get("budget") == self.budget
+            and r["id"] in order
+            and (r["id"], r["seed"]) not in mine
+            and (r["id"] not in wanted or r.get("extra") == wanted[r["id"]])
+        ]
+        rows = sorted(rows + self.mine, key=lambda r: (order[r["id"]], r["seed"]))
+        summary = summary_of(rows, self.experiments)
+        bench = self.bench
+        for i, metrics in (bench.derive(summary) if bench.derive else {}).items():
+            summary[i] = derived_entry(metrics)
+        data = {
+            "bench": bench.name,
+            "budget": self.budget,
+            # the machine of this call's runs; with none run, the one of the rows kept
+            "machine": machine_info(threads_per_run=bench.threads)
+            if self.mine or "machine" not in latest
+            else latest["machine"],
+            "method": dict(bench.method),
+            "calibrations": calibrations,
+            "rows": rows,
+            "summary": summary,
+            "targets": [t.evaluate(summary) for t in bench.targets],
+        }
+        if "converted" in latest and any(r.get("seconds") is None for r in rows):  # old rows
+            data["converted"] = latest["converted"]
+        _write_json(self.path, data, self.base)
+        return data
+
+
 def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     """The command line every benchmark script has (see `--help`)."""
     import argparse
@@ -527,10 +603,8 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         extra.update(prepared["extra"])
         calibrations[unit] = {"params": params, "extra": prepared["extra"]}
         todo += [(e, s) for e in sides for s in range(_seeds(e, args.seeds)) if (e, s) not in todo]
-        # kept at once: a run interrupted from here on resumes under this calibration
-        _write_json(path, {**earlier, "calibrations": calibrations}, base)
-    redone = {(e.id, seed) for e, seed in todo}
-    rows = [r for r in rows if (r["id"], r["seed"]) not in redone]
+    save = _Saver(bench, experiments, args.budget, path, base, calibrations)
+    save([])  # a new calibration is kept at once: an interrupted unit resumes under it
 
     def run_one(item: tuple[Experiment, int]) -> dict[str, Any]:
         e, seed = item
@@ -545,37 +619,19 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         row = {"id": e.id, "group": e.group, "seed": seed, "budget": args.budget}
         row.update(params=dict(e.params), extra=ctx["extra"], seconds=seconds, metrics={})
         row.update(cpu=cpu_model(), load_average=os.getloadavg()[0])  # rows may span machines
-        return {**row, **result}
+        row = {**row, **result}
+        save([row])  # each finished run is in the JSON at once: killing the driver loses none
+        return row
 
     print(f"[{bench.name}] {len(todo)} runs to do, {jobs} at a time", flush=True)
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        rows += list(pool.map(run_one, todo))
-    order = {e.id: i for i, e in enumerate(experiments)}
-    rows = sorted((r for r in rows if r["id"] in order), key=lambda r: (order[r["id"]], r["seed"]))
-    summary = summary_of(rows, experiments)
-    for i, metrics in (bench.derive(summary) if bench.derive else {}).items():
-        summary[i] = derived_entry(metrics)
-    data = {
-        "bench": bench.name,
-        "budget": args.budget,
-        # the machine of this call's runs; with none run, the one of the rows kept
-        "machine": machine_info(threads_per_run=bench.threads)
-        if todo or "machine" not in earlier
-        else earlier["machine"],
-        "method": dict(bench.method),
-        "calibrations": calibrations,
-        "rows": rows,
-        "summary": summary,
-        "targets": [t.evaluate(summary) for t in bench.targets],
-    }
-    if "converted" in earlier and any(r.get("seconds") is None for r in rows):  # old JSON's rows
-        data["converted"] = earlier["converted"]
-    _write_json(path, data, base)
+        list(pool.map(run_one, todo))
+    data = save([])
     for table in bench.tables:
         print(f"\n{bench.name}: {table.name}\n{render_table(table, data)}")
     for t in data["targets"]:
         print(f"target {t['name']}: {t['verdict']} (mean {t['mean']}, n={t['n']})")
-    for r in rows:
+    for r in data["rows"]:
         if r.get("status") != STATUS_OK:
             print(f"[{bench.name}] FAILED {r['id']} seed {r['seed']}: {r.get('error')}", flush=True)
     return data
