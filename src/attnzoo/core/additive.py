@@ -64,24 +64,25 @@ def _blocks(n: int, i: int, j: int, h: int):
 
 
 # tanh(x) = 2 sigmoid(2 x) - 1, so v^T tanh(a_i + b_j) = (2 v)^T sigmoid(2 a_i + 2 b_j) - sum(v).
-# Every kernel below evaluates the sigmoid form on doubled projections (`_doubled`): torch's CPU
-# tanh is not vectorised on every build (AVX2 here: 0.19 G elements/s against sigmoid's
-# 0.7-1.0), and the (query, key, d_hidden) nonlinearity is the kernel's cost.
+# Every kernel below evaluates the sigmoid form (`_doubled`; the key's 2 rides on the broadcast
+# add as its alpha): torch's CPU tanh is not vectorised on every build (AVX2 here: 0.19 G
+# elements/s against sigmoid's 0.7-1.0), and the (query, key, d_hidden) nonlinearity is the
+# kernel's cost.
 
 
-def _doubled(a, b, v):
-    """The operands of the sigmoid form: 2a, 2b, 2v and sum(v)."""
-    return a + a, b + b, v + v, v.sum()
+def _doubled(a, v):
+    """The operands of the sigmoid form besides the key: 2a, 2v and sum(v)."""
+    return a + a, v + v, v.sum()
 
 
-def _sigmoid_block(scratch, a2, b2, ns, qs):
-    """sigmoid(a2_i + b2_j) = (1 + tanh(a_i + b_j)) / 2 for one block, on the call's scratch
+def _sigmoid_block(scratch, a2, b, ns, qs):
+    """sigmoid(a2_i + 2 b_j) = (1 + tanh(a_i + b_j)) / 2 for one block, on the call's scratch
     buffer. Returns (nb, qb, key_len, d_hidden)."""
-    a_blk, b_blk = a2[ns, qs], b2[ns]  # (nb, qb, H), (nb, J, H)
+    a_blk, b_blk = a2[ns, qs], b[ns]  # (nb, qb, H), (nb, J, H)
     nb, qb, h = a_blk.shape
     j = b_blk.shape[1]
     s = scratch.take(nb * qb * j * h, a2).view(nb, qb, j, h)
-    torch.add(a_blk.unsqueeze(2), b_blk.unsqueeze(1), out=s)  # (nb, qb, J, H)
+    torch.add(a_blk.unsqueeze(2), b_blk.unsqueeze(1), alpha=2, out=s)  # (nb, qb, J, H)
     return s.sigmoid_()
 
 
@@ -131,10 +132,10 @@ class _AdditiveLogits(torch.autograd.Function):
         n, i, h = a.shape
         j = b.shape[1]
         logits = a.new_empty(n, i, j)
-        a2, b2, v2, shift = _doubled(a, b, v)
+        a2, v2, shift = _doubled(a, v)
         scratch = _Scratch()
         for ns, qs in _blocks(n, i, j, h):
-            logits[ns, qs] = _sigmoid_block(scratch, a2, b2, ns, qs) @ v2  # (nb, qb, J)
+            logits[ns, qs] = _sigmoid_block(scratch, a2, b, ns, qs) @ v2  # (nb, qb, J)
         ctx.save_for_backward(a, b, v)
         return logits.sub_(shift)
 
@@ -144,10 +145,10 @@ class _AdditiveLogits(torch.autograd.Function):
         a, b, v = ctx.saved_tensors
         n, i, h = a.shape
         grad_a, grad_b, grad_v = torch.empty_like(a), torch.empty_like(b), torch.zeros_like(v)
-        a2, b2, _, _ = _doubled(a, b, v)
+        a2 = a + a
         scratch = _Scratch()
         for ns, qs in _blocks(n, i, b.shape[1], h):
-            s = _sigmoid_block(scratch, a2, b2, ns, qs)
+            s = _sigmoid_block(scratch, a2, b, ns, qs)
             ga, gb, gv = _sigmoid_backward(s, grad_logits[ns, qs], v)
             grad_a[ns, qs] = ga
             _accumulate(grad_b, ns, qs, gb)
@@ -163,10 +164,10 @@ class _AdditiveAttention(torch.autograd.Function):
         lowest = torch.finfo(a.dtype).min
         context = value.new_empty(n, i, value.shape[-1])
         lse = a.new_empty(n, i)
-        a2, b2, v2, shift = _doubled(a, b, v)
+        a2, v2, shift = _doubled(a, v)
         scratch = _Scratch()
         for ns, qs in _blocks(n, i, j, h):
-            logits = (_sigmoid_block(scratch, a2, b2, ns, qs) @ v2).sub_(shift)  # (nb, qb, J)
+            logits = (_sigmoid_block(scratch, a2, b, ns, qs) @ v2).sub_(shift)  # (nb, qb, J)
             allowed = _mask_block(mask, ns, qs, causal, window, i, j, a.device)
             if allowed is not None:
                 logits.masked_fill_(~allowed, lowest)
@@ -190,10 +191,10 @@ class _AdditiveAttention(torch.autograd.Function):
         grad_a, grad_b, grad_v = torch.empty_like(a), torch.empty_like(b), torch.zeros_like(v)
         grad_value = torch.empty_like(value)
         delta = (grad_context * context).sum(-1, keepdim=True)  # (N, I, 1)
-        a2, b2, v2, shift = _doubled(a, b, v)
+        a2, v2, shift = _doubled(a, v)
         scratch = _Scratch()
         for ns, qs in _blocks(n, i, j, h):
-            s = _sigmoid_block(scratch, a2, b2, ns, qs)
+            s = _sigmoid_block(scratch, a2, b, ns, qs)
             logits = (s @ v2).sub_(shift)  # (nb, qb, J)
             allowed = _mask_block(mask, ns, qs, ctx.causal, ctx.window, i, j, a.device)
             if allowed is not None:
@@ -242,8 +243,8 @@ def _fits_one_block(lead, query, key) -> bool:
 
 
 def _broadcast_logits(query, key, v):
-    a2, b2, v2, shift = _doubled(query, key, v)
-    s = torch.sigmoid(a2.unsqueeze(-2) + b2.unsqueeze(-3))  # (..., i, j, d_hidden)
+    a2, v2, shift = _doubled(query, v)
+    s = torch.sigmoid(torch.add(a2.unsqueeze(-2), key.unsqueeze(-3), alpha=2))  # (..., i, j, H)
     return s @ v2 - shift  # (..., i, j): v^T tanh(query_i + key_j)
 
 
