@@ -14,8 +14,10 @@ time.
 3. "bandits": SNAIL's bandit policy (`snail-bandit`) trained by REINFORCE with a learned value
    baseline on Bernoulli bandits (N = 5 arms, K = 10 pulls; N = 10, K = 100, also with the
    returns discounted by 0.9), scored on the
-   held-out draws beside UCB1, Thompson sampling, a random policy and the oracle on the same
-   draws; "reduced-bandits" is the first at a few minutes.
+   held-out draws beside UCB1, Thompson sampling, the Bayes-optimal policy (exact dynamic
+   programming, N = 5 only), a random policy and the oracle on the same draws; "reduced-bandits"
+   is the first at a few minutes; "bandits-n5-k10-policies" scores the other policies alone
+   (no agent, no training), so the Bayes-optimal figure stands beside rows trained before it.
 
     python benchmarks/bench_snail.py [--budget smoke|full] [--seeds N] [--only ID|GROUP ...]
 """
@@ -64,6 +66,7 @@ BANDITS = {
         3,
     ),
     "reduced-bandits-n5-k10": ("bandits", ["train.steps=3000"], 3.0, 1),
+    "bandits-n5-k10-policies": ("bandits", [], 0.1, 1),  # no agent: see the module docstring
 }
 BANDIT_SMOKE = ["train.steps=3", "train.batch_size=4", "task.test_episodes=20", "model.filters=4"]
 
@@ -87,11 +90,13 @@ def experiments(budget: str) -> list[Experiment]:
         found.append(Experiment(id, group, params, seeds, minutes + 1, unit))
     for id, (task, sets, minutes, seeds) in BANDITS.items():
         if budget == "smoke":
-            if not id.startswith("reduced"):
+            if not id.startswith("reduced") and not id.endswith("-policies"):
                 continue
             sets, minutes = BANDIT_SMOKE, 0.1
         group = "reduced-bandits" if id.startswith("reduced") else "bandits"
         params = {"model": "snail-bandit", "task": task, "sets": sets}
+        if id.endswith("-policies"):
+            group, params = "bandit-policies", {"task": task, "policies": True}
         found.append(Experiment(id, group, params, seeds, minutes))
     return found
 
@@ -103,6 +108,13 @@ def prepare(unit: list[Experiment], budget: str) -> dict[str, dict]:
 
 
 def worker(params: dict, ctx: C.Context) -> dict:
+    if params.get("policies"):  # the task's held-out draws, scored by every policy but SNAIL
+        from attnzoo import runs
+        from attnzoo.tasks.bandits import BanditsConfig, BanditsTask
+        from attnzoo.tasks.base import EvalConfig
+
+        config = BanditsConfig(**runs.default_config("snail-bandit", params["task"])["task"])
+        return BanditsTask(config, seed=ctx.seed, eval_config=EvalConfig()).evaluate(None)
     sets = [*params["sets"], *ctx.extra.get("sets", [])]
     metrics, config, _, _ = C.train_worker(sets, params["model"], params["task"], ctx, figures=3)
     if "budget_minutes" not in params:  # a bandit run: the task's metrics say it all
@@ -133,6 +145,14 @@ def derive(summary: dict) -> dict:
             entry["init_gain"] = C.paired(summary, "accuracy", snail, f"{snail}-independent")
         if any(entry.values()):
             derived[unit] = entry
+    # SNAIL over the Bayes-optimal policy for the rows trained before the task scored it (the
+    # same held-out draws: the policies row's)
+    bayes = summary.get("bandits-n5-k10-policies", {}).get("metrics", {}).get("reward_bayes")
+    for id in ("bandits-n5-k10", "reduced-bandits-n5-k10"):
+        agent = C.by_seed(summary, id, "reward_agent")
+        if bayes and agent and "agent_over_bayes" not in summary[id]["metrics"]:
+            ratios = [a / bayes["mean"] for a in agent.values()]
+            derived[f"{id}-bayes"] = {"agent_over_bayes": ratios}
     return derived
 
 
@@ -221,6 +241,7 @@ DATA += columns("background scripts=scripts_background; evaluation scripts=scrip
 POLICY = "; ".join(
     f"{name}=reward_{name}; ± {name}=ci95_{name}" for name in ("agent", "ucb1", "thompson")
 )
+POLICY += "; Bayes-optimal=reward_bayes; ± Bayes=ci95_bayes"
 BANDIT = columns("run=id", 0) + columns("arms=arms; pulls=pulls; held-out episodes=n", 0)
 BANDIT += columns(f"{POLICY}; random=reward_random; oracle=reward_oracle", 2)
 BANDIT += columns("SNAIL / Thompson=agent_over_thompson", 3)

@@ -217,3 +217,64 @@ def test_bad_config_values_are_named(changes, message):
 def test_bad_policy_input_is_named():
     with pytest.raises(ValueError, match="'inputs'"):
         tiny_policy()(torch.zeros(1, 2, 4))
+
+
+def _reference_value(arms: int, pulls: int) -> float:
+    """The Bayes-optimal expected reward by plain recursion over the unsorted counts (no
+    symmetry, no shared code): max over arms of p (1 + V(win)) + (1 - p) V(loss)."""
+
+    def value(counts: list, left: int) -> float:
+        if left == 0:
+            return 0.0
+        best = -1.0
+        for a, (w, l) in enumerate(counts):
+            p = (w + 1) / (w + l + 2)
+            win = value([*counts[:a], (w + 1, l), *counts[a + 1 :]], left - 1)
+            loss = value([*counts[:a], (w, l + 1), *counts[a + 1 :]], left - 1)
+            best = max(best, p * (1 + win) + (1 - p) * loss)
+        return best
+
+    return value([(0, 0)] * arms, pulls)
+
+
+def test_the_bayes_optimal_value_matches_a_hand_count_and_a_plain_recursion():
+    # N=2, K=2: pull one arm (1/2); after a win keep it (2/3), after a loss switch (1/2)
+    assert B.bayes_optimal_value(2, 2) == pytest.approx(1 / 2 + 1 / 2 * 2 / 3 + 1 / 2 * 1 / 2)
+    assert B.bayes_optimal_value(4, 1) == pytest.approx(0.5)
+    for arms, pulls in ((2, 5), (3, 4)):
+        expected = _reference_value(arms, pulls)
+        assert B.bayes_optimal_value(arms, pulls) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_bayes_optimal_policy_earns_its_value_and_beats_ucb1_and_thompson():
+    config = B.BanditsConfig(arms=3, pulls=4, test_episodes=20000)
+    batch = B.draw(config, 20000, torch.Generator().manual_seed(5))
+    payoff = batch.payoff.double().numpy()
+    totals = B.bayes_optimal(payoff).sum(1)
+    # its rewards are the draws of the arms it pulled, each pull once
+    assert set(np.unique(totals)) <= set(range(5))
+    standard_error = totals.std(ddof=1) / math.sqrt(len(totals))
+    assert abs(totals.mean() - B.bayes_optimal_value(3, 4)) < 4 * standard_error
+    for other in (B.ucb1(payoff), B.thompson(payoff, 0)):
+        gain = totals - other.sum(1)  # paired on the same draws
+        assert gain.mean() > 4 * gain.std(ddof=1) / math.sqrt(len(gain))
+
+
+def test_bayes_optimal_is_skipped_where_it_is_unaffordable():
+    assert B.bayes_feasible(5, 10) and not B.bayes_feasible(10, 100)
+    with pytest.raises(ValueError, match="N=10, K=100"):
+        B.bayes_optimal(np.zeros((1, 100, 10)))
+    config = B.BanditsConfig(arms=10, pulls=100, test_episodes=3)
+    metrics = B.BanditsTask(config, seed=0, eval_config=EvalConfig()).evaluate(None)
+    assert "reward_bayes" not in metrics and "reward_thompson" in metrics
+
+
+def test_evaluation_without_a_model_scores_the_other_policies(task):
+    metrics = task.evaluate(None)
+    with_agent = task.evaluate(tiny_policy())
+    assert not any("agent" in key for key in metrics)
+    for name in B.POLICIES[1:]:  # the same draws, so the same numbers
+        assert metrics[f"reward_{name}"] == with_agent[f"reward_{name}"]
+    assert with_agent["agent_over_bayes"] == pytest.approx(
+        with_agent["reward_agent"] / with_agent["reward_bayes"]
+    )

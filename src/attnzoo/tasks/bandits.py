@@ -6,7 +6,9 @@ at step t pays 1 with probability p_a. The rewards are drawn once per episode as
 `payoff (K, N)` of Bernoulli(p) draws (pulling arm a at step t pays payoff[t, a]), so every
 policy scored on an episode meets the same draws (common random numbers): the learned agent,
 UCB1 and Thompson sampling (`ucb1`, `thompson`, computed exactly as their algorithms say, not
-learned), a uniformly random policy and the oracle that always pulls the best arm.
+learned), the Bayes-optimal policy for the prior where exact dynamic programming is affordable
+(`bayes_optimal`: N = 5, K = 10, not N = 10, K = 100), a uniformly random policy and the
+oracle that always pulls the best arm.
 
 Training episodes are drawn from the run's seed and the step; the held-out episodes once from
 `BanditsConfig.seed`. The agent is trained by REINFORCE with a learned value baseline
@@ -25,6 +27,7 @@ tape's next step, equal to the forward pass's outputs there.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +41,10 @@ from attnzoo.core.hard import lambda_returns, reinforce_loss
 from attnzoo.core.normalisers import sample_hard
 from attnzoo.tasks.base import EvalConfig, check_counts, model_device, sampling_generator
 
-POLICIES = ("agent", "ucb1", "thompson", "random", "oracle")
+POLICIES = ("agent", "ucb1", "thompson", "bayes", "random", "oracle")
+# `bayes_optimal`'s bound on the count vectors it may visit, comb(K + 2N, 2N) (N = 5, K = 10:
+# 184,756, a second; N = 10, K = 100: ~1.7e22)
+BAYES_STATES = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,74 @@ def thompson(payoff: np.ndarray, seed: int) -> np.ndarray:
     return out
 
 
+def bayes_feasible(arms: int, pulls: int) -> bool:
+    """Whether `bayes_optimal` is affordable for N arms and K pulls (`BAYES_STATES`)."""
+    return math.comb(pulls + 2 * arms, 2 * arms) <= BAYES_STATES
+
+
+def _bayes_q(arms: int, pulls: int):
+    """Q(counts, a): the expected reward still to come after pulling arm a with posterior
+    counts ((wins, losses) per arm, any order) and playing Bayes-optimally after it, under
+    independent U(0, 1) = Beta(1, 1) priors, with K - (pulls so far) pulls left (a pull
+    included). The arms are exchangeable, so the value is memoised on the sorted counts."""
+    if not bayes_feasible(arms, pulls):
+        fail(
+            "bayes_optimal",
+            "payoff",
+            f"episodes small enough for exact dynamic programming, comb(K + 2N, 2N) <= "
+            f"{BAYES_STATES}",
+            f"N={arms}, K={pulls}",
+        )
+
+    def after(counts: tuple, a: int, new: tuple) -> tuple:
+        return tuple(sorted((*counts[:a], new, *counts[a + 1 :])))
+
+    @functools.cache
+    def value(counts: tuple) -> float:  # sorted counts
+        if sum(w + l for w, l in counts) == pulls:
+            return 0.0
+        return max(q(counts, a) for a in range(arms))
+
+    def q(counts: tuple, a: int) -> float:
+        w, l = counts[a]
+        p = (1 + w) / (2 + w + l)  # the posterior mean of p_a
+        win, loss = value(after(counts, a, (w + 1, l))), value(after(counts, a, (w, l + 1)))
+        return p * (1 + win) + (1 - p) * loss
+
+    return q
+
+
+def bayes_optimal_value(arms: int, pulls: int) -> float:
+    """The Bayes-optimal policy's expected total reward over episodes drawn from the prior: the
+    most any policy can expect (N = 2, K = 2: 13 / 12)."""
+    q = _bayes_q(arms, pulls)
+    start = ((0, 0),) * arms
+    return max(q(start, a) for a in range(arms))
+
+
+def bayes_optimal(payoff: np.ndarray) -> np.ndarray:
+    """The Bayes-optimal policy for this task's prior (every p_a ~ U(0, 1), independent) and
+    horizon K on the draws `payoff` (b, K, N) -> rewards (b, K).
+
+    Exact finite-horizon dynamic programming over the arms' posterior counts: each step pulls
+    the arm of largest Q (`_bayes_q`; ties to the lowest index). No policy expects more on
+    episodes from the prior; the Gittins index policy, whose numbers RL^2 and SNAIL report,
+    approximates it (the Gittins index is optimal for discounted infinite horizons)."""
+    b, pulls, arms = payoff.shape
+    q = _bayes_q(arms, pulls)
+    out = np.zeros((b, pulls))
+    for e in range(b):
+        counts = [(0, 0)] * arms
+        for t in range(pulls):
+            state = tuple(counts)
+            scores = [q(state, a) for a in range(arms)]
+            pick = scores.index(max(scores))
+            out[e, t] = reward = payoff[e, t, pick]
+            w, l = counts[pick]
+            counts[pick] = (w + 1, l) if reward else (w, l + 1)
+    return out
+
+
 class BanditsTask:
     """The Task protocol (`attnzoo.tasks.base.Task`) over Bernoulli bandit episodes."""
 
@@ -211,34 +285,32 @@ class BanditsTask:
         return draw(self.config, count, torch.Generator().manual_seed(self.config.seed * 7919 + 2))
 
     @torch.no_grad()
-    def scores(self, model: torch.nn.Module, count: int) -> dict[str, np.ndarray]:
-        """Per policy, the rewards (count, K) on the first `count` held-out episodes."""
+    def scores(self, model: torch.nn.Module | None, count: int) -> dict[str, np.ndarray]:
+        """Per policy, the rewards (count, K) on the first `count` held-out episodes ("bayes"
+        only where `bayes_feasible`; without a model, every policy but the agent)."""
         batch = self.held_out(count)
-        device = model_device(model)
-        g = sampling_generator(device).manual_seed(self.config.seed + 17)
-        on = BanditBatch(batch.probs.to(device), batch.payoff.to(device), 0, batch.items)
-        _, agent = rollout(model, on, g)
+        found = {}
+        if model is not None:
+            device = model_device(model)
+            g = sampling_generator(device).manual_seed(self.config.seed + 17)
+            on = BanditBatch(batch.probs.to(device), batch.payoff.to(device), 0, batch.items)
+            found["agent"] = rollout(model, on, g)[1].double().cpu().numpy()
         payoff = batch.payoff.double().numpy()
+        found["ucb1"] = ucb1(payoff)
+        found["thompson"] = thompson(payoff, self.config.seed + 23)
+        if bayes_feasible(self.config.arms, self.config.pulls):
+            found["bayes"] = bayes_optimal(payoff)
         rng = np.random.default_rng(self.config.seed + 29)
-        rows = np.arange(count)[:, None]
-        return {
-            "agent": agent.double().cpu().numpy(),
-            "ucb1": ucb1(payoff),
-            "thompson": thompson(payoff, self.config.seed + 23),
-            "random": payoff[
-                rows,
-                np.arange(self.config.pulls),
-                rng.integers(0, self.config.arms, payoff.shape[:2]),
-            ],
-            "oracle": payoff[
-                rows, np.arange(self.config.pulls), batch.probs.numpy().argmax(1)[:, None]
-            ],
-        }
+        rows, steps = np.arange(count)[:, None], np.arange(self.config.pulls)
+        found["random"] = payoff[rows, steps, rng.integers(0, self.config.arms, payoff.shape[:2])]
+        found["oracle"] = payoff[rows, steps, batch.probs.numpy().argmax(1)[:, None]]
+        return found
 
     @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+    def evaluate(self, model: torch.nn.Module | None) -> dict[str, float]:
         """Mean cumulative reward per episode of each policy on the same held-out draws, its
-        `ci95` (1.96 standard errors over episodes), and the agent's over Thompson's."""
+        `ci95` (1.96 standard errors over episodes), and the agent's over Thompson's and over
+        the Bayes-optimal policy's (without a model: the other policies alone)."""
         count = self.eval_config.limit or self.config.test_episodes
         found = self.scores(model, count)
         metrics: dict[str, float] = {
@@ -252,9 +324,13 @@ class BanditsTask:
             metrics[f"ci95_{name}"] = (
                 float(1.96 * total.std(ddof=1) / math.sqrt(count)) if count > 1 else 0.0
             )
-        metrics["agent_over_thompson"] = metrics["reward_agent"] / max(
-            metrics["reward_thompson"], 1e-9
-        )
+        for other in ("thompson", "bayes"):
+            if "agent" in found and other in found:
+                metrics[f"agent_over_{other}"] = metrics["reward_agent"] / max(
+                    metrics[f"reward_{other}"], 1e-9
+                )
+        if "bayes" in found:
+            metrics["bayes_expected"] = bayes_optimal_value(self.config.arms, self.config.pulls)
         return metrics
 
     @torch.no_grad()
