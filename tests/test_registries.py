@@ -2,6 +2,7 @@
 every check compares against the registries themselves, never a typed copy of them."""
 
 import dataclasses
+import inspect
 
 import pytest
 
@@ -61,3 +62,21 @@ def test_list_prints_every_name(capsys):
     out = capsys.readouterr().out
     for name in [*MODELS, *TASKS]:
         assert name in out, name
+
+
+IMAGE_MODELS = [
+    n for n, m in MODELS.items() if "image_size" in inspect.signature(m.model_class).parameters
+]
+SIZES = {"channels": 1, "classes": 10, "labels": 3, "vocab": 20, "max_len": 8, "ways": 5}
+SIZES["shots"] = 1
+
+
+@pytest.mark.parametrize("name", IMAGE_MODELS)
+@pytest.mark.parametrize("bad", [32, (32,), (32, 0), (32.0, 32.0), (True, 32), "32x32"])
+def test_a_bad_image_size_is_an_error_naming_it(name, bad):
+    spec = MODELS[name]
+    wanted = inspect.signature(spec.model_class).parameters
+    sizes = {k: v for k, v in SIZES.items() if k in wanted}
+    spec.model_class(spec.preset(), image_size=(32, 32), **sizes)  # the same call builds
+    with pytest.raises(ValueError, match="'image_size'"):
+        spec.model_class(spec.preset(), image_size=bad, **sizes)

@@ -168,6 +168,8 @@ def test_shapes_at_odd_sizes():
         (lambda: S.sagan(attention="yes"), "attention"),
         (lambda: S.SAGAN(S.sagan(), (30, 30), 1, 10), "image_size"),
         (lambda: S.SAGAN(S.sagan(), (32, 16), 1, 10), "image_size"),
+        (lambda: S.SAGAN(S.sagan(), 32, 1, 10), "image_size"),
+        (lambda: S.SAGAN(S.sagan(), (32.0, 32.0), 1, 10), "image_size"),
         (lambda: S.SAGAN(S.sagan(), (32, 32), 1, 10)(torch.randn(2, 3), torch.zeros(2)), "z"),
         (lambda: S.SAGAN(S.sagan(), (32, 32), 1, 10)(torch.randn(2, 64), torch.zeros(3)), "labels"),
         (lambda: S.SelfAttention2d(8)(torch.randn(2, 4, 3, 3)), "x"),

@@ -89,6 +89,16 @@ def check_size(function: str, argument: str, value: object) -> None:
         fail(function, argument, "a positive int", repr(value))
 
 
+def check_image_size(function: str, image_size: object) -> tuple[int, int]:
+    """An image size is a (height, width) pair of positive ints; returned as a tuple."""
+    pair = isinstance(image_size, tuple | list) and len(image_size) == 2
+    if not pair or not all(
+        isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in image_size
+    ):
+        fail(function, "image_size", "(height, width), two positive ints", repr(image_size))
+    return tuple(image_size)
+
+
 def check_like_parameter(
     function: str, argument: str, tensor: torch.Tensor, parameter: torch.Tensor
 ) -> None:

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.checks import check_size, fail
+from attnzoo.core.checks import check_image_size, check_size, fail
 from attnzoo.core.hard import BOUNDS, GaussianPolicy
 from attnzoo.models.ram import METHODS, GlimpseSensor
 
@@ -154,7 +154,8 @@ class DRAM(nn.Module):
         super().__init__()
         for name, value in (("channels", channels), ("classes", classes), ("labels", labels)):
             check_size("DRAM", name, value)
-        self.config, self.image_size, self.labels = config, tuple(image_size), labels
+        self.config, self.labels = config, labels
+        self.image_size = check_image_size("DRAM", image_size)
         h, side = config.hidden, config.context
         self.glimpse = DRAMGlimpse(config, channels)
         self.context = nn.Sequential(

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.checks import check_size, fail
+from attnzoo.core.checks import check_image_size, check_size, fail
 
 
 class ClassifierOutput(NamedTuple):
@@ -75,7 +75,8 @@ class FullyConnected(nn.Module):
         super().__init__()
         check_size("FullyConnected", "channels", channels)
         check_size("FullyConnected", "classes", classes)
-        self.image_size, self.channels = tuple(image_size), channels
+        self.image_size = image_size = check_image_size("FullyConnected", image_size)
+        self.channels = channels
         width = channels * image_size[0] * image_size[1]
         layers: list[nn.Module] = []
         for _ in range(config.layers):
@@ -98,7 +99,8 @@ class ConvNet(nn.Module):
         super().__init__()
         check_size("ConvNet", "channels", channels)
         check_size("ConvNet", "classes", classes)
-        self.image_size, self.channels = tuple(image_size), channels
+        self.image_size = image_size = check_image_size(type(self).__name__, image_size)
+        self.channels = channels
         c, k = config.channels, config.kernel
         self.conv1 = nn.Conv2d(channels, c, k, padding=k // 2)
         self.conv2 = nn.Conv2d(c, 2 * c, k, padding=k // 2)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.checks import check_size
+from attnzoo.core.checks import check_image_size, check_size
 from attnzoo.models.snail import ConvEmbedding, FewShotOutput, check_episode
 
 
@@ -62,7 +62,7 @@ class ProtoNet(nn.Module):
         for name, value in (("channels", channels), ("ways", ways), ("shots", shots)):
             check_size("ProtoNet", name, value)
         self.ways, self.shots = ways, shots
-        self.image_size, self.channels = tuple(image_size), channels
+        self.image_size, self.channels = check_image_size("ProtoNet", image_size), channels
         self.embed = ConvEmbedding(channels, config.embed_dim, config.embed_blocks, image_size)
 
     def forward(

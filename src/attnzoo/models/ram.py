@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.checks import check_size, fail
+from attnzoo.core.checks import check_image_size, check_size, fail
 from attnzoo.core.hard import BOUNDS, GaussianPolicy
 
 CORES = ("rnn", "lstm")
@@ -273,7 +273,7 @@ class RAM(nn.Module):
         super().__init__()
         for name, value in (("channels", channels), ("classes", classes)):
             check_size("RAM", name, value)
-        self.config, self.image_size = config, tuple(image_size)
+        self.config, self.image_size = config, check_image_size("RAM", image_size)
         self.glimpse = GlimpseNetwork(config, channels)
         h = config.hidden
         if config.core == "lstm":

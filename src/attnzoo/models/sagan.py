@@ -51,7 +51,7 @@ from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm
 
 from attnzoo.core.attention import attention
-from attnzoo.core.checks import check_size, fail
+from attnzoo.core.checks import check_image_size, check_size, fail
 
 GROUPS = ("discriminator", "generator")  # the optimiser groups, in the order they step
 
@@ -251,8 +251,8 @@ class SAGAN(nn.Module):
         super().__init__()
         check_size("SAGAN", "channels", channels)
         check_size("SAGAN", "classes", classes)
-        side = image_size[0]
-        if len(image_size) != 2 or image_size[1] != side or side < 8 or side % 8:
+        side = check_image_size("SAGAN", image_size)[0]
+        if image_size[1] != side or side < 8 or side % 8:
             fail("SAGAN", "image_size", "a square (side, side), side a multiple of 8", image_size)
         self.config, self.image_size = config, (side, side)
         self.channels, self.classes = channels, classes

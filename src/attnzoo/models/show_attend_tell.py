@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.core.attention import attention, prepare_key
-from attnzoo.core.checks import check_size, fail
+from attnzoo.core.checks import check_image_size, check_size, fail
 from attnzoo.core.hard import MovingAverageBaseline
 from attnzoo.core.normalisers import sample_hard
 from attnzoo.core.scores import Additive
@@ -260,6 +260,7 @@ class ShowAttendTell(nn.Module):
         check_size("ShowAttendTell", "vocab", vocab)
         self.encoder = Encoder(channels, tuple(c.channels))
         scale = 2**self.encoder.pools
+        image_size = check_image_size("ShowAttendTell", image_size)
         if any(s % scale for s in image_size):
             fail("ShowAttendTell", "image_size", f"sides divisible by {scale}", image_size)
         self.grid = (image_size[0] // scale, image_size[1] // scale)

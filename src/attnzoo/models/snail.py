@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.core.attention import attention
-from attnzoo.core.checks import check_size, fail
+from attnzoo.core.checks import check_image_size, check_size, fail
 
 
 class FewShotOutput(NamedTuple):
@@ -219,7 +219,7 @@ class SNAIL(nn.Module):
         for name, value in (("channels", channels), ("ways", ways), ("shots", shots)):
             check_size("SNAIL", name, value)
         self.config, self.ways, self.shots = config, ways, shots
-        self.image_size, self.channels = tuple(image_size), channels
+        self.image_size, self.channels = check_image_size("SNAIL", image_size), channels
         self.embed = ConvEmbedding(channels, config.embed_dim, config.embed_blocks, image_size)
         self.length = ways * shots + 1  # T
         width = self.embed.size + ways
