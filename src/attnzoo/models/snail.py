@@ -118,7 +118,9 @@ class ConvEmbedding(nn.Module):
                 nn.ReLU(),
                 nn.MaxPool2d(2),
             ]
-        self.net = nn.Sequential(*layers)
+        # channels-last weights put the convolutions and pools on oneDNN's NHWC kernels: the
+        # embedding's forward + backward of 672 glyphs (one thread) 3965 -> 2657 ms here
+        self.net = nn.Sequential(*layers).to(memory_format=torch.channels_last)
         height, width = image_size
         for _ in range(blocks):
             height, width = height // 2, width // 2
