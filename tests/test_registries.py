@@ -64,19 +64,31 @@ def test_list_prints_every_name(capsys):
         assert name in out, name
 
 
-IMAGE_MODELS = [
-    n for n, m in MODELS.items() if "image_size" in inspect.signature(m.model_class).parameters
-]
+# good values for every size a model class takes (each interface's, registry docstring)
 SIZES = {"channels": 1, "classes": 10, "labels": 3, "vocab": 20, "max_len": 8, "ways": 5}
-SIZES["shots"] = 1
+SIZES |= {"shots": 1, "source_vocab": 20, "target_vocab": 20, "max_source_len": 12}
+SIZES |= {"max_target_len": 12, "input_dim": 2, "input_size": 8, "output_size": 8}
+SIZES |= {"arms": 5, "pulls": 10, "image_size": (32, 32), "end_token": True}
+BAD = {"image_size": [32, (32,), (32, 0), (32.0, 32.0), (True, 32), "32x32"]}
+BAD["end_token"] = [1, "yes", None]
+CASES = [
+    (name, argument)
+    for name, spec in MODELS.items()
+    for argument in inspect.signature(spec.model_class).parameters
+    if argument != "config"
+]
 
 
-@pytest.mark.parametrize("name", IMAGE_MODELS)
-@pytest.mark.parametrize("bad", [32, (32,), (32, 0), (32.0, 32.0), (True, 32), "32x32"])
-def test_a_bad_image_size_is_an_error_naming_it(name, bad):
+def test_every_size_a_model_takes_has_a_good_value_here():
+    assert {argument for _, argument in CASES} <= set(SIZES)
+
+
+@pytest.mark.parametrize(("name", "argument"), CASES)
+def test_a_bad_size_is_an_error_naming_it(name, argument):
     spec = MODELS[name]
     wanted = inspect.signature(spec.model_class).parameters
     sizes = {k: v for k, v in SIZES.items() if k in wanted}
-    spec.model_class(spec.preset(), image_size=(32, 32), **sizes)  # the same call builds
-    with pytest.raises(ValueError, match="'image_size'"):
-        spec.model_class(spec.preset(), image_size=bad, **sizes)
+    spec.model_class(spec.preset(), **sizes)  # the same call builds with good values
+    for bad in BAD.get(argument, [0, -1, 2.5, True, "8"]):
+        with pytest.raises(ValueError, match=f"'{argument}'"):
+            spec.model_class(spec.preset(), **{**sizes, argument: bad})

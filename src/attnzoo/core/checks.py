@@ -83,10 +83,13 @@ def _broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
     return all(size == 1 or size == wanted for size, wanted in pairs)
 
 
-def check_size(function: str, argument: str, value: object) -> None:
-    """A size is a positive int (a bool or a float such as 2.0 is refused, not truncated)."""
+def check_size(function: str, argument: str, value: object, optional: bool = False) -> None:
+    """A size is a positive int (a bool or a float such as 2.0 is refused, not truncated);
+    `optional`: None too."""
+    if optional and value is None:
+        return
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        fail(function, argument, "a positive int", repr(value))
+        fail(function, argument, "a positive int" + " or None" * optional, repr(value))
 
 
 def check_image_size(function: str, image_size: object) -> tuple[int, int]:

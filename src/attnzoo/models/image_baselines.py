@@ -145,6 +145,7 @@ class MultiHeadConvNet(ConvNet):
         labels: int,
     ):
         check_size("MultiHeadConvNet", "labels", labels)
+        check_size("MultiHeadConvNet", "classes", classes)
         super().__init__(config, image_size, channels, classes * labels)
         self.labels, self.classes = labels, classes
 

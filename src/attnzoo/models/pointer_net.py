@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from attnzoo import decoding
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_size, fail
 from attnzoo.core.normalisers import masked_fill_lowest
 from attnzoo.core.scores import Additive
 
@@ -91,8 +91,9 @@ class PointerNet(nn.Module):
 
     def __init__(self, config: PointerNetConfig, input_dim: int, end_token: bool = False):
         super().__init__()
-        if input_dim < 1:
-            fail("PointerNet", "input_dim", "a positive int", input_dim)
+        check_size("PointerNet", "input_dim", input_dim)
+        if not isinstance(end_token, bool):
+            fail("PointerNet", "end_token", "True or False", repr(end_token))
         self.config, self.input_dim, self.end_token = config, input_dim, end_token
         h = config.hidden
         self.embed = nn.Linear(input_dim, h)

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from attnzoo.core import LocalAttention, PreparedKey, attention, padding_mask, prepare_key, scores
-from attnzoo.core.checks import check_dropout, fail
+from attnzoo.core.checks import check_dropout, check_size, fail
 
 CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
 LOCAL = ("local-m", "local-p")  # Luong's local forms (sec. 3.2)
@@ -507,6 +507,10 @@ class Seq2Seq(nn.Module):
         max_target_len: int | None = None,
     ):
         super().__init__()
+        for name, value in (("source_vocab", source_vocab), ("target_vocab", target_vocab)):
+            check_size("Seq2Seq", name, value)
+        for name, value in (("max_source_len", max_source_len), ("max_target_len", max_target_len)):
+            check_size("Seq2Seq", name, value, optional=True)
         c = self.config = config
         # Creation order is the seed's contract: the same seed gives the same weights.
         self.source_embed = nn.Embedding(source_vocab, c.embed_dim, padding_idx=0)

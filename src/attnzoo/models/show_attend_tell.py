@@ -258,6 +258,8 @@ class ShowAttendTell(nn.Module):
         super().__init__()
         c = self.config = config
         check_size("ShowAttendTell", "vocab", vocab)
+        check_size("ShowAttendTell", "max_len", max_len, optional=True)
+        check_size("ShowAttendTell", "channels", channels)
         self.encoder = Encoder(channels, tuple(c.channels))
         scale = 2**self.encoder.pools
         image_size = check_image_size("ShowAttendTell", image_size)

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_size, fail
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,8 @@ class LSTMBaseline(nn.Module):
 
     def __init__(self, config: LSTMConfig, input_size: int, output_size: int):
         super().__init__()
+        check_size("LSTMBaseline", "input_size", input_size)
+        check_size("LSTMBaseline", "output_size", output_size)
         self.config = config
         self.lstm = nn.LSTM(input_size, config.hidden, config.layers, batch_first=True)
         self.output = nn.Linear(config.hidden, output_size)

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_size, fail
 from attnzoo.models.ntm import addressing
 
 
@@ -123,6 +123,8 @@ class NTM(nn.Module):
 
     def __init__(self, config: NTMConfig, input_size: int, output_size: int):
         super().__init__()
+        check_size("NTM", "input_size", input_size)
+        check_size("NTM", "output_size", output_size)
         c = self.config = config
         n, m, s = c.memory_rows, c.memory_cols, c.shifts
         self.heads = c.read_heads + c.write_heads
