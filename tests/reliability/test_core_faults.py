@@ -101,7 +101,7 @@ def test_two_threads_attending_at_once_get_the_reference(monkeypatch):
 
 
 class _CallInside(TorchFunctionMode):
-    """Runs `nested()` once, at the first in-place tanh (a block of the additive kernel being
+    """Runs `nested()` once, at the first in-place sigmoid (a block of the additive kernel being
     evaluated on its scratch buffer): a re-entrant call in the same thread."""
 
     def __init__(self, nested):
@@ -109,7 +109,7 @@ class _CallInside(TorchFunctionMode):
         self.nested, self.done = nested, False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is torch.Tensor.tanh_ and not self.done:
+        if func is torch.Tensor.sigmoid_ and not self.done:
             self.done = True
             self.nested()
         return func(*args, **(kwargs or {}))
@@ -134,15 +134,15 @@ def test_reentrant_call_inside_a_block_and_inside_a_backward(monkeypatch):
     assert mode.done and torch.equal(seen[0], expected_inner)
     assert torch.equal(got, expected)
     # autograd runs the backward without the mode: the nested call is injected between a
-    # block's tanh (in scratch memory) and its use
-    tanh_backward = additive._tanh_backward
+    # block's sigmoid (in scratch memory) and its use
+    block_backward = additive._sigmoid_backward
 
-    def tanh_backward_with_a_call_inside(t, grad_logits, v):
+    def block_backward_with_a_call_inside(s, grad_logits, v):
         if len(seen) == 1:
             nested()
-        return tanh_backward(t, grad_logits, v)
+        return block_backward(s, grad_logits, v)
 
-    monkeypatch.setattr(additive, "_tanh_backward", tanh_backward_with_a_call_inside)
+    monkeypatch.setattr(additive, "_sigmoid_backward", block_backward_with_a_call_inside)
     grads = torch.autograd.grad(got.sum(), leaves)
     assert len(seen) == 2 and torch.equal(seen[1], expected_inner)
     for g, e in zip(grads, expected_grads, strict=True):
