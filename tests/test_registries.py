@@ -3,6 +3,7 @@ every check compares against the registries themselves, never a typed copy of th
 
 import dataclasses
 import inspect
+import typing
 
 import pytest
 
@@ -92,3 +93,34 @@ def test_a_bad_size_is_an_error_naming_it(name, argument):
     for bad in BAD.get(argument, [0, -1, 2.5, True, "8"]):
         with pytest.raises(ValueError, match=f"'{argument}'"):
             spec.model_class(spec.preset(), **{**sizes, argument: bad})
+
+
+def _configs():
+    """Every config class the registries make: the models' presets, the tasks' defaults, the
+    training and evaluation configs."""
+    found = {type(spec.preset()): spec.preset() for spec in MODELS.values()}
+    for spec in TASKS.values():
+        found[type(spec.default_config())] = spec.default_config()
+        found[EvalConfig] = spec.eval_config()
+        found[TrainConfig] = TrainConfig(**spec.train)
+    return list(found.values())
+
+
+BAD_BY_TYPE = {int: [2.5, True, "8"], float: [True, "0.1", None], bool: [1, "yes"]}
+
+
+@pytest.mark.parametrize("config", _configs(), ids=lambda c: type(c).__name__)
+def test_every_config_refuses_a_value_of_the_wrong_type(config):
+    hints = typing.get_type_hints(type(config))
+    checked = 0
+    for field in dataclasses.fields(config):
+        kind = hints[field.name]
+        plain = [a for a in typing.get_args(kind) if a is not type(None)] or [kind]
+        if len(plain) != 1 or plain[0] not in BAD_BY_TYPE:
+            continue
+        optional = type(None) in typing.get_args(kind)
+        for bad in [b for b in BAD_BY_TYPE[plain[0]] if not (optional and b is None)]:
+            with pytest.raises(ValueError, match=f"'{field.name}'"):
+                dataclasses.replace(config, **{field.name: bad})
+        checked += 1
+    assert checked

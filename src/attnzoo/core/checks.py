@@ -6,6 +6,10 @@ any computation (DESIGN.md: bad input gets a clear error).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import types
+import typing
 from collections.abc import Sequence
 
 import torch
@@ -134,3 +138,61 @@ def check_window(function: str, window: int | None) -> None:
         isinstance(window, bool) or not isinstance(window, int) or window <= 0
     ):
         fail(function, "window", "a positive int (keys within D positions)", window)
+
+
+@functools.cache
+def _hints(cls: type) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _fits(value: object, kind: object) -> bool:
+    """Whether `value` has the annotated type `kind` (ints for floats too; lists for tuples, as
+    JSON gives them; a kind not spelled here is left to the class's own checks)."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if kind is type(None):
+        return value is None
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:  # its range (finite, positive, ...) is the class's own check
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is str:
+        return isinstance(value, str)
+    if origin in (tuple, list):
+        if not isinstance(value, tuple | list):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(map(_fits, value, args))
+        return all(_fits(v, args[0]) for v in value) if args else True
+    return True
+
+
+def _describe(kind: object) -> str:
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    named = {bool: "True or False", int: "an int", float: "a number", str: "a string"}
+    if kind in named:
+        return named[kind]
+    if kind is type(None):
+        return "None"
+    if origin in (tuple, list) and args and args[-1] is not Ellipsis and origin is tuple:
+        return f"{len(args)} values: {', '.join(_describe(a) for a in args)}"
+    if origin in (tuple, list) and args:
+        return f"a sequence, each {_describe(args[0])}"
+    return getattr(kind, "__name__", str(kind))
+
+
+def check_fields(config: object) -> None:
+    """Every field of a config dataclass has its annotated type (an int is not a bool or 2.5,
+    a float is a number, a flag is True or False): the first check of every config's
+    `__post_init__`, before its own checks of ranges (finite, positive, one of a list)."""
+    cls = type(config)
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        value = getattr(config, f.name)
+        if not _fits(value, hints[f.name]):
+            fail(cls.__name__, f.name, _describe(hints[f.name]), repr(value))

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.checks import check_image_size, check_size, fail
+from attnzoo.core.checks import check_fields, check_image_size, check_size, fail
 from attnzoo.core.hard import BOUNDS, GaussianPolicy
 from attnzoo.models.ram import METHODS, GlimpseSensor
 
@@ -79,6 +79,7 @@ class DRAMConfig:
     where_lr: float = 0.1
 
     def __post_init__(self):
+        check_fields(self)
         for name in ("glimpses", "patch", "scales", "glimpse_hidden", "hidden", "context"):
             check_size("DRAMConfig", name, getattr(self, name))
         if self.context < 4:

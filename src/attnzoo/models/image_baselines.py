@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.checks import check_image_size, check_size, fail
+from attnzoo.core.checks import check_fields, check_image_size, check_size, fail
 
 
 class ClassifierOutput(NamedTuple):
@@ -38,6 +38,7 @@ class FCConfig:
     layers: int = 2
 
     def __post_init__(self):
+        check_fields(self)
         _check_ints("FCConfig", self, ("hidden", "layers"))
 
 
@@ -53,6 +54,7 @@ class ConvConfig:
     hidden: int = 256  # a rectifier layer before the classifier (0: none)
 
     def __post_init__(self):
+        check_fields(self)
         _check_ints("ConvConfig", self, ("channels", "kernel"))
         if isinstance(self.hidden, bool) or not isinstance(self.hidden, int) or self.hidden < 0:
             fail("ConvConfig", "hidden", "an int >= 0", repr(self.hidden))

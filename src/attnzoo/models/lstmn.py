@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from attnzoo.core.attention import attention
-from attnzoo.core.checks import check_dropout, check_size, check_tensor, fail
+from attnzoo.core.checks import check_dropout, check_fields, check_size, check_tensor, fail
 from attnzoo.core.scores import Additive
 from attnzoo.core.types import PreparedKey
 
@@ -67,6 +67,7 @@ class RecurrentLMConfig:
     dropout: float = 0.0
 
     def __post_init__(self):
+        check_fields(self)
         for name in ("embed_dim", "hidden", "attn_hidden", "layers"):
             check_size("RecurrentLMConfig", name, getattr(self, name))
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, int | float):

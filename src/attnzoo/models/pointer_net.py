@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from attnzoo import decoding
-from attnzoo.core.checks import check_size, fail
+from attnzoo.core.checks import check_fields, check_size, fail
 from attnzoo.core.normalisers import masked_fill_lowest
 from attnzoo.core.scores import Additive
 
@@ -47,6 +47,7 @@ class PointerNetConfig:
     mask_chosen: bool = True  # forbid pointing at a position twice (see the Note)
 
     def __post_init__(self):
+        check_fields(self)
         for name in ("hidden", "attn_hidden", "layers"):
             if getattr(self, name) < 1:
                 fail("PointerNetConfig", name, "a positive int", getattr(self, name))

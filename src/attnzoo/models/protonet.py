@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.checks import check_image_size, check_size
+from attnzoo.core.checks import check_fields, check_image_size, check_size
 from attnzoo.models.snail import ConvEmbedding, FewShotOutput, check_episode
 
 
@@ -38,6 +38,7 @@ class ProtoNetConfig:
     embed_blocks: int = 4
 
     def __post_init__(self):
+        check_fields(self)
         for name in ("embed_dim", "embed_blocks"):
             check_size("ProtoNetConfig", name, getattr(self, name))
 

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.checks import check_image_size, check_size, fail
+from attnzoo.core.checks import check_fields, check_image_size, check_size, fail
 from attnzoo.core.hard import BOUNDS, GaussianPolicy
 
 CORES = ("rnn", "lstm")
@@ -84,6 +84,7 @@ class RAMConfig:
     bound: str = "tanh"
 
     def __post_init__(self):
+        check_fields(self)
         for name in ("glimpses", "patch", "scales", "glimpse_hidden", "hidden"):
             check_size("RAMConfig", name, getattr(self, name))
         if self.core not in CORES:

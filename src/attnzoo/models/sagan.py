@@ -42,6 +42,7 @@ Note:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -51,7 +52,7 @@ from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm
 
 from attnzoo.core.attention import attention
-from attnzoo.core.checks import check_image_size, check_size, fail
+from attnzoo.core.checks import check_fields, check_image_size, check_size, fail
 
 GROUPS = ("discriminator", "generator")  # the optimiser groups, in the order they step
 
@@ -75,6 +76,7 @@ class SAGANConfig:
     betas: tuple[float, float] = (0.0, 0.9)
 
     def __post_init__(self):
+        check_fields(self)
         check_size("SAGANConfig", "channels", self.channels)
         check_size("SAGANConfig", "z_dim", self.z_dim)
         if self.channels < 8:
@@ -85,8 +87,8 @@ class SAGANConfig:
             fail("SAGANConfig", "attention", "True or False", repr(self.attention))
         for name in ("d_lr", "g_lr"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                fail("SAGANConfig", name, "a positive learning rate", repr(value))
+            if not 0 < value < math.inf:
+                fail("SAGANConfig", name, "a positive, finite learning rate", repr(value))
         betas = self.betas
         if (
             not isinstance(betas, tuple | list)

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from attnzoo.core import LocalAttention, PreparedKey, attention, padding_mask, prepare_key, scores
-from attnzoo.core.checks import check_dropout, check_size, fail
+from attnzoo.core.checks import check_dropout, check_fields, check_size, fail
 
 CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
 LOCAL = ("local-m", "local-p")  # Luong's local forms (sec. 3.2)
@@ -81,6 +81,7 @@ class Seq2SeqConfig:
     dropout: float = 0.1
 
     def __post_init__(self):
+        check_fields(self)
         for name, allowed in (("attention", DECODERS), ("cell", CELLS)):
             if getattr(self, name) not in allowed:
                 fail("Seq2SeqConfig", name, f"one of {list(allowed)}", repr(getattr(self, name)))

@@ -42,6 +42,7 @@ Note:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -49,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.core.attention import attention, prepare_key
-from attnzoo.core.checks import check_image_size, check_size, fail
+from attnzoo.core.checks import check_fields, check_image_size, check_size, fail
 from attnzoo.core.hard import MovingAverageBaseline
 from attnzoo.core.normalisers import sample_hard
 from attnzoo.core.scores import Additive
@@ -90,6 +91,7 @@ class ShowAttendTellConfig:
     expectation_rate: float = 0.5
 
     def __post_init__(self):
+        check_fields(self)
         if self.variant not in VARIANTS:
             fail("ShowAttendTellConfig", "variant", f"one of {list(VARIANTS)}", repr(self.variant))
         if not isinstance(self.channels, tuple | list) or not self.channels:
@@ -101,8 +103,8 @@ class ShowAttendTellConfig:
         if not 0 <= self.dropout < 1:
             fail("ShowAttendTellConfig", "dropout", "a number in [0, 1)", self.dropout)
         for name in ("doubly_stochastic", "entropy_weight", "reinforce_weight"):
-            if not getattr(self, name) >= 0:
-                fail("ShowAttendTellConfig", name, "a number >= 0", getattr(self, name))
+            if not 0 <= getattr(self, name) < math.inf:
+                fail("ShowAttendTellConfig", name, "a finite number >= 0", getattr(self, name))
         if not 0 <= self.expectation_rate <= 1:
             fail(
                 "ShowAttendTellConfig",

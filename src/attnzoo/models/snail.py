@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.core.attention import attention
-from attnzoo.core.checks import check_image_size, check_size, fail
+from attnzoo.core.checks import check_fields, check_image_size, check_size, fail
 
 
 class FewShotOutput(NamedTuple):
@@ -83,6 +83,7 @@ class SnailConfig:
     qk_init: str = "similarity"
 
     def __post_init__(self):
+        check_fields(self)
         for name in ("embed_dim", "embed_blocks", "filters"):
             check_size("SnailConfig", name, getattr(self, name))
         if self.qk_init not in QK_INITS:
@@ -308,6 +309,7 @@ class SnailPolicyConfig:
     detach_value: bool = False
 
     def __post_init__(self):
+        check_fields(self)
         for name in ("filters", "layers", "key_size", "value_size"):
             check_size("SnailPolicyConfig", name, getattr(self, name))
         if not isinstance(self.detach_value, bool):

@@ -51,7 +51,7 @@ from attnzoo.core import (
     padding_mask,
     sinusoidal_encoding,
 )
-from attnzoo.core.checks import check_dropout, check_tensor, fail
+from attnzoo.core.checks import check_dropout, check_fields, check_tensor, fail
 from attnzoo.core.mha import StackedLinear
 
 POSITIONS = ("sinusoidal", "learned")
@@ -72,6 +72,7 @@ class TransformerConfig:
     layer_norm_eps: float = 1e-5  # epsilon of every LayerNorm (torch's default)
 
     def __post_init__(self):
+        check_fields(self)
         for name in ("d_model", "heads", "layers_enc", "layers_dec", "d_ff"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_fields, fail
 from attnzoo.core.hard import lambda_returns, reinforce_loss
 from attnzoo.core.normalisers import sample_hard
 from attnzoo.tasks.base import EvalConfig, check_counts, model_device, sampling_generator
@@ -72,6 +72,7 @@ class BanditsConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check_fields(self)
         check_counts(
             "BanditsConfig",
             self,

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_fields, fail
 
 INSTALL_HINT = "pip install 'attnzoo[data]'"
 SPLITS = ("valid", "test")  # the held-out splits `EvalConfig.split` may name
@@ -64,6 +64,7 @@ class EvalConfig:
     label_smoothing: float = 0.0
 
     def __post_init__(self):
+        check_fields(self)
         if self.split not in SPLITS:
             fail("EvalConfig", "split", f"one of {list(SPLITS)}", repr(self.split))
         for name, least in (("limit", 0), ("beam_size", 1), ("batch_size", 1)):

@@ -30,8 +30,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from attnzoo.core.checks import fail
-from attnzoo.tasks.base import EvalConfig, model_device
+from attnzoo.core.checks import check_fields, fail
+from attnzoo.tasks.base import EvalConfig, check_counts, model_device
 
 KINDS = ("copy", "repeat_copy", "associative_recall")
 _TEST_STREAM = 2**40  # held-out data comes from seeds no training step uses
@@ -68,6 +68,8 @@ class BitsConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check_fields(self)
+        check_counts("BitsConfig", self, non_negative=("seed",))
         if self.kind not in KINDS:
             fail("BitsConfig", "kind", f"one of {list(KINDS)}", repr(self.kind))
         for name in ("bits", "min_len", "max_len", "min_repeats", "max_repeats", "item_len"):

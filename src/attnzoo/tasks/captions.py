@@ -45,7 +45,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_fields, fail
 from attnzoo.core.hard import hybrid_loss, reinforce_loss
 from attnzoo.decoding import decode
 from attnzoo.tasks.base import (
@@ -91,6 +91,7 @@ class DigitCaptionsConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check_fields(self)
         check_counts(
             "DigitCaptionsConfig",
             self,

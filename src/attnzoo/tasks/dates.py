@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_fields, fail
 from attnzoo.tasks.base import EvalConfig, check_counts, require
 from attnzoo.tasks.text import Example, Span, Splits
 from attnzoo.tasks.translation import TranslationTask
@@ -67,7 +67,12 @@ class DatesConfig:
     last_year: int = 2099
 
     def __post_init__(self):
+        check_fields(self)
         check_counts("DatesConfig", self, ("n_train",), ("n_valid", "n_test", "seed"))
+        if not 1 <= self.first_year <= 9999:
+            fail("DatesConfig", "first_year", "a year in 1..9999", self.first_year)
+        if not self.first_year <= self.last_year <= 9999:
+            fail("DatesConfig", "last_year", f"a year in {self.first_year}..9999", self.last_year)
         for name in ("locales", "patterns"):
             values = getattr(self, name)
             if not values or not all(isinstance(v, str) and v.strip() for v in values):

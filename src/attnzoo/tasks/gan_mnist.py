@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_fields, fail
 from attnzoo.tasks.base import EvalConfig, check_counts, model_device, require, sampling_generator
 from attnzoo.tasks.mnist import DIGIT, TRAIN_DIGITS, load_digits
 
@@ -77,6 +77,7 @@ class GanMnistConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check_fields(self)
         check_counts(
             "GanMnistConfig", self, positive=("n_valid", "n_fid"), non_negative=("pad", "seed")
         )

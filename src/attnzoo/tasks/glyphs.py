@@ -52,7 +52,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_fields, fail
 from attnzoo.tasks.base import EvalConfig, check_counts, model_device, require
 
 SIDE = 28  # the side of an instance, Omniglot's side as the few-shot papers resize it
@@ -138,6 +138,7 @@ class GlyphsConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check_fields(self)
         check_counts(
             "GlyphsConfig",
             self,

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from attnzoo.core.checks import check_fields
 from attnzoo.tasks.base import EvalConfig, check_counts, require
 from attnzoo.tasks.text import Example, Splits
 from attnzoo.tasks.translation import TranslationTask
@@ -56,6 +57,7 @@ class Kjv2WebConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check_fields(self)
         check_counts("Kjv2WebConfig", self, ("max_source_len",), ("n_valid", "n_test", "seed"))
 
 

@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnzoo.core.checks import fail
-from attnzoo.tasks.base import EvalConfig, model_device
+from attnzoo.core.checks import check_fields, fail
+from attnzoo.tasks.base import EvalConfig, check_counts, model_device
 from attnzoo.tasks.kjv2web import verse_pairs
 from attnzoo.tasks.text import Vocab
 
@@ -59,6 +59,8 @@ class KjvLmConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check_fields(self)
+        check_counts("KjvLmConfig", self, non_negative=("seed",))
         for name in ("context", "n_valid_chars", "n_test_chars"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

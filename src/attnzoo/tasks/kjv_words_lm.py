@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_fields, fail
 from attnzoo.tasks.base import EvalConfig, model_device
 from attnzoo.tasks.kjv_lm import POSITION_MARGIN, CharLmTask, verses
 from attnzoo.tasks.text import Vocab
@@ -64,6 +64,7 @@ class KjvWordsLmConfig:
     valid_books: tuple[int, ...] = (17, 29, 48)
 
     def __post_init__(self):
+        check_fields(self)
         for name in ("context", "vocab_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_fields, fail
 from attnzoo.core.hard import hybrid_loss, reinforce_loss, rewards_to_go
 from attnzoo.tasks.base import (
     EvalConfig,
@@ -78,6 +78,7 @@ class MnistConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check_fields(self)
         if self.kind not in KINDS:
             fail("MnistConfig", "kind", f"one of {list(KINDS)}", repr(self.kind))
         check_counts(

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import torch
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_fields, fail
 from attnzoo.core.hard import hybrid_loss, reinforce_loss, rewards_to_go
 from attnzoo.tasks.base import EvalConfig, check_counts, model_device, sampling_generator
 from attnzoo.tasks.mnist import DIGIT, TRAIN_DIGITS, explore_glimpses, load_digits
@@ -56,6 +56,7 @@ class MultiMnistConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check_fields(self)
         if self.kind not in KINDS:
             fail("MultiMnistConfig", "kind", f"one of {list(KINDS)}", repr(self.kind))
         check_counts(

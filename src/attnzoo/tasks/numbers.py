@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_fields, fail
 from attnzoo.tasks.base import EvalConfig, check_counts, require
 from attnzoo.tasks.text import Example, Span, Splits
 from attnzoo.tasks.translation import TranslationTask
@@ -81,6 +81,7 @@ class NumbersConfig:
     target: Target = "digits"
 
     def __post_init__(self):
+        check_fields(self)
         check_counts("NumbersConfig", self, ("n_train",), ("n_valid", "n_test", "seed"))
         if not 0 <= self.max_value <= MAX_SUPPORTED:
             fail("NumbersConfig", "max_value", f"an int in [0, {MAX_SUPPORTED}]", self.max_value)

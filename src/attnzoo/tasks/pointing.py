@@ -30,10 +30,10 @@ from typing import NamedTuple
 
 import torch
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_fields, fail
 from attnzoo.core.hard import reinforce_loss
 from attnzoo.tasks import geometry
-from attnzoo.tasks.base import EvalConfig, model_device, require, sampling_generator
+from attnzoo.tasks.base import EvalConfig, check_counts, model_device, require, sampling_generator
 
 KINDS = ("sort_numbers", "convex_hull", "tsp")
 OBJECTIVES = ("supervised", "reinforce")
@@ -55,6 +55,8 @@ class PointingConfig:
     seed: int = 0  # draws the held-out sets (training batches use the run's seed)
 
     def __post_init__(self):
+        check_fields(self)
+        check_counts("PointingConfig", self, non_negative=("seed",))
         if self.kind not in KINDS:
             fail("PointingConfig", "kind", f"one of {list(KINDS)}", repr(self.kind))
         if self.objective not in OBJECTIVES:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attnzoo.core.checks import fail
-from attnzoo.tasks.base import EvalConfig
+from attnzoo.core.checks import check_fields, fail
+from attnzoo.tasks.base import EvalConfig, check_counts
 from attnzoo.tasks.text import Example, Splits
 from attnzoo.tasks.translation import TranslationTask
 
@@ -33,6 +33,8 @@ class SequenceConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check_fields(self)
+        check_counts("SequenceConfig", self, ("n_train",), ("n_valid", "n_test", "seed"))
         if self.kind not in KINDS:
             fail("SequenceConfig", "kind", f"one of {list(KINDS)}", repr(self.kind))
         if not 1 <= self.min_len <= self.max_len:

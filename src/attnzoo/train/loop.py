@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_fields, fail
 from attnzoo.train.checkpoint import (
     atomic_write,
     atomic_write_json,
@@ -70,6 +70,7 @@ class TrainConfig:
     device: str = "auto"  # auto (cuda if available, else cpu) | cpu | cuda | cuda:N | mps
 
     def __post_init__(self):
+        check_fields(self)
         # Every field, before any work: the name of the field, what it takes, what it got.
         if self.schedule not in SCHEDULES:
             fail("TrainConfig", "schedule", f"one of {list(SCHEDULES)}", repr(self.schedule))

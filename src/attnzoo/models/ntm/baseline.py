@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from attnzoo.core.checks import check_size, fail
+from attnzoo.core.checks import check_fields, check_size, fail
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class LSTMConfig:
     hidden: int = 54
 
     def __post_init__(self):
+        check_fields(self)
         for name in ("layers", "hidden"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from attnzoo.core.checks import check_size, fail
+from attnzoo.core.checks import check_fields, check_size, fail
 from attnzoo.models.ntm import addressing
 
 
@@ -75,6 +75,7 @@ class NTMConfig:
     memory_init: str = "constant"
 
     def __post_init__(self):
+        check_fields(self)
         for name, allowed in (("controller", CONTROLLERS), ("memory_init", MEMORY_INITS)):
             if getattr(self, name) not in allowed:
                 fail("NTMConfig", name, f"one of {list(allowed)}", repr(getattr(self, name)))
