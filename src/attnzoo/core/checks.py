@@ -179,7 +179,7 @@ def _describe(kind: object) -> str:
         return named[kind]
     if kind is type(None):
         return "None"
-    if origin in (tuple, list) and args and args[-1] is not Ellipsis and origin is tuple:
+    if origin is tuple and args and args[-1] is not Ellipsis:
         return f"{len(args)} values: {', '.join(_describe(a) for a in args)}"
     if origin in (tuple, list) and args:
         return f"a sequence, each {_describe(args[0])}"
