@@ -7,7 +7,6 @@ any computation (DESIGN.md: bad input gets a clear error).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import types
 import typing
 from collections.abc import Sequence
@@ -140,11 +139,6 @@ def check_window(function: str, window: int | None) -> None:
         fail(function, "window", "a positive int (keys within D positions)", window)
 
 
-@functools.cache
-def _hints(cls: type) -> dict:
-    return typing.get_type_hints(cls)
-
-
 def _fits(value: object, kind: object) -> bool:
     """Whether `value` has the annotated type `kind` (ints for floats too; lists for tuples, as
     JSON gives them; a kind not spelled here is left to the class's own checks)."""
@@ -191,7 +185,7 @@ def check_fields(config: object) -> None:
     a float is a number, a flag is True or False): the first check of every config's
     `__post_init__`, before its own checks of ranges (finite, positive, one of a list)."""
     cls = type(config)
-    hints = _hints(cls)
+    hints = typing.get_type_hints(cls)  # no cache: no module state (DESIGN.md)
     for f in dataclasses.fields(cls):
         value = getattr(config, f.name)
         if not _fits(value, hints[f.name]):
