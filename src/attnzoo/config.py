@@ -7,7 +7,7 @@ import dataclasses
 import json
 import typing
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import fail, matches
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
@@ -78,32 +78,3 @@ def build(cls: type, values: dict, section: str = "config"):
                 TypeError,
             )
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
-
-
-def matches(value, annotation) -> bool:
-    """Whether a config value (as JSON gives it: a tuple may be a list) is of the field type
-    `annotation`; a type this does not know is left to the class's own checks."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (typing.Union, type(int | None)):
-        return any(matches(value, kind) for kind in args)
-    if annotation is type(None):
-        return value is None
-    if annotation is bool:
-        return isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if annotation is str:
-        return isinstance(value, str)
-    if origin is typing.Literal:
-        return value in args
-    if origin is tuple:
-        if not isinstance(value, tuple | list):
-            return False
-        if len(args) == 2 and args[1] is Ellipsis:
-            return all(matches(v, args[0]) for v in value)
-        return not args or (
-            len(value) == len(args) and all(matches(v, a) for v, a in zip(value, args, strict=True))
-        )
-    return True

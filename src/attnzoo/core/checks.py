@@ -139,28 +139,31 @@ def check_window(function: str, window: int | None) -> None:
         fail(function, "window", "a positive int (keys within D positions)", window)
 
 
-def _fits(value: object, kind: object) -> bool:
-    """Whether `value` has the annotated type `kind` (ints for floats too; lists for tuples, as
-    JSON gives them; a kind not spelled here is left to the class's own checks)."""
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
+def matches(value: object, annotation: object) -> bool:
+    """Whether a config value (as JSON gives it: a tuple may be a list, a float an int) is of
+    the field type `annotation`; a type this does not know is left to the class's own checks
+    (and a float's range, finite or positive, too)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, a) for a in args)
-    if kind is type(None):
+        return any(matches(value, kind) for kind in args)
+    if annotation is type(None):
         return value is None
-    if kind is bool:
+    if annotation is bool:
         return isinstance(value, bool)
-    if kind is int:
+    if annotation is int:
         return isinstance(value, int) and not isinstance(value, bool)
-    if kind is float:  # its range (finite, positive, ...) is the class's own check
+    if annotation is float:
         return isinstance(value, int | float) and not isinstance(value, bool)
-    if kind is str:
+    if annotation is str:
         return isinstance(value, str)
+    if origin is typing.Literal:
+        return value in args
     if origin in (tuple, list):
         if not isinstance(value, tuple | list):
             return False
         if origin is tuple and args and args[-1] is not Ellipsis:
-            return len(value) == len(args) and all(map(_fits, value, args))
-        return all(_fits(v, args[0]) for v in value) if args else True
+            return len(value) == len(args) and all(map(matches, value, args))
+        return all(matches(v, args[0]) for v in value) if args else True
     return True
 
 
@@ -188,5 +191,5 @@ def check_fields(config: object) -> None:
     hints = typing.get_type_hints(cls)  # no cache: no module state (DESIGN.md)
     for f in dataclasses.fields(cls):
         value = getattr(config, f.name)
-        if not _fits(value, hints[f.name]):
+        if not matches(value, hints[f.name]):
             fail(cls.__name__, f.name, _describe(hints[f.name]), repr(value))
