@@ -43,7 +43,7 @@ from attnzoo.tasks.base import EvalConfig, check_counts, model_device, sampling_
 
 POLICIES = ("agent", "ucb1", "thompson", "bayes", "random", "oracle")
 # `bayes_optimal`'s bound on the count vectors it may visit, comb(K + 2N, 2N) (N = 5, K = 10:
-# 184,756, a second; N = 10, K = 100: ~1.7e22)
+# 184,756, a quarter of a second; N = 10, K = 100: ~1.7e22)
 BAYES_STATES = 2_000_000
 
 
