@@ -97,10 +97,7 @@ def check_size(function: str, argument: str, value: object, optional: bool = Fal
 
 def check_image_size(function: str, image_size: object) -> tuple[int, int]:
     """An image size is a (height, width) pair of positive ints; returned as a tuple."""
-    pair = isinstance(image_size, tuple | list) and len(image_size) == 2
-    if not pair or not all(
-        isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in image_size
-    ):
+    if not matches(image_size, tuple[int, int]) or min(image_size) <= 0:
         fail(function, "image_size", "(height, width), two positive ints", repr(image_size))
     return tuple(image_size)
 
