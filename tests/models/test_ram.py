@@ -230,3 +230,19 @@ def test_bad_images_are_named():
         GlimpseSensor(4, 1)(torch.rand(2, 1, 8, 8), torch.zeros(3, 2))
     with pytest.raises(ValueError, match="GlimpseSensor: argument 'images'"):
         GlimpseSensor(4, 1)(torch.rand(1, 8, 8), torch.zeros(1, 2))
+
+
+def test_random_start_draws_the_first_glimpse_in_sampled_passes_only():
+    model = built(ram(glimpses=4, hidden=32, glimpse_hidden=16, start="random")).eval()
+    images = torch.rand(64, 1, 28, 28)
+    mean = model(images, sample=False)
+    assert mean.locations[:, 0].abs().sum() == 0  # the mean-location pass starts at the centre
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    first, again = model(images, generator=g1), model(images, generator=g2)
+    torch.testing.assert_close(first.locations, again.locations)  # seeded
+    start = first.locations[:, 0]  # (64, 2)
+    assert start.min() >= -1 and start.max() <= 1
+    assert start.std(0).min() > 0.4  # uniform on [-1, 1] has std 0.58; the centre has 0
+    assert first.log_pi.shape == (64, model.config.glimpses - 1)  # no log-prob for the start
+    with pytest.raises(ValueError, match="start"):
+        ram(start="corner")

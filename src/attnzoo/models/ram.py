@@ -23,9 +23,14 @@ Note:
       only f_l and the baseline only f_b; neither trains the core network. The paper's
       estimator may also reach f_h and f_g through log pi; popular public code that let the
       routes mix reports ~14% MNIST error (~1% once fixed), and this is the fixed form.
-    - The first glimpse is at the image centre (the paper does not say where it starts); the
-      location mean is squashed by tanh into (-1, 1) (`bound`; "clamp" instead clamps the draw
-      to the image, as DRAM does: `attnzoo.core.hard.GaussianPolicy`) and sigma is fixed
+    - The paper does not say where the first glimpse is. `start="random"` (the default) draws
+      it uniformly over the image in every sampled pass (training, and the Monte Carlo average
+      at test), as popular public RAM code does, and keeps the centre, the draw's mean, for the
+      mean-location pass; `start="centre"` always starts at the centre. On MNIST the random
+      start regularises: with every first glimpse at the centre the training digits are
+      memorised (`benchmarks/bench_ram.py`'s `mnist-g6-centre` row).
+    - The location mean is squashed by tanh into (-1, 1) (`bound`; "clamp" instead clamps the
+      draw to the image, as DRAM does: `attnzoo.core.hard.GaussianPolicy`) and sigma is fixed
       (`std`) unless `learn_std`.
     - A glimpse's patches are placed at whole pixels (the centre is rounded); anything outside
       the image reads as zero. The sensor box-filters the image once per scale for all the
@@ -53,6 +58,7 @@ from attnzoo.core.hard import BOUNDS, GaussianPolicy
 
 CORES = ("rnn", "lstm")
 METHODS = ("grid", "index")
+STARTS = ("centre", "random")
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,8 @@ class RAMConfig:
         learn_std: learn log sigma (per coordinate) instead of fixing it.
         method: the glimpse sensor's implementation (grid | index; the same patches).
         bound: how a location stays on the image (`attnzoo.core.hard.BOUNDS`).
+        start: the first glimpse's location (`STARTS`): the centre, or uniform over the image
+            in sampled passes and the centre in the mean-location pass.
     """
 
     glimpses: int = 6
@@ -82,6 +90,7 @@ class RAMConfig:
     learn_std: bool = False
     method: str = "grid"
     bound: str = "tanh"
+    start: str = "random"
 
     def __post_init__(self):
         check_fields(self)
@@ -93,6 +102,8 @@ class RAMConfig:
             fail("RAMConfig", "method", f"one of {list(METHODS)}", repr(self.method))
         if self.bound not in BOUNDS:
             fail("RAMConfig", "bound", f"one of {list(BOUNDS)}", repr(self.bound))
+        if self.start not in STARTS:
+            fail("RAMConfig", "start", f"one of {list(STARTS)}", repr(self.start))
         std = self.std
         if isinstance(std, bool) or not isinstance(std, int | float) or not 0 < std < 10:
             fail("RAMConfig", "std", "a number in (0, 10)", repr(std))
@@ -310,7 +321,10 @@ class RAM(nn.Module):
         b = images.shape[0]
         zeros = images.new_zeros(b, self.config.hidden)  # (b, hidden)
         state = (zeros, zeros) if self.config.core == "lstm" else zeros
-        location = images.new_zeros(b, 2)  # the first glimpse: the centre
+        location = images.new_zeros(b, 2)  # the first glimpse: the centre ...
+        if sample and self.config.start == "random" and images.device.type != "meta":
+            u = torch.rand(b, 2, generator=generator, device=images.device, dtype=images.dtype)
+            location = 2 * u - 1  # (b, 2): ... or uniform over the image
         locations, log_pi, baseline = [location], [], []
         prepared = self.glimpse.sensor.prepare(images)  # once: every glimpse reads it
         for t in range(self.config.glimpses):

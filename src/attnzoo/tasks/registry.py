@@ -200,7 +200,10 @@ TASKS = {
             "MnistConfig",
             text,
             "image",
-            train=_image_train(steps),
+            # AdamW's decoupled decay: with RAM's random first glimpse, it took a 25,000-step
+            # probe on the validation digits from 2.59 % to 1.40 % error (centre start: 3.56 %
+            # without, 3.05 % with); the baselines train by the same recipe
+            train={**_image_train(steps), "weight_decay": 0.1},
             eval=dict(limit=0),
             defaults=defaults,
         )
