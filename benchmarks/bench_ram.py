@@ -122,6 +122,7 @@ def worker(params, ctx) -> dict:
         "batch_size": config["train"]["batch_size"],
         "parameters": sum(p.numel() for p in model.parameters()),
         "run_dir": str(ctx.run_dir),
+        "defaults": C.defaults_stamp(params["model"], params["task"]),  # stale once one changes
     }
 
 
