@@ -244,5 +244,8 @@ def test_random_start_draws_the_first_glimpse_in_sampled_passes_only():
     assert start.min() >= -1 and start.max() <= 1
     assert start.std(0).min() > 0.4  # uniform on [-1, 1] has std 0.58; the centre has 0
     assert first.log_pi.shape == (64, model.config.glimpses - 1)  # no log-prob for the start
+    centre = built(ram(glimpses=4, hidden=32, glimpse_hidden=16, start="centre"))
+    sampled = centre(images, generator=torch.Generator().manual_seed(5))
+    assert sampled.locations[:, 0].abs().sum() == 0  # "centre": sampled passes start there too
     with pytest.raises(ValueError, match="start"):
         ram(start="corner")
