@@ -64,19 +64,11 @@ def experiments(budget: str) -> list[Experiment]:
     return rows
 
 
-def classifier_dir(ctx: C.Context) -> Path:
-    """The classifier row's run (seed 0) beside this row's, in the same runs folder."""
-    run = Path(ctx.run_dir).parents[1] / "classifier" / "seed0"
-    if not (run / "final.json").exists():
-        raise RuntimeError(f"{run} has no finished classifier: run the 'classifier' row first")
-    return run.resolve()
-
-
 def worker(params: dict, ctx: C.Context) -> dict:
     if ctx.id == "classifier":
         metrics, *_ = C.train_worker(params["sets"], "convnet", "mnist", ctx)
         return metrics
-    classifier = f"task.classifier={classifier_dir(ctx)}"
+    classifier = f"task.classifier={C.sibling_run(ctx, 'classifier')}"
     if ctx.id == "floor":
         return floor(params["sets"], classifier)
     sets = [*params["sets"], classifier]

@@ -17,7 +17,11 @@ beside the uniform baseline (box area / canvas area):
   of 256 cells whose units see about 18 pixels, where the default 8 x 8 map's see about 38 of
   the 64): does a cell that sees less of the canvas put the weight inside the box?
 - none: the LSTM captioner without attention (the mean annotation at every step), its LSTM
-  widened to the soft model's parameter count (within 2%).
+  widened to the soft model's parameter count (within 2%);
+- encoder: the captioner's CNN encoder trained as a digit classifier on `mnist` (`sat-encoder`,
+  a global max over its last map, then a linear layer), as the paper starts from a classifier;
+- *-pretrained: a row above whose encoder starts from the `encoder` row's weights
+  (`train.init_from`) and trains on with the captioner, at the same steps and batch.
 
 Every row trains for the task's default budget (`FULL`), and the committed results were run
 with `--seeds 1` (the rule's `SEEDS` per row when the machine allows); the page says so. Xu
@@ -44,6 +48,8 @@ ABLATIONS = {  # soft with these changes (see the docstring)
     "soft-lambda0": ["model.doubly_stochastic=0"],
     "soft-lambda0-grid16": ["model.doubly_stochastic=0", "model.channels=[16,32,64]"],
 }
+PRETRAINED = {"soft-lambda0-pretrained": "soft-lambda0", "none-pretrained": "none"}  # id: row
+ENCODER = ["train.steps=3000", "train.batch_size=64"]  # the classifier's budget on `mnist`
 SEEDS = 3  # the project's rule for a trained comparison; this page's run used `--seeds 1`
 SMOKE = ["train.steps=3", "train.batch_size=4", "task.n_test=8", "task.n_valid=8"]
 SMOKE += ["model.hidden=16", "model.embed_dim=8", "model.attn_hidden=8", "train.checkpoint_every=2"]
@@ -62,11 +68,26 @@ def experiments(budget: str) -> list[Experiment]:
     for id, changes in ABLATIONS.items():
         params = {"model": MODELS["soft"], "sets": [*sets, *changes]}
         found.append(Experiment(id, "captions", params, seeds, minutes))
+    rows = {e.id: e.params for e in found}
+    encoder = {"model": "sat-encoder", "task": "mnist", "sets": ENCODER}
+    smoke = budget == "smoke"
+    if smoke:
+        encoder["sets"] = ["train.steps=3", "train.batch_size=4", "task.n_test=8"]
+    found.insert(0, Experiment("encoder", "encoder", encoder, 1, 0.1 if smoke else 4.0))
+    for id, row in PRETRAINED.items():
+        params = {**rows[row], "init_from": "encoder"}
+        found.append(Experiment(id, "captions", params, seeds, minutes))
     return found
 
 
 def worker(params: dict, ctx: C.Context) -> dict:
-    metrics, config, _, _ = C.train_worker(params["sets"], params["model"], "digit_captions", ctx)
+    if ctx.id == "encoder":
+        metrics, *_ = C.train_worker(params["sets"], "sat-encoder", "mnist", ctx)
+        return metrics
+    sets = params["sets"]
+    if "init_from" in params:
+        sets = [*sets, f"train.init_from={C.sibling_run(ctx, params['init_from'])}"]
+    metrics, config, _, _ = C.train_worker(sets, params["model"], "digit_captions", ctx)
     metrics["n_test"] = config["task"]["n_test"]
     return metrics
 
@@ -135,7 +156,7 @@ def figures(data: dict, folder: Path) -> list[Path]:
 TARGETS = targets(
     "issue 13",
     *((f"{id}: {name}", id, key, ">=", threshold)
-      for id in ("soft", *ABLATIONS)
+      for id in ("soft", *ABLATIONS, "soft-lambda0-pretrained")
       for name, key, threshold in (
           ("exact caption match % >= 95", "exact_match_pct", 95),
           ("attention correctness >= 0.5", "correctness", 0.5),
@@ -149,9 +170,13 @@ SCORES += columns("correctness=correctness; uniform=uniform_correctness", 3)
 SCORES += columns("ratio=correctness_over_uniform", 1)
 RUN = columns("params=params; steps=steps; batch=batch_size; test images=n_test", 0)
 RUN += columns("train min=train_minutes", 1)
+ENCODER_COLUMNS = columns("row=id; MNIST test error %=error", 2)
+ENCODER_COLUMNS += columns("params=params; steps=steps; batch=batch_size; test images=n", 0)
+ENCODER_COLUMNS += columns("train min=train_minutes", 1)
 TABLES = [
     Table("captions", SCORES, ["captions"]),
     Table("budget", columns("row=id") + RUN, ["captions"]),
+    Table("encoder", ENCODER_COLUMNS, ["encoder"]),
 ]
 BENCH = Bench("show_attend_tell", __file__, experiments, worker, TARGETS, TABLES, derive=derive,
               figures=figures)  # fmt: skip

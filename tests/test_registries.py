@@ -107,6 +107,7 @@ def _configs():
 
 
 BAD_BY_TYPE = {int: [2.5, True, "8"], float: [True, "0.1", None], bool: [1, "yes"]}
+BAD_BY_TYPE[tuple[int, ...]] = [(8, 2.5), (True,), ("8",), 8]
 
 
 @pytest.mark.parametrize("config", _configs(), ids=lambda c: type(c).__name__)
@@ -115,7 +116,11 @@ def test_every_config_refuses_a_value_of_the_wrong_type(config):
     checked = 0
     for field in dataclasses.fields(config):
         kind = hints[field.name]
-        plain = [a for a in typing.get_args(kind) if a is not type(None)] or [kind]
+        plain = (
+            [kind]
+            if kind in BAD_BY_TYPE
+            else [a for a in typing.get_args(kind) if a is not type(None)] or [kind]
+        )
         if len(plain) != 1 or plain[0] not in BAD_BY_TYPE:
             continue
         optional = type(None) in typing.get_args(kind)

@@ -226,3 +226,50 @@ def test_read_config_fills_a_field_an_older_config_lacks(tmp_path):
     assert config["train"]["autocast"] == "none" and config["eval"]["batch_size"] == 256
     config = runs.resume_config(tmp_path, None, None, ["eval.batch_size=16"])
     assert config["eval"]["batch_size"] == 16
+
+
+def _tiny_run(model, task, out, *sets):
+    config = runs.apply_overrides(
+        runs.default_config(model, task),
+        ["train.steps=1", "train.batch_size=2", "train.threads=1", "train.device=cpu", *sets],
+    )
+    return config, runs.run_train(config, out, progress=False)[1]
+
+
+CAPTION_SETS = ("task.n_test=2", "task.n_valid=8", "model.hidden=8", "model.attn_hidden=8")
+
+
+def test_init_from_starts_the_shared_weights_from_the_run_and_no_others(tmp_path):
+    _, encoder = _tiny_run("sat-encoder", "mnist", tmp_path / "enc", "task.n_test=4")
+    config, captioner = _tiny_run(
+        "show-attend-tell",
+        "digit_captions",
+        tmp_path / "cap",
+        *CAPTION_SETS,
+        "train.lr=1e-12",  # one step of Adam moves a weight by about lr: next to nothing
+        f"train.init_from={tmp_path / 'enc'}",
+    )
+    fresh = runs.build(config)[1].state_dict()  # the same seed's start, without init_from
+    trained = captioner.state_dict()
+    from_run = encoder.state_dict()
+    assert any(k.startswith("encoder.") for k in from_run)
+    for name, value in trained.items():
+        start = from_run[name] if name.startswith("encoder.") else fresh[name]
+        assert torch.allclose(value, start, atol=1e-9), name
+    assert not torch.allclose(trained["encoder.net.0.weight"], fresh["encoder.net.0.weight"])
+
+
+def test_init_from_fails_naming_it_before_any_work(tmp_path):
+    with pytest.raises(ValueError, match="train.init_from.*no checkpoint"):
+        _tiny_run("show-attend-tell", "digit_captions", tmp_path / "cap",
+                  *CAPTION_SETS, f"train.init_from={tmp_path / 'missing'}")  # fmt: skip
+    assert not (tmp_path / "cap").exists()
+    _tiny_run("sat-encoder", "mnist", tmp_path / "enc", "task.n_test=4", "model.channels=[8,8]")
+    with pytest.raises(ValueError, match=r"train.init_from.*encoder.net.0.bias of shape \(16,\)"):
+        _tiny_run("show-attend-tell", "digit_captions", tmp_path / "cap2",
+                  *CAPTION_SETS, f"train.init_from={tmp_path / 'enc'}")  # fmt: skip
+    _tiny_run("luong", "reverse", tmp_path / "other", "task.n_train=8", "task.n_test=2",
+              "task.n_valid=2", "model.hidden=8", "eval.limit=2")  # fmt: skip
+    with pytest.raises(ValueError, match="train.init_from.*weights named as this model's"):
+        _tiny_run("show-attend-tell", "digit_captions", tmp_path / "cap3",
+                  *CAPTION_SETS, f"train.init_from={tmp_path / 'other'}")  # fmt: skip

@@ -37,6 +37,7 @@ from attnzoo.train.checkpoint import (
     checkpoint_step,
     latest_checkpoint,
     load_model_weights,
+    load_shared_weights,
     read_checkpoint,
     resume_point,
 )
@@ -58,9 +59,12 @@ def run_train(
     Order: every check before any work (the config, the device, `out`: `check_out`; on
     resume, the checkpoint to continue from and the changes to the saved config:
     `check_resumable`), then the data and the model, then `out` is cleared (`overwrite`) or
-    the changes are recorded in config.json, then the loop."""
+    the changes are recorded in config.json, then the loop. A fresh run with
+    `train.init_from` starts from that run's newest weights wherever they fit
+    (`init_checkpoint`); a resumed one from its own checkpoint."""
     out, train_config = Path(out), configs(config)["train"]
     resolve_device(train_config.device)  # a device this machine lacks fails before any work
+    start = init_checkpoint(train_config.init_from) if not resume else None
     main = main_process()
     saved = read_config(out) if resume else None  # before check_out makes a missing `out`
     entries = check_out(out, resume=resume, overwrite=overwrite) if main else []
@@ -77,6 +81,9 @@ def run_train(
                 train_config.steps,
             )
     task, model = build(config)
+    if start is not None:
+        loaded = load_shared_weights(start, model, "train.init_from")
+        note(f"train.init_from: {len(loaded)} tensors from {start} ({', '.join(loaded[:4])}, ...)")
     if main:
         if entries:
             clear(out, entries)
@@ -86,6 +93,18 @@ def run_train(
             note(f"--resume: {listing(changes)} (recorded in {out / 'config.json'})")
     final = train(task, model, train_config, out, resume=folder or False, progress=progress)
     return task, model, final
+
+
+def init_checkpoint(run_dir: str) -> Path | None:
+    """The checkpoint `train.init_from` names: the newest of the run directory `run_dir`
+    (None for ""); a directory without one is an error naming the option."""
+    if not run_dir:
+        return None
+    folder = latest_checkpoint(Path(run_dir) / "checkpoints")
+    if folder is None:
+        got = f"{run_dir} (no checkpoint)"
+        fail("attnzoo", "train.init_from", "a trained run's directory", got)
+    return folder
 
 
 def build(config: dict):

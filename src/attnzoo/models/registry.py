@@ -173,6 +173,14 @@ MODELS = {
         "Show, Attend and Tell, hard attention: a sampled location, REINFORCE (Xu 2015)",
         interface="caption",
     ),
+    "sat-encoder": ModelSpec(
+        show_attend_tell.encoder_classifier,
+        show_attend_tell.EncoderClassifier,
+        "the Show-Attend-Tell CNN encoder as a classifier, to start a captioner's encoder "
+        "(train.init_from)",
+        interface="image",
+        attends=False,
+    ),
     "lstm-captioner": ModelSpec(
         show_attend_tell.no_attention,
         show_attend_tell.ShowAttendTell,

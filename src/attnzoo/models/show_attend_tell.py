@@ -55,8 +55,10 @@ from attnzoo.core.hard import MovingAverageBaseline
 from attnzoo.core.normalisers import sample_hard
 from attnzoo.core.scores import Additive
 from attnzoo.core.types import PreparedKey
+from attnzoo.models.image_baselines import ClassifierOutput
 
 VARIANTS = ("soft", "hard", "none")
+CHANNELS = (16, 32, 64, 64)  # the encoder's default convolutions
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ class ShowAttendTellConfig:
     """
 
     variant: str = "soft"
-    channels: tuple[int, ...] = (16, 32, 64, 64)
+    channels: tuple[int, ...] = CHANNELS
     embed_dim: int = 64
     hidden: int = 192
     attn_hidden: int = 64
@@ -94,10 +96,7 @@ class ShowAttendTellConfig:
         check_fields(self)
         if self.variant not in VARIANTS:
             fail("ShowAttendTellConfig", "variant", f"one of {list(VARIANTS)}", repr(self.variant))
-        if not isinstance(self.channels, tuple | list) or not self.channels:
-            fail("ShowAttendTellConfig", "channels", "a non-empty tuple of ints", self.channels)
-        for c in self.channels:
-            check_size("ShowAttendTellConfig", "channels", c)
+        _check_channels("ShowAttendTellConfig", self.channels)
         for name in ("embed_dim", "hidden", "attn_hidden"):
             check_size("ShowAttendTellConfig", name, getattr(self, name))
         if not 0 <= self.dropout < 1:
@@ -119,6 +118,13 @@ class ShowAttendTellConfig:
                 "a number in [0, 1)",
                 self.baseline_momentum,
             )
+
+
+def _check_channels(owner: str, channels) -> None:
+    if not isinstance(channels, tuple | list) or not channels:
+        fail(owner, "channels", "a non-empty tuple of ints", channels)
+    for c in channels:
+        check_size(owner, "channels", c)
 
 
 def soft(**overrides) -> ShowAttendTellConfig:
@@ -196,6 +202,55 @@ class Encoder(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         maps = self.net(images)  # (b, D, h, w)
         return maps.flatten(2).transpose(1, 2)  # (b, L, D)
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """Attributes:
+    channels: the encoder's convolutions, as `ShowAttendTellConfig.channels`."""
+
+    channels: tuple[int, ...] = CHANNELS
+
+    def __post_init__(self):
+        check_fields(self)
+        _check_channels("EncoderConfig", self.channels)
+
+
+def encoder_classifier(**overrides) -> EncoderConfig:
+    """The captioner's default encoder, as a classifier."""
+    return EncoderConfig(**overrides)
+
+
+class EncoderClassifier(nn.Module):
+    """The captioner's CNN encoder as an image classifier ("image" interface): the largest
+    value of each of its last map's channels (the map's size follows the image's), then a
+    linear layer to the classes. Trained on `mnist`, its weights start a captioner's encoder
+    (`train.init_from`: the same names, `encoder.`), as the paper starts its encoder from an
+    ImageNet classifier; the captioner then trains them further, where the paper keeps its
+    fixed."""
+
+    def __init__(
+        self, config: EncoderConfig, image_size: tuple[int, int], channels: int, classes: int
+    ):
+        super().__init__()
+        check_size("EncoderClassifier", "channels", channels)
+        check_size("EncoderClassifier", "classes", classes)
+        self.image_size = image_size = check_image_size("EncoderClassifier", image_size)
+        self.encoder = Encoder(channels, tuple(config.channels))
+        if min(image_size) < 2**self.encoder.pools:
+            wanted = f"sides of at least {2**self.encoder.pools}"
+            fail("EncoderClassifier", "image_size", wanted, image_size)
+        self.channels = channels
+        self.head = nn.Linear(config.channels[-1], classes)
+
+    def forward(self, images: torch.Tensor, **_sampling) -> ClassifierOutput:
+        """images (batch, channels, H, W) -> log_probs (batch, classes); sampling options
+        are ignored."""
+        if images.dim() != 4 or images.shape[1] != self.channels:
+            wanted = f"(batch, {self.channels}, H, W)"
+            fail("EncoderClassifier", "images", wanted, tuple(images.shape))
+        pooled = self.encoder(images).amax(1)  # (b, D)
+        return ClassifierOutput(torch.log_softmax(self.head(pooled), -1))
 
 
 @dataclass

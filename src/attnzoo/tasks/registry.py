@@ -230,13 +230,25 @@ TASKS = {
             "MultiMnistConfig",
             text,
             "multi_image",
-            train=_image_train(20000),
+            train={**_image_train(20000), "weight_decay": decay},
             eval=dict(limit=0),
             defaults={"kind": kind},
         )
-        for name, kind, text in (
-            ("multi_mnist", "multi", "read two MNIST digits left to right, then stop (Ba 2014)"),
-            ("mnist_addition", "addition", "the sum of two MNIST digits on one canvas (Ba 2014)"),
+        # multi_mnist's decay as the single-digit tasks': DRAM's validation error after
+        # 10,000 steps of 64 went from 7.64 % to 6.42 % with it (mnist_addition: not probed)
+        for name, kind, decay, text in (
+            (
+                "multi_mnist",
+                "multi",
+                0.1,
+                "read two MNIST digits left to right, then stop (Ba 2014)",
+            ),
+            (
+                "mnist_addition",
+                "addition",
+                0.0,
+                "the sum of two MNIST digits on one canvas (Ba 2014)",
+            ),
         )
     },
     # Digit captions for Show, Attend and Tell (Xu 2015) and its no-attention baseline: untuned

@@ -278,6 +278,26 @@ def load_model_weights(folder: Path, model: torch.nn.Module) -> None:
     _fit(model, _section(_load(folder, _device(model))[0], "model."), Path(folder) / TENSORS)
 
 
+def load_shared_weights(folder: Path, model: torch.nn.Module, argument: str) -> list[str]:
+    """Copy into `model` (on its device) every weight of the checkpoint whose name its state
+    dict has, at the same shape, and leave the rest of `model` as it is: fine-tuning from
+    another run's weights, e.g. a classifier's `encoder.` into a captioner's. Returns the names
+    copied, sorted. A shared name of another shape, or no shared name at all, is an error
+    naming `argument` (the option that asked for it) and the checkpoint."""
+    weights = _section(_load(folder, _device(model))[0], "model.")
+    own = model.state_dict()
+    shared = sorted(set(weights) & set(own))
+    if not shared:
+        wanted = f"a checkpoint ({folder}) with weights named as this model's"
+        fail("attnzoo", argument, wanted, f"only others, e.g. {sorted(weights)[:3]}")
+    for name in shared:
+        if weights[name].shape != own[name].shape:
+            wanted = f"{name} of shape {tuple(own[name].shape)} in {folder}"
+            fail("attnzoo", argument, wanted, tuple(weights[name].shape))
+    model.load_state_dict({k: weights[k] for k in shared}, strict=False)
+    return shared
+
+
 def _fit(model: torch.nn.Module, weights: dict[str, torch.Tensor], path: Path) -> None:
     try:
         model.load_state_dict(weights)

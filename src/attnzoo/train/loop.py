@@ -68,6 +68,9 @@ class TrainConfig:
     threads: int = 0  # torch threads; 0 leaves torch's default
     autocast: str = "none"  # none | bf16: forward and loss under torch.autocast in bfloat16
     device: str = "auto"  # auto (cuda if available, else cpu) | cpu | cuda | cuda:N | mps
+    # a run directory: before a fresh run's first step, its newest weights replace this
+    # model's wherever a name and shape match (`attnzoo.runs`); "" starts from the init
+    init_from: str = ""
 
     def __post_init__(self):
         check_fields(self)
@@ -93,6 +96,8 @@ class TrainConfig:
         ):
             fail("TrainConfig", "betas", "two numbers in [0, 1), e.g. 0.9,0.999", betas)
         check_device(self.device)
+        if not isinstance(self.init_from, str):
+            fail("TrainConfig", "init_from", "a run directory (str)", repr(self.init_from))
 
 
 def _real(value) -> bool:
