@@ -21,8 +21,10 @@ The additive score is `attnzoo.core.scores.Additive`: W_a a_i is computed once p
 
 Note:
     - The encoder is a small CNN (`channels`, 3 x 3 convolutions, ReLU, 2 x 2 max pooling)
-      trained from scratch with the captioner in the same run; the paper uses a VGG net
-      pre-trained on ImageNet and kept fixed. Its last convolution keeps the resolution, so
+      trained from scratch with the captioner in the same run by default, or started from
+      the same CNN trained as an MNIST classifier (`EncoderClassifier`, model `sat-encoder`,
+      then `train.init_from=ITS_RUN`) and trained on with the captioner; the paper uses a
+      VGG net pre-trained on ImageNet and kept fixed. Its last convolution keeps the resolution, so
       the L = (H / 2^pools) * (W / 2^pools) cells see ~30 pixels each.
     - The regulariser sums over the real caption steps only (the words and <end>), never over
       padding after <end>; the paper's captions are bucketed by length and have none.
