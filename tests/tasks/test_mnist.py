@@ -108,6 +108,30 @@ def test_translated_digit_is_the_digit_at_an_offset(digits):
         torch.testing.assert_close(canvas[top : top + 28, left : left + 28], digit)
 
 
+def _ink_box(image: torch.Tensor) -> torch.Tensor:
+    rows, cols = (image > 0.3).nonzero(as_tuple=True)
+    return torch.stack([rows.min(), rows.max(), cols.min(), cols.max()]).double()
+
+
+@pytest.mark.parametrize("kind", ["mnist", "translated"])
+def test_zoom_draws_each_digit_at_a_scale_in_its_range_and_one_leaves_it(digits, kind):
+    plain, _ = task(digits, kind=kind).held_out("test")
+    same, _ = task(digits, kind=kind, zoom=(1.0, 1.0)).held_out("test")
+    assert torch.equal(plain, same)
+    half, _ = task(digits, zoom=(0.5, 0.5)).held_out("test")  # about the frame's centre
+    spread, _ = task(digits, zoom=(0.5, 1.1)).held_out("test")
+    centre = 13.5
+    scales = []
+    for i in range(16):
+        digit = digits.test_images[i].float() / 255
+        box, small = _ink_box(digit), _ink_box(half[i, 0])
+        assert torch.allclose(small - centre, (box - centre) / 2, atol=1.5), i
+        scales.append(
+            float((_ink_box(spread[i, 0]) - centre).abs().sum() / (box - centre).abs().sum())
+        )
+    assert min(scales) > 0.4 and max(scales) < 1.2 and max(scales) - min(scales) > 0.2
+
+
 def test_ram_loss_is_the_hybrid_loss(digits):
     t = task(digits)
     torch.manual_seed(0)
@@ -149,6 +173,10 @@ def test_evaluate_reports_both_errors_for_ram_and_one_for_a_baseline(digits, tmp
         ("n_test", 10_001),
         ("clutter_size", 0),
         ("mc_samples", -1),
+        ("zoom", (0.9, 0.5)),
+        ("zoom", (0.0, 1.0)),
+        ("zoom", (1.0, 2.5)),
+        ("zoom", (1.0,)),
     ],
 )
 def test_bad_config_names_the_field(field, value):

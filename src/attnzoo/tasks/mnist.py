@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from attnzoo.core.checks import check_fields, fail
 from attnzoo.core.hard import hybrid_loss, reinforce_loss, rewards_to_go
@@ -66,6 +67,10 @@ class MnistConfig:
     mc_samples: evaluation: M sampled paths averaged, reported beside the one pass with the
         mean locations (0: that pass only).
     seed: composes the held-out images (training batches use the run's seed).
+    zoom: (low, high): every digit, training and held-out, drawn at a scale uniform in that
+        range of its 28 x 28 frame (bilinear, about the frame's centre, in the same frame)
+        before it is placed; (1, 1), the default, leaves the digits as they are. E.g.
+        `sat-encoder` learns the digits at the sizes `digit_captions` draws them.
     """
 
     kind: str = "mnist"
@@ -76,11 +81,20 @@ class MnistConfig:
     n_test: int = 10_000
     mc_samples: int = 10
     seed: int = 0
+    zoom: tuple[float, float] = (1.0, 1.0)
 
     def __post_init__(self):
         check_fields(self)
         if self.kind not in KINDS:
             fail("MnistConfig", "kind", f"one of {list(KINDS)}", repr(self.kind))
+        zoom = self.zoom
+        if (
+            not isinstance(zoom, tuple | list)
+            or len(zoom) != 2
+            or not all(isinstance(z, int | float) and not isinstance(z, bool) for z in zoom)
+            or not 0 < zoom[0] <= zoom[1] <= 2
+        ):
+            fail("MnistConfig", "zoom", "(low, high) with 0 < low <= high <= 2", zoom)
         check_counts(
             "MnistConfig",
             self,
@@ -161,6 +175,8 @@ def compose(
     `pool` at uniform places (cluttered); overlaps keep the brighter pixel."""
     n = digits.shape[0]
     x = digits.float() / 255
+    if tuple(config.zoom) != (1.0, 1.0):
+        x = _zoom(x, config.zoom, generator)
     if config.kind == "mnist":
         return x.unsqueeze(1)
     side = config.side
@@ -173,6 +189,17 @@ def compose(
             piece = _window(source, crop, size)  # (n, size, size)
             canvas = torch.maximum(canvas, _place(piece, side, generator))
     return torch.maximum(canvas, _place(x, side, generator)).unsqueeze(1)  # (n, 1, side, side)
+
+
+def _zoom(x: torch.Tensor, zoom, generator: torch.Generator) -> torch.Tensor:
+    """Digits (n, 28, 28) -> each at a scale uniform in `zoom` about its frame's centre, in the
+    same frame (bilinear; zeros where a shrunk digit leaves the frame empty)."""
+    low, high = zoom
+    scale = low + (high - low) * torch.rand(len(x), generator=generator)  # (n,)
+    theta = torch.zeros(len(x), 2, 3)
+    theta[:, 0, 0] = theta[:, 1, 1] = 1 / scale  # output -> input coordinates
+    grid = F.affine_grid(theta, [len(x), 1, *x.shape[-2:]], align_corners=False)
+    return F.grid_sample(x.unsqueeze(1), grid, align_corners=False).squeeze(1)  # (n, 28, 28)
 
 
 def _window(images: torch.Tensor, corner: torch.Tensor, size: int) -> torch.Tensor:
