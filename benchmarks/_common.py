@@ -843,7 +843,8 @@ def train_worker(
     2. A run dir holding final.json and timing.json whose config.json equals it is reused
        (loaded, not trained). One with that config but no final.json is a run in progress when
        written in the last RUN_IN_PROGRESS_S (an error: never train into it twice), else an
-       interrupted one, resumed from its checkpoints. Otherwise `run_train` trains from scratch.
+       interrupted one, resumed from its checkpoints. Otherwise `run_train` trains from scratch,
+       as it does when the run `train.init_from` names was trained again after this one began.
     3. The task's figures are written when the run has none.
     4. Metrics: final.json's, the minutes from timing.json, steps, batch, parameter count, the
        defaults' stamp (`defaults_stamp`: a row is stale once a default changes) and, with
@@ -856,6 +857,16 @@ def train_worker(
     files = {name: out / f"{name}.json" for name in ("config", "final", "timing")}
     saved = json.loads(files["config"].read_text()) if files["config"].exists() else None
     same = saved == json.loads(json.dumps(config))
+    start = (
+        Path(config["train"]["init_from"]) / "final.json" if config["train"]["init_from"] else None
+    )
+    if (
+        same
+        and start
+        and start.exists()
+        and start.stat().st_mtime > files["config"].stat().st_mtime
+    ):
+        same = False  # the run it started from was trained again since: train this one again
     reused = same and files["final"].exists() and files["timing"].exists()
     if same and not reused:
         age = time.time() - max(f.stat().st_mtime for f in out.rglob("*"))

@@ -5,6 +5,7 @@ matched comparison is one unit, and a finished run is adopted, not trained again
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,24 @@ def test_train_worker_trains_once_then_adopts_the_run(tmp_path):
     assert list((tmp_path / "seed1" / "figures").glob("*.png"))
     again, *_ = _common.train_worker(sets, "ntm", "bit_copy", ctx, curve="bit_errors")
     assert again["reused_run"] and {**again, "reused_run": False} == first
+
+
+def test_train_worker_trains_again_when_the_run_it_started_from_was_trained_again(tmp_path):
+    def train(run, sets, model, task):
+        ctx = _common.Context(id=run, seed=0, budget="smoke", run_dir=tmp_path / run / "seed0")
+        return _common.train_worker(
+            ["train.steps=1", "train.batch_size=2", *sets], model, task, ctx
+        )[0]
+
+    encoder = ["task.n_test=4"]
+    train("encoder", encoder, "sat-encoder", "mnist")
+    sets = ["task.n_test=2", "task.n_valid=8", "model.hidden=8", "model.attn_hidden=8"]
+    sets.append(f"train.init_from={tmp_path / 'encoder' / 'seed0'}")
+    assert not train("captions", sets, "show-attend-tell", "digit_captions")["reused_run"]
+    assert train("captions", sets, "show-attend-tell", "digit_captions")["reused_run"]
+    time.sleep(0.01)  # a later mtime for the encoder's new final.json
+    train("encoder", ["task.n_test=5"], "sat-encoder", "mnist")  # another config: trained again
+    assert not train("captions", sets, "show-attend-tell", "digit_captions")["reused_run"]
 
 
 def test_matched_derive_pairs_the_sides_by_seed():
