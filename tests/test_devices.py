@@ -46,6 +46,7 @@ TINY = {
         "memory_cols": 4,
         "layers": 1,
         "z_dim": 8,
+        "channels": {int: 8, tuple: "[4,4,4,4]"},  # by the field's type: a width or a stack
     },
     "eval": {"limit": 2, "batch_size": 4},
     "train": {"threads": 1},
@@ -59,6 +60,7 @@ def tiny_config(model: str, task: str) -> dict:
         for section, values in TINY.items()
         for name, value in values.items()
         if config[section].get(name, None) is not None  # None: a field this model does not read
+        for value in [value[type(config[section][name])] if isinstance(value, dict) else value]
     ]
     return runs.apply_overrides(config, sets)
 
