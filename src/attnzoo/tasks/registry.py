@@ -230,25 +230,16 @@ TASKS = {
             "MultiMnistConfig",
             text,
             "multi_image",
-            train={**_image_train(20000), "weight_decay": decay},
+            train={**_image_train(20000), "weight_decay": 0.1},
             eval=dict(limit=0),
             defaults={"kind": kind},
         )
-        # multi_mnist's decay as the single-digit tasks': DRAM's validation error after
-        # 10,000 steps of 64 went from 7.64 % to 6.42 % with it (mnist_addition: not probed)
-        for name, kind, decay, text in (
-            (
-                "multi_mnist",
-                "multi",
-                0.1,
-                "read two MNIST digits left to right, then stop (Ba 2014)",
-            ),
-            (
-                "mnist_addition",
-                "addition",
-                0.0,
-                "the sum of two MNIST digits on one canvas (Ba 2014)",
-            ),
+        # decay as the single-digit tasks': DRAM's validation error went from 7.64 % to 6.42 %
+        # with it on multi_mnist after 10,000 steps of 64; on mnist_addition after 20,000 it
+        # read 7.73 % (the test error without it was 15.66 %)
+        for name, kind, text in (
+            ("multi_mnist", "multi", "read two MNIST digits left to right, then stop (Ba 2014)"),
+            ("mnist_addition", "addition", "the sum of two MNIST digits on one canvas (Ba 2014)"),
         )
     },
     # Digit captions for Show, Attend and Tell (Xu 2015) and its no-attention baseline: untuned
