@@ -1,9 +1,10 @@
 """Recurrent Attention Model experiments (Mnih et al. 2014) on the shared driver (_common.py).
 
 Each trained row runs `attnzoo train MODEL --task TASK` with the row's overrides, in a fresh
-process with one torch thread, and reports the test error of one pass with the mean locations
-(`error`) and of the class probabilities averaged over `MnistConfig.mc_samples` sampled paths
-(`error_mc`), on the 10,000 official test digits:
+process with one torch thread, through the driver's `train_worker` (a finished run in the
+row's directory is reused, an interrupted one resumed), and reports the test error of one pass
+with the mean locations (`error`) and of the class probabilities averaged over
+`MnistConfig.mc_samples` sampled paths (`error_mc`), on the 10,000 official test digits:
 
 - mnist: 28 x 28, 2 to 7 glimpses of 8 x 8, 1 scale (Table 1a);
 - translated: 60 x 60, 4, 6 and 8 glimpses of 12 x 12, 3 scales (Table 1b);
@@ -105,25 +106,10 @@ def _trained(id_, group, model, sets, seeds, smoke) -> Experiment:
 def worker(params, ctx) -> dict:
     if params.get("repeats"):
         return speed(params)
-    import time
-
-    from attnzoo import runs
-
-    config = C.resolved_config(params["sets"], params["model"], params["task"], ctx.seed)
-    start = time.perf_counter()
-    task, model, final = runs.run_train(config, ctx.run_dir, overwrite=True, progress=False)
-    minutes = (time.perf_counter() - start) / 60
-    runs.write_figures(ctx.run_dir, task, model, count=3)
-    return {
-        **{k: v for k, v in final.items() if isinstance(v, int | float)},
-        **pixels_read(task, model),
-        "train_minutes": minutes,
-        "steps": config["train"]["steps"],
-        "batch_size": config["train"]["batch_size"],
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "run_dir": str(ctx.run_dir),
-        "defaults": C.defaults_stamp(params["model"], params["task"]),  # stale once one changes
-    }
+    metrics, _, task, model = C.train_worker(
+        params["sets"], params["model"], params["task"], ctx, figures=3
+    )
+    return {**metrics, **pixels_read(task, model)}
 
 
 def pixels_read(task, model) -> dict:
