@@ -53,9 +53,7 @@ PRETRAINED = {  # id: the row it starts from the encoder row
     "none-pretrained": "none",
     "hard-pretrained": "hard",
 }
-# the classifier's budget on `mnist`, its digits drawn at the sizes the canvases draw them:
-# the smallest and largest side of `digit_captions` over the digit's 28-pixel frame
-ENCODER = ["train.steps=3000", "train.batch_size=64"]
+ENCODER = ["train.steps=3000", "train.batch_size=64"]  # the classifier's budget on `mnist`
 SEEDS = 3  # the project's rule for a trained comparison; this page's run used `--seeds 1`
 SMOKE = ["train.steps=3", "train.batch_size=4", "task.n_test=8", "task.n_valid=8"]
 SMOKE += ["model.hidden=16", "model.embed_dim=8", "model.attn_hidden=8", "train.checkpoint_every=2"]
@@ -69,7 +67,8 @@ def experiments(budget: str) -> list[Experiment]:
     from attnzoo.tasks.captions import DigitCaptionsConfig
     from attnzoo.tasks.mnist import DIGIT
 
-    sets, seeds, minutes = (SMOKE, 1, 0.2) if budget == "smoke" else (FULL, SEEDS, MINUTES)
+    smoke = budget == "smoke"
+    sets, seeds, minutes = (SMOKE, 1, 0.2) if smoke else (FULL, SEEDS, MINUTES)
     found = [
         Experiment(variant, "captions", {"model": model, "sets": sets}, seeds, minutes)
         for variant, model in MODELS.items()
@@ -78,11 +77,12 @@ def experiments(budget: str) -> list[Experiment]:
         params = {"model": MODELS["soft"], "sets": [*sets, *changes]}
         found.append(Experiment(id, "captions", params, seeds, minutes))
     rows = {e.id: e.params for e in found}
+    # the encoder's digits at the sizes the canvases draw them: the smallest and largest side
+    # of `digit_captions` over the digit's 28-pixel frame
     canvas = DigitCaptionsConfig()
     low, high = (round(side / DIGIT, 4) for side in (canvas.small[0], canvas.large[1]))
     encoder = {"model": "sat-encoder", "task": "mnist"}
     encoder["sets"] = [*ENCODER, f"task.zoom=[{low},{high}]"]
-    smoke = budget == "smoke"
     if smoke:
         encoder["sets"] = ["train.steps=3", "train.batch_size=4", "task.n_test=8"]
     found.insert(0, Experiment("encoder", "encoder", encoder, 1, 0.1 if smoke else 4.0))
@@ -94,8 +94,7 @@ def experiments(budget: str) -> list[Experiment]:
 
 def worker(params: dict, ctx: C.Context) -> dict:
     if ctx.id == "encoder":
-        metrics, *_ = C.train_worker(params["sets"], "sat-encoder", "mnist", ctx)
-        return metrics
+        return C.train_worker(params["sets"], params["model"], params["task"], ctx)[0]
     sets = params["sets"]
     if "init_from" in params:
         sets = [*sets, f"train.init_from={C.sibling_run(ctx, params['init_from'])}"]
