@@ -39,7 +39,7 @@ def ref_attention(logits, value, mask=None):
     logits, value = logits.double(), value.double()
     if mask is not None:
         mask = mask.expand(logits.shape)
-    weights = torch.zeros_like(logits)
+    weights = logits.new_zeros(logits.shape)  # contiguous, whatever the logits' strides
     flat_l = logits.reshape(-1, logits.shape[-1])
     flat_w = weights.view(-1, logits.shape[-1])
     flat_m = None if mask is None else mask.reshape(-1, logits.shape[-1])
