@@ -239,6 +239,54 @@ def test_bf16_autocast_follows_the_fp32_loss_curve(tmp_path):
         assert abs(a - b) <= max(0.15 * a, 0.1), (fp32, bf16)
 
 
+class _ConvToy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 2, 3)
+
+    def forward(self, x):
+        return self.conv(x).mean()
+
+
+class _ConvTask:
+    def batch(self, step, batch_size, device, rank=0, world=1):
+        return torch.randn(batch_size, 1, 5, 5, generator=torch.Generator().manual_seed(step))
+
+    def loss(self, model, batch):
+        return model(batch).square() * len(batch), len(batch)
+
+    def evaluate(self, model):
+        return {"w": float(sum(p.sum() for p in model.parameters()))}
+
+
+@pytest.mark.parametrize("onednn_bf16", [False, True])
+@pytest.mark.parametrize("precision", ["none", "bf16"])
+@pytest.mark.parametrize("convolutions", [False, True])
+def test_bf16_autocast_says_when_convolutions_would_run_slow(
+    convolutions, precision, onednn_bf16, tmp_path, capsys, monkeypatch
+):
+    """Only bf16 autocast of a model with convolutions, on a CPU whose oneDNN lacks bfloat16,
+    is told (once) that they run on slow kernels."""
+    from attnzoo.train import loop
+
+    monkeypatch.setattr(loop, "_onednn_has_bf16", lambda: onednn_bf16)
+    config = TrainConfig(
+        steps=1, batch_size=2, warmup=0, threads=1, autocast=precision, device="cpu"
+    )
+    model = _ConvToy() if convolutions else _LinearToy()
+    loop.train(_ConvTask(), model, config, tmp_path, progress=False)
+    told = convolutions and precision == "bf16" and not onednn_bf16
+    assert capsys.readouterr().err.count("reference kernels") == int(told)
+
+
+class _LinearToy(torch.nn.Linear):  # no convolutions: (b, 1, 5, 5) -> a scalar
+    def __init__(self):
+        super().__init__(25, 1)
+
+    def forward(self, x):
+        return super().forward(x.flatten(1)).mean()
+
+
 def test_bad_autocast_is_a_one_line_error(capsys):
     from attnzoo.cli import main
 
