@@ -57,7 +57,7 @@ from attnzoo.core.hard import MovingAverageBaseline
 from attnzoo.core.normalisers import sample_hard
 from attnzoo.core.scores import Additive
 from attnzoo.core.types import PreparedKey
-from attnzoo.models.image_baselines import ClassifierOutput
+from attnzoo.models.image_baselines import ClassifierOutput, pool_then_relu
 
 VARIANTS = ("soft", "hard", "none")
 CHANNELS = (16, 32, 64, 64)  # the encoder's default convolutions
@@ -187,16 +187,16 @@ def matched_hidden(reference: ShowAttendTellConfig) -> int:
 
 
 class Encoder(nn.Module):
-    """The CNN: 3 x 3 convolutions with ReLU, 2 x 2 max pooling after each but the last.
+    """The CNN: 3 x 3 convolutions with ReLU, 2 x 2 max pooling after each but the last (run
+    before that block's ReLU, the same function: `image_baselines.pool_then_relu`).
     images (b, channels, H, W) -> annotations (b, L, D), L = h * w of the last map."""
 
     def __init__(self, in_channels: int, channels: tuple[int, ...]):
         super().__init__()
         layers: list[nn.Module] = []
         for k, out in enumerate(channels):
-            layers += [nn.Conv2d(in_channels, out, 3, padding=1), nn.ReLU()]
-            if k < len(channels) - 1:
-                layers.append(nn.MaxPool2d(2))
+            layers.append(nn.Conv2d(in_channels, out, 3, padding=1))
+            layers += pool_then_relu() if k < len(channels) - 1 else [nn.ReLU()]
             in_channels = out
         self.net = nn.Sequential(*layers)
         self.pools = len(channels) - 1
