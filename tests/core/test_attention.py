@@ -24,10 +24,11 @@ def geometric(i, j, causal, window):
 @pytest.mark.parametrize("return_weights", [False, True])
 @pytest.mark.parametrize(("i", "j", "heads"), [(7, 17, False), (17, 7, True), (1, 143, False)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_every_path_equals_float64_reference(name, return_weights, i, j, heads, causal):
+@pytest.mark.parametrize("d_value", [5, 6])  # dot family on the CPU: plain path, SDPA's kernel
+def test_every_path_equals_float64_reference(name, return_weights, i, j, heads, causal, d_value):
     score, params = make(name)
     lead = (2, 3) if heads else (2,)
-    q, k, v = torch.randn(*lead, i, 6), torch.randn(*lead, j, 6), torch.randn(*lead, j, 5)
+    q, k, v = torch.randn(*lead, i, 6), torch.randn(*lead, j, 6), torch.randn(*lead, j, d_value)
     mask = torch.rand(2, *([1] if heads else []), 1, j) > 0.3
     out = attention(q, k, v, score=score, mask=mask, causal=causal, return_weights=return_weights)
     full = mask & geometric(i, j, causal, None)
@@ -37,6 +38,29 @@ def test_every_path_equals_float64_reference(name, return_weights, i, j, heads, 
         torch.testing.assert_close(out.weights.double(), weights, rtol=1e-4, atol=1e-6)
     else:
         assert out.weights is None
+
+
+@pytest.mark.parametrize("name", ["dot", "scaled_dot", "general", "cosine"])
+@pytest.mark.parametrize("d_value", [3, 6])
+@pytest.mark.parametrize("causal", [False, True])
+def test_strided_views_follow_the_float64_reference_with_gradients(name, d_value, causal):
+    """Query, key and value as transposed views (last stride != 1, as a convolution's
+    `(b, C, N) -> (b, N, C)` gives them): the context and every input's gradient."""
+    score, params = make(name)
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, d, n).transpose(1, 2) for d, n in ((6, 7), (6, 17), (d_value, 17)))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    mask = torch.rand(2, 1, 17) > 0.3
+    out = attention(q, k, v, score=score, mask=mask, causal=causal).context
+    up = torch.randn_like(out)
+    grads = torch.autograd.grad((out * up).sum(), (q, k, v))
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    full = mask & geometric(7, 17, causal, None)
+    expected, _ = ref_attention(ref_logits(name, q64, k64, params), v64, full)
+    expected_grads = torch.autograd.grad((expected * up.double()).sum(), (q64, k64, v64))
+    torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["dot", "general", "additive", "location"])
