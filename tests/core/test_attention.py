@@ -24,7 +24,7 @@ def geometric(i, j, causal, window):
 @pytest.mark.parametrize("return_weights", [False, True])
 @pytest.mark.parametrize(("i", "j", "heads"), [(7, 17, False), (17, 7, True), (1, 143, False)])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d_value", [5, 6])  # dot family on the CPU: plain path, SDPA's kernel
+@pytest.mark.parametrize("d_value", [5, 6])  # SDPA on the CPU: its math backend, its kernel
 def test_every_path_equals_float64_reference(name, return_weights, i, j, heads, causal, d_value):
     score, params = make(name)
     lead = (2, 3) if heads else (2,)

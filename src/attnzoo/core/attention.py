@@ -4,9 +4,7 @@
 
 Paths, chosen per call, all tested equal to a float64 reference:
 1. a score with a kernel of its own runs it (`Score.fused`): dot-family scores on
-   `scaled_dot_product_attention` (requested weights computed beside it) wherever it has a
-   fast kernel for them (on the CPU: one head size for query, key and value, unit last
-   strides; elsewhere its math backend is the plain path's math), additive without
+   `scaled_dot_product_attention` (requested weights computed beside it), additive without
    weights and without dropout on the fused blockwise kernel (`attnzoo.core.additive`), memory
    O(length);
 2. otherwise the plain form: logits, masked softmax, dropout, weights @ value.

@@ -97,10 +97,7 @@ class DotFamily(Score):
         cleared=False,
     ) -> AttentionOutput:
         """scaled_dot_product_attention, with `is_causal` when causality is the only mask
-        (PERF.md: the same mask as a bool tensor cost 1.5-2.2x); None (the plain path) where
-        SDPA on the CPU would fall to its math backend (`_sdpa_falls_to_math`)."""
-        if _sdpa_falls_to_math(query, prepared_key, value):
-            return None
+        (PERF.md: the same mask as a bool tensor cost 1.5-2.2x)."""
         q, k, scale = self.as_dot(query, prepared_key)
         only_causal = causal and mask is None and window is None
         full = mask
@@ -131,27 +128,6 @@ class DotFamily(Score):
 
 _HALF = (torch.bfloat16, torch.float16)
 _MATH_MAX_KEYS = 128
-
-
-def _sdpa_falls_to_math(query, key, value) -> bool:
-    """Whether SDPA on the CPU would run its math backend on these float32/float64 inputs: its
-    flash kernel takes one head size for query, key and value and unit last strides only. That
-    backend is the plain path's own math plus passes of its own (a "safe" softmax's isneginf,
-    all and where over the weights), so `attention()` takes the plain path instead. Measured
-    on the SAGAN block (`models.sagan.SelfAttention2d`: batch 64, 256 positions, key 2 and value
-    16 channels, strided views), forward + backward, one thread, medians of 9 interleaved:
-    54.1 ms through SDPA, 43.3 ms on the plain path."""
-    return (
-        query.is_cpu
-        and query.dtype not in _HALF
-        and (
-            value.shape[-1] != query.shape[-1]
-            or key.shape[-1] != query.shape[-1]
-            or query.stride(-1) != 1
-            or key.stride(-1) != 1
-            or value.stride(-1) != 1
-        )
-    )
 
 
 def _sdpa(q, k, value, mask, is_causal, dropout, scale):
