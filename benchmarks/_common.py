@@ -379,12 +379,20 @@ def _seeds(e: Experiment, override: int | None) -> int:
 
 
 def _current(row: Mapping[str, Any], e: Experiment, budget: str) -> bool:
-    return (
-        row.get("status") == STATUS_OK
-        and row.get("budget") == budget
-        and row.get("params") == json.loads(json.dumps(dict(e.params)))
-        and _defaults_stand(row)
-    )
+    return _stale(row, e, budget) is None
+
+
+def _stale(row: Mapping[str, Any], e: Experiment, budget: str) -> str | None:
+    """Why `row` no longer stands for experiment `e` at `budget` (None: it is current)."""
+    if row.get("status") != STATUS_OK:
+        return f"status {row.get('status')}"
+    if row.get("budget") != budget:
+        return f"budget {row.get('budget')}"
+    if row.get("params") != json.loads(json.dumps(dict(e.params))):
+        return "its params changed"
+    if not _defaults_stand(row):
+        return f"the defaults changed since its stamp {row['metrics']['defaults']}"
+    return None
 
 
 @functools.cache
@@ -623,6 +631,10 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         save([row])  # each finished run is in the JSON at once: killing the driver loses none
         return row
 
+    for e, seed in todo:  # a row that is there but stale: say why it runs again
+        for r in rows:
+            if r["id"] == e.id and r["seed"] == seed and (why := _stale(r, e, args.budget)):
+                print(f"[{bench.name}] {e.id} seed {seed} runs again: {why}", flush=True)
     print(f"[{bench.name}] {len(todo)} runs to do, {jobs} at a time", flush=True)
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         list(pool.map(run_one, todo))

@@ -164,10 +164,16 @@ def test_a_row_goes_stale_when_a_default_changes(monkeypatch):
         config["model"]["expectation_rate"] = 0.25
         return config
 
+    assert _common._stale({**row, "status": "failed"}, experiment, "full") == "status failed"
+    moved = {**row, "params": {**row["params"], "sets": []}}
+    assert _common._stale(moved, experiment, "full") == "its params changed"
     monkeypatch.setattr(runs, "default_config", changed)
     _common.defaults_stamp.cache_clear()
     try:
         assert not _common._current(row, experiment, "full")
+        assert _common._stale(row, experiment, "full") == (
+            f"the defaults changed since its stamp {stamp}"
+        )
     finally:
         monkeypatch.undo()
         _common.defaults_stamp.cache_clear()
