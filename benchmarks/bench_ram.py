@@ -257,15 +257,12 @@ def figures(data: dict, folder: Path) -> list[Path]:
 
 
 def derive(summary: dict) -> dict[str, dict]:
-    """RAM's error minus the FC baseline's on the same task at the same steps and batch (means
-    over seeds), where both ran; the location policy's std, default and ablation's."""
+    """RAM's error minus the FC baseline's on the same task at the same steps and batch, paired
+    by seed, where both ran; the location policy's std, default and ablation's."""
     out = {}
     for kind, ram_id in (("mnist", "mnist-g6"), ("translated", "translated-g6")):
-        errors = [
-            summary.get(i, {}).get("metrics", {}).get("error") for i in (ram_id, f"{kind}-fc")
-        ]
-        if None not in errors:
-            out[f"{kind}-ram-minus-fc"] = {"error": errors[0]["mean"] - errors[1]["mean"]}
+        if gaps := C.paired(summary, "error", ram_id, f"{kind}-fc"):
+            out[f"{kind}-ram-minus-fc"] = {"error": gaps}
     from attnzoo.models.ram import RAMConfig
 
     out["std"] = {"default": RAMConfig().std, "ablation": STD_ABLATION}  # the ablation's sides
