@@ -9,7 +9,9 @@ with the mean locations (`error`) and of the class probabilities averaged over
 - mnist: 28 x 28, 2 to 7 glimpses of 8 x 8, 1 scale (Table 1a);
 - translated: 60 x 60, 4, 6 and 8 glimpses of 12 x 12, 3 scales (Table 1b);
 - cluttered: 60 x 60 with 4 pieces of 8 x 8 clutter, 8 glimpses (Table 2);
-- the FC (2 x 256) and two-layer convnet baselines on each, at the same steps and batch.
+- the FC (2 x 256) and two-layer convnet baselines on each, at the same steps and batch;
+- `ABLATIONS`: mnist-g6 without each regulariser and with a wider policy, and translated-g6 at
+  twice and four times its steps (full budget only).
 
 `speed` times, in one process and interleaved: the retinas of 6 glimpses (batch 128, 3 scales
 of 12 x 12 on 60 x 60) by the sensor's two samplers (`F.grid_sample`, a gather of clamped
