@@ -9,6 +9,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from attnzoo.models.protonet import ProtoNet, protonet
@@ -67,17 +69,26 @@ def test_attention_block_is_causal_scaled_dot_attention():
     torch.testing.assert_close(weights, loop_weights)
 
 
-def test_dense_block_is_a_gated_causal_dilated_convolution():
+@pytest.mark.parametrize(("dilation", "support"), [(2, None), (4, None), (2, 3), (4, 3), (2, 1)])
+def test_dense_block_is_a_gated_causal_dilated_convolution(dilation, support):
+    # with `support` n, positions n.. are queries: each reads position n - R, as at position n
     torch.manual_seed(0)
-    block = DenseBlock(4, 2, 3).double()
+    block = DenseBlock(4, dilation, 3).double()
     x = torch.randn(2, 7, 4, dtype=torch.float64)
     w, bias = block.conv.weight, block.conv.bias  # (2 D, C, 2), (2 D,)
     expected = torch.zeros(2, 7, 3, dtype=torch.float64)
     for t in range(7):
-        past = x[:, t - 2] if t >= 2 else torch.zeros(2, 4, dtype=torch.float64)
+        at = t if support is None else min(t, support)
+        past = x[:, at - dilation] if at >= dilation else torch.zeros(2, 4, dtype=torch.float64)
         pre = past @ w[:, :, 0].T + x[:, t] @ w[:, :, 1].T + bias  # (b, 2 D)
         expected[:, t] = torch.tanh(pre[:, :3]) * torch.sigmoid(pre[:, 3:])
-    torch.testing.assert_close(block(x), torch.cat([x, expected], -1))
+    torch.testing.assert_close(block(x, support), torch.cat([x, expected], -1))
+    conv = torch.nn.functional.conv1d(
+        torch.nn.functional.pad(x.transpose(1, 2), (dilation, 0)), w, bias, dilation=dilation
+    )  # PyTorch's causal convolution agrees where no query is involved
+    f, g = conv.transpose(1, 2).chunk(2, -1)
+    end = 7 if support is None else support + 1
+    torch.testing.assert_close(expected[:, :end], (torch.tanh(f) * torch.sigmoid(g))[:, :end])
 
 
 @pytest.mark.parametrize(
@@ -95,6 +106,7 @@ def test_blocks_gradcheck():
     x = torch.randn(1, 5, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: attn(t)[0], (x,))
     assert torch.autograd.gradcheck(dense, (x,))
+    assert torch.autograd.gradcheck(lambda t: dense(t, 2), (x,))
 
 
 @pytest.mark.parametrize("qk_init", QK_INITS)
@@ -137,20 +149,53 @@ def test_causal_no_position_sees_a_later_one():
         assert not torch.allclose(out[:, t], base[:, t])
 
 
+@settings(max_examples=12, deadline=None)
+@given(
+    ways=st.integers(2, 4),
+    shots=st.integers(1, 3),
+    queries=st.integers(1, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_queries_share_one_support_pass_as_if_each_had_its_own_sequence(ways, shots, queries, seed):
+    """An episode's queries, scored in one pass over the support, get the log-probabilities,
+    attention weights and parameter gradients of one sequence per query (float64, eval mode:
+    batch norm from its running statistics)."""
+    torch.manual_seed(seed)
+    model = tiny_snail(ways, shots).double().eval()
+    support, labels, query = episode(2, ways, shots, queries, dtype=torch.float64)
+    cotangent = torch.randn(2, queries, ways, dtype=torch.float64)
+
+    def run(q: torch.Tensor, c: torch.Tensor):
+        model.zero_grad()
+        out = model(support, labels, q, return_weights=True)
+        (out.log_probs * c).sum().backward()
+        return out, [p.grad.clone() for p in model.parameters()]
+
+    packed, packed_grads = run(query, cotangent)
+    alone = [run(query[:, j : j + 1], cotangent[:, j : j + 1]) for j in range(queries)]
+    torch.testing.assert_close(packed.log_probs, torch.cat([o.log_probs for o, _ in alone], 1))
+    for k, (name, w) in enumerate(packed.attention):
+        assert name == alone[0][0].attention[k][0]
+        torch.testing.assert_close(w, torch.cat([o.attention[k][1] for o, _ in alone], 1))
+    for p, *gs in zip(packed_grads, *(g for _, g in alone), strict=True):
+        torch.testing.assert_close(p, sum(gs))
+
+
 def test_the_query_label_never_enters_its_input(monkeypatch):
     """The sequence holds each support example's one-hot label and zeros at the query."""
     model = tiny_snail().eval()
     seen = []
     original = model.sequence
-    monkeypatch.setattr(model, "sequence", lambda x, w=False: seen.append(x) or original(x, w))
+    monkeypatch.setattr(model, "sequence", lambda *a: seen.append(a) or original(*a))
     support, labels, query = episode()
     with torch.no_grad():
         model(support, labels, query)
-    (x,) = seen  # (b q, T, E + N)
+    ((x, _, n),) = seen  # x (b, n + q, E + N): the support, then the queries
+    assert n == labels.shape[1] and x.shape[1] == n + query.shape[1]
     start, end = model.label_channels
     one_hot = torch.nn.functional.one_hot(labels, model.ways).float()  # (b, n, N)
-    torch.testing.assert_close(x[:, :-1, start:end], one_hot.repeat_interleave(2, 0))
-    assert x[:, -1, start:end].abs().sum() == 0
+    torch.testing.assert_close(x[:, :n, start:end], one_hot)
+    assert x[:, n:, start:end].abs().sum() == 0
 
 
 @pytest.mark.parametrize("make", [tiny_snail, tiny_protonet])

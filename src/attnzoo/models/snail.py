@@ -20,8 +20,8 @@ convolution at the query's position gives the N class scores.
 Note:
     The appendix's dilations start at 2 (i = 1), so the convolutions never see an odd offset;
     kept as written (the attention blocks reach every earlier position). Several queries of an
-    episode (`queries > 1`) are several sequences that share the support's embeddings, as if
-    each were its own episode with the same support.
+    episode (`queries > 1`) are scored as if each were its own episode with the same support;
+    they share one pass over the support (`SNAIL.sequence`).
 """
 
 from __future__ import annotations
@@ -140,17 +140,26 @@ class ConvEmbedding(nn.Module):
 
 class DenseBlock(nn.Module):
     """x (b, T, C) -> concat(x, tanh(conv_f x) * sigmoid(conv_g x)) (b, T, C + D): causal
-    convolutions of kernel 2 and dilation R (the input shifted right by R, zeros in front)."""
+    convolutions of kernel 2 and dilation R (each position read beside the one R before it,
+    zeros before the start).
+
+    With `support` = n, positions n.. are queries that each follow the first n positions
+    alone (`SNAIL.sequence`): every query reads itself and position n - R, as it would at
+    position n of its own sequence."""
 
     def __init__(self, channels: int, dilation: int, filters: int):
         super().__init__()
         self.dilation = dilation
         self.conv = nn.Conv1d(channels, 2 * filters, kernel_size=2, dilation=dilation)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.pad(x.transpose(1, 2), (self.dilation, 0))  # (b, C, R + T)
-        f, g = self.conv(h).chunk(2, dim=1)  # (b, D, T) each
-        return torch.cat([x, (torch.tanh(f) * torch.sigmoid(g)).transpose(1, 2)], -1)
+    def forward(self, x: torch.Tensor, support: int | None = None) -> torch.Tensor:
+        positions = torch.arange(x.shape[1], device=x.device)
+        if support is not None:
+            positions = positions.clamp(max=support)
+        earlier = F.pad(x, (0, 0, self.dilation, 0))[:, positions]  # (b, T, C): x[t - R]
+        w = self.conv.weight  # (2 D, C, 2): tap 0 reads t - R, tap 1 reads t
+        f, g = (F.linear(earlier, w[..., 0], self.conv.bias) + F.linear(x, w[..., 1])).chunk(2, -1)
+        return torch.cat([x, torch.tanh(f) * torch.sigmoid(g)], -1)
 
 
 class TCBlock(nn.Module):
@@ -164,9 +173,9 @@ class TCBlock(nn.Module):
         )
         self.out_channels = channels + count * filters
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, support: int | None = None) -> torch.Tensor:
         for block in self.blocks:
-            x = block(x)
+            x = block(x, support)
         return x
 
 
@@ -197,12 +206,16 @@ class AttentionBlock(nn.Module):
                 self.query.bias.zero_()
                 self.key.bias.zero_()
 
-    def forward(self, x: torch.Tensor, return_weights: bool = False):
+    def forward(
+        self, x: torch.Tensor, return_weights: bool = False, mask: torch.Tensor | None = None
+    ):
+        """`mask` (T, T), True = may attend, narrows the causal mask further."""
         out = attention(
             self.query(x),  # (b, T, K)
             self.key(x),  # (b, T, K)
             self.value(x),  # (b, T, V)
             score="scaled_dot",
+            mask=mask,
             causal=True,
             return_weights=return_weights,
         )
@@ -239,14 +252,24 @@ class SNAIL(nn.Module):
             width = self.attend[-1].out_channels
         self.out = nn.Linear(width, ways)  # the 1 x 1 convolution
 
-    def sequence(self, x: torch.Tensor, return_weights: bool = False):
+    def sequence(self, x: torch.Tensor, return_weights: bool = False, support: int | None = None):
         """x (b, T, embed + ways) -> class logits at every position (b, T, ways) and each
-        attention block's weights (b, T, T) (None unless asked)."""
+        attention block's weights (b, T, T) (None unless asked).
+
+        With `support` = n, positions n.. are queries that each see the first n positions and
+        themselves only, as if each were the last position of its own sequence: what a causal
+        model computes for the support does not depend on what follows it, so the queries of
+        an episode share one pass over its support instead of one pass each."""
+        t = x.shape[1]
+        mask = None
+        if support is not None and t > support + 1:
+            position = torch.arange(t, device=x.device)
+            mask = (position[None] < support) | (position[None] == position[:, None])  # (T, T)
         weights = []
         for k, block in enumerate(self.attend):
             if k > 0:
-                x = self.tc[k - 1](x)
-            x, w = block(x, return_weights)
+                x = self.tc[k - 1](x, support)
+            x, w = block(x, return_weights, mask)
             weights.append(w)
         return self.out(x), weights
 
@@ -258,25 +281,24 @@ class SNAIL(nn.Module):
         return_weights: bool = False,
     ) -> FewShotOutput:
         """support (b, N K, c, H, W), support_labels (b, N K), query (b, q, c, H, W) ->
-        log_probs (b, q, N); each query is its own sequence after the support."""
+        log_probs (b, q, N); each query is scored as the last position of its own sequence
+        after the support (`sequence`'s `support`)."""
         n = self.ways * self.shots
         check_episode("SNAIL", support, support_labels, query, self.channels, self.image_size, n)
         b, q = query.shape[:2]
         embedded = self.embed(torch.cat([support, query], 1))  # (b, n + q, E)
-        support_x, query_x = embedded.split([n, q], 1)
-        labels = F.one_hot(support_labels, self.ways).to(support_x.dtype)  # (b, n, N)
-        support_x = torch.cat([support_x, labels], -1)  # (b, n, E + N)
-        query_x = torch.cat([query_x, query_x.new_zeros(b, q, self.ways)], -1)  # (b, q, E + N)
-        x = torch.cat(
-            [support_x.unsqueeze(1).expand(b, q, n, -1), query_x.unsqueeze(2)], 2
-        )  # (b, q, T, E + N)
-        logits, weights = self.sequence(x.flatten(0, 1), return_weights)  # (b q, T, N)
-        log_probs = torch.log_softmax(logits[:, -1], -1).view(b, q, self.ways)
+        labels = F.one_hot(support_labels, self.ways).to(embedded.dtype)  # (b, n, N)
+        labels = torch.cat([labels, labels.new_zeros(b, q, self.ways)], 1)  # no query label
+        logits, weights = self.sequence(torch.cat([embedded, labels], -1), return_weights, n)
+        log_probs = torch.log_softmax(logits[:, n:], -1)  # (b, q, N)
         named = []
         if return_weights:
-            for k, w in enumerate(weights):
-                t = w.shape[-1]
-                named.append((f"attention block {k + 1} (causal)", w.view(b, q, 1, t, t)))
+            for k, w in enumerate(weights):  # (b, n + q, n + q) -> each query's (n + 1, n + 1)
+                own = w.new_zeros(b, q, n + 1, n + 1)
+                own[:, :, :n, :n] = w[:, None, :n, :n]
+                own[:, :, n, :n] = w[:, n:, :n]
+                own[:, :, n, n] = w[:, n:, n:].diagonal(dim1=-2, dim2=-1)
+                named.append((f"attention block {k + 1} (causal)", own.unsqueeze(2)))
         return FewShotOutput(log_probs, named)
 
 
