@@ -10,7 +10,8 @@ time.
 2. "reduced": the 5-way 1-shot unit at a budget that fits a shared 2-core CPU next to other
    jobs (one seed, a few minutes a side), run while the full budget has not been; with a third
    side, SNAIL with PyTorch's own start of its query and key maps (`qk_init="independent"`,
-   the ablation of the library's "similarity" start).
+   the ablation of the library's "similarity" start), and a fourth, SNAIL trained on one
+   query per episode (`task.queries=1`, the ablation of the task's several).
 3. "bandits": SNAIL's bandit policy (`snail-bandit`) trained by REINFORCE with a learned value
    baseline on Bernoulli bandits (N = 5 arms, K = 10 pulls; N = 10, K = 100, also with the
    returns discounted by 0.9), scored on the
@@ -41,7 +42,9 @@ REDUCED_MINUTES = 9  # per side, of the reduced unit
 CALIBRATION = {"steps": 10, "rounds": 2}  # steps per calibration run, timed rounds
 SMOKE = ["model.embed_dim=8", "task.test_episodes=50", "train.batch_size=4", "train.warmup=2"]
 SMOKE_SNAIL = ["model.filters=8", "model.keys=8,8,8", "model.values=4,4,4"]
-INDEPENDENT = "model.qk_init=independent"
+# the reduced unit's SNAIL ablations, id suffix -> override: PyTorch's own start of the query
+# and key maps (SnailConfig.qk_init), and one query per training episode (GlyphsConfig.queries)
+ABLATIONS = {"independent": "model.qk_init=independent", "queries1": "task.queries=1"}
 # Mishra 2017 (arXiv 1707.03141) Table 1, Omniglot, accuracy %: SNAIL, and prototypical
 # networks as that table quotes Snell 2017 (PAPERS.md confirms SNAIL's row; the ProtoNet row is
 # recalled, not confirmed from a copy here)
@@ -76,11 +79,12 @@ def experiments(budget: str) -> list[Experiment]:
         (f"matched-{task}", model, task, FULL_MINUTES, []) for task in SETTINGS for model in MODELS
     ]
     rows += [("reduced-glyphs", model, "glyphs", REDUCED_MINUTES, []) for model in MODELS]
-    # the ablation of SnailConfig.qk_init: PyTorch's own start of the query and key maps
-    rows += [("reduced-glyphs", "snail", "glyphs", REDUCED_MINUTES, [INDEPENDENT])]
+    rows += [
+        ("reduced-glyphs", "snail", "glyphs", REDUCED_MINUTES, [s]) for s in ABLATIONS.values()
+    ]
     found = []
     for unit, model, task, minutes, sets in rows:
-        id = f"{unit}-{model}" + "-independent" * (INDEPENDENT in sets)
+        id = f"{unit}-{model}" + "".join(f"-{k}" for k, s in ABLATIONS.items() if s in sets)
         group, seeds = unit.split("-")[0], 3 if unit.startswith("matched") else 1
         if budget == "smoke":
             if group != "reduced":
@@ -122,6 +126,7 @@ def worker(params: dict, ctx: C.Context) -> dict:
         return {k: v for k, v in metrics.items() if v is not None}
     metrics["budget_minutes"] = params["budget_minutes"]
     metrics["qk_init"] = config["model"].get("qk_init")  # SNAIL's; none for the baseline
+    metrics["queries"] = config["task"]["queries"]  # per training episode
     metrics["sec_per_step_planned"] = ctx.extra.get("sec_per_step")
     metrics["sec_per_step_run"] = 60 * metrics["train_minutes"] / max(1, metrics["steps_run"])
     metrics["episodes_trained"] = config["train"]["steps"] * config["train"]["batch_size"]
@@ -133,7 +138,8 @@ def worker(params: dict, ctx: C.Context) -> dict:
 def derive(summary: dict) -> dict:
     """The paper's numbers, and per unit and seed SNAIL's accuracy minus the prototypical
     network's and its training minutes over the other's (did "equal time" hold?); for the
-    reduced unit also the similarity start's accuracy minus the independent start's."""
+    reduced unit also the similarity start's accuracy minus the independent start's, and
+    several training queries' accuracy minus one's."""
     derived: dict = {"paper": PAPER}
     for unit in [*(f"matched-{t}" for t in SETTINGS), "reduced-glyphs"]:
         snail, proto = f"{unit}-snail", f"{unit}-protonet"
@@ -143,6 +149,7 @@ def derive(summary: dict) -> dict:
         }
         if unit.startswith("reduced"):
             entry["init_gain"] = C.paired(summary, "accuracy", snail, f"{snail}-independent")
+            entry["queries_gain"] = C.paired(summary, "accuracy", snail, f"{snail}-queries1")
         if any(entry.values()):
             derived[unit] = entry
     # SNAIL over the Bayes-optimal policy for the rows trained before the task scored it (the
@@ -231,6 +238,7 @@ TARGETS = targets(
     ),
 )
 RUN = columns("setting=params.task; model=params.model; query and key start=qk_init", 0)
+RUN += columns("queries per episode=queries", 0)
 RUN += columns("accuracy %=accuracy; ± ci95=ci95", 2)
 RUN += columns("test episodes=n; steps=steps; episodes trained=episodes_trained", 0)
 RUN += columns("budget min=budget_minutes; train min=train_minutes", 1)

@@ -104,7 +104,9 @@ class GlyphsConfig:
     """Attributes:
     ways: N, classes per episode.
     shots: K, labelled instances per class.
-    queries: query instances per training episode.
+    queries: query instances per training episode: each a loss term, scored as if alone
+        after the support. A SNAIL step shares its pass over the support among them, so
+        several cost far less than as many episodes (docs/snail.md measures 5 against 1).
     eval_queries: query instances per held-out episode.
     test_episodes: held-out episodes of the test split (and of valid); eval.limit may score
         fewer.
@@ -123,7 +125,7 @@ class GlyphsConfig:
 
     ways: int = 5
     shots: int = 1
-    queries: int = 1
+    queries: int = 5
     eval_queries: int = 5
     test_episodes: int = 1000
     test_scripts: tuple[str, ...] = TEST_SCRIPTS
