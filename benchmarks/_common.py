@@ -481,8 +481,10 @@ class _Saver:
     re-reads the file under a lock on its folder and merges: rows another call wrote meanwhile
     (another `--only` of the same bench) are kept, a row this call re-ran replaces the earlier
     one, and a matched unit's rows made under another calibration than the unit's are dropped
-    (its sides never mix calibrations). Then the summary, derived entries and targets are made
-    anew from all the rows."""
+    (its sides never mix calibrations). `calibrations` are the units this call calibrated: they
+    replace the file's; every other unit's stands as the file has it, since another call may
+    have calibrated it meanwhile. Then the summary, derived entries and targets are made anew
+    from all the rows."""
 
     def __init__(self, bench, experiments, budget, path, base, calibrations):
         self.bench, self.experiments, self.budget = bench, experiments, budget
@@ -596,6 +598,7 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     # resumes under the calibration its finished runs had; calibrated anew (by --rerun, a new
     # unit or a changed side), it re-runs whole: both sides always share one calibration.
     calibrations = dict(earlier.get("calibrations", {}))
+    fresh: dict[str, dict] = {}  # the units this call calibrates
     extra: dict[str, dict] = {}
     for unit in sorted({e.unit for e, _ in todo if e.unit} if bench.prepare else ()):
         sides = [e for e in experiments if e.unit == unit]
@@ -609,9 +612,9 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         if prepared["status"] != STATUS_OK:
             raise SystemExit(f"[{bench.name}] preparing {unit} failed: {prepared['error']}")
         extra.update(prepared["extra"])
-        calibrations[unit] = {"params": params, "extra": prepared["extra"]}
+        fresh[unit] = {"params": params, "extra": prepared["extra"]}
         todo += [(e, s) for e in sides for s in range(_seeds(e, args.seeds)) if (e, s) not in todo]
-    save = _Saver(bench, experiments, args.budget, path, base, calibrations)
+    save = _Saver(bench, experiments, args.budget, path, base, fresh)
     save([])  # a new calibration is kept at once: an interrupted unit resumes under it
 
     def run_one(item: tuple[Experiment, int]) -> dict[str, Any]:

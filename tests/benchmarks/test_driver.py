@@ -5,12 +5,15 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # A bench whose worker obeys its params: "kill" kills the driver (its parent) the first time,
-# "wait_for" waits until the results JSON holds a row of that id; every call is logged.
+# "wait_for" waits until the results JSON holds a row of that id, "wait_for_newer" until it
+# holds one of that id made under a calibration newer than the worker's own; every call is
+# logged. "u1" and "u2" are one-sided units, each calibration stamped with its time.
 SCRIPT = textwrap.dedent(
     """
     import json, os, signal, sys, time
@@ -25,7 +28,16 @@ SCRIPT = textwrap.dedent(
             C.Experiment("e", "g", {{"kill_seed": 1}}, seeds=3),
             C.Experiment("a", "pair", {{"wait_for": "b"}}),
             C.Experiment("b", "pair", {{}}),
+            C.Experiment("u1-x", "u1", {{"wait_for_newer": "u2-x"}}, unit="u1"),
+            C.Experiment("u2-x", "u2", {{}}, unit="u2"),
         ]
+
+    def prepare(unit, budget):
+        return {{e.id: {{"stamp": time.time_ns()}} for e in unit}}
+
+    def results():
+        path = HERE / "results" / "toy.json"
+        return json.loads(path.read_text()) if path.exists() else {{}}
 
     def worker(params, ctx):
         with open(HERE / "calls.log", "a") as log:
@@ -36,14 +48,19 @@ SCRIPT = textwrap.dedent(
             time.sleep(5)
         deadline = time.monotonic() + 120
         while params.get("wait_for") and time.monotonic() < deadline:
-            path = HERE / "results" / "toy.json"
-            rows = json.loads(path.read_text())["rows"] if path.exists() else []
-            if any(r["id"] == params["wait_for"] for r in rows):
+            if any(r["id"] == params["wait_for"] for r in results().get("rows", [])):
+                break
+            time.sleep(0.2)
+        while params.get("wait_for_newer") and time.monotonic() < deadline:
+            if any(
+                r["id"] == params["wait_for_newer"] and r["extra"]["stamp"] > ctx.extra["stamp"]
+                for r in results().get("rows", [])
+            ):
                 break
             time.sleep(0.2)
         return {{"value": ctx.seed}}
 
-    BENCH = C.Bench("toy", __file__, experiments, worker, threads=1, jobs=1)
+    BENCH = C.Bench("toy", __file__, experiments, worker, prepare=prepare, threads=1, jobs=1)
     if __name__ == "__main__":
         C.drive(BENCH)
     """
@@ -97,3 +114,31 @@ def test_two_calls_of_one_bench_at_once_keep_each_others_rows(tmp_path):
     _, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     assert _rows(tmp_path) == [("a", 0), ("b", 0)]
+
+
+def test_a_call_keeps_the_rows_of_a_unit_another_call_calibrated_meanwhile(tmp_path):
+    """Two calls, each re-running one unit: the one that started first (and so read the older
+    calibration of the other's unit) writes last, and must not put that older calibration back
+    and drop the other call's rows as made under another calibration."""
+    script = _script(tmp_path)
+    for unit in ("u2", "u1"):  # both units have a calibration and a row
+        done = subprocess.run(_command(script, unit), capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    path = tmp_path / "results" / "toy.json"
+    before = json.loads(path.read_text())["calibrations"]["u1"]
+    first = subprocess.Popen(
+        [*_command(script, "u1"), "--rerun"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 120  # until the first call has written its new calibration
+    while json.loads(path.read_text())["calibrations"]["u1"] == before:
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.1)
+    second = subprocess.run([*_command(script, "u2"), "--rerun"], capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    data = json.loads(path.read_text())
+    assert sorted(_rows(tmp_path)) == [("u1-x", 0), ("u2-x", 0)]
+    for unit in ("u1", "u2"):  # each row under its unit's newest calibration
+        (row,) = [r for r in data["rows"] if r["id"] == f"{unit}-x"]
+        assert row["extra"] == data["calibrations"][unit]["extra"][f"{unit}-x"]
