@@ -597,13 +597,12 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     # A unit keeps its calibration while its sides' params stand, so an interrupted unit
     # resumes under the calibration its finished runs had; calibrated anew (by --rerun, a new
     # unit or a changed side), it re-runs whole: both sides always share one calibration.
-    calibrations = dict(earlier.get("calibrations", {}))
     fresh: dict[str, dict] = {}  # the units this call calibrates
     extra: dict[str, dict] = {}
     for unit in sorted({e.unit for e, _ in todo if e.unit} if bench.prepare else ()):
         sides = [e for e in experiments if e.unit == unit]
         params = json.loads(json.dumps({e.id: dict(e.params) for e in sides}))
-        kept = calibrations.get(unit, {})
+        kept = earlier.get("calibrations", {}).get(unit, {})
         if not args.rerun and kept.get("params") == params:
             extra.update(kept["extra"])
             continue
