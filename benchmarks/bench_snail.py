@@ -41,7 +41,7 @@ FULL_MINUTES = 20  # per side and seed, of the matched units
 REDUCED_MINUTES = 9  # per side, of the reduced unit
 CALIBRATION = {"steps": 10, "rounds": 2}  # steps per calibration run, timed rounds
 SMOKE = ["model.embed_dim=8", "task.test_episodes=50", "train.batch_size=4", "train.warmup=2"]
-SMOKE_SNAIL = ["model.filters=8", "model.keys=8,8,8", "model.values=4,4,4"]
+SMOKE_SNAIL = ["model.filters=8", "model.keys=8,8,8", "model.values=8,4,4"]
 # the reduced unit's SNAIL ablations, id suffix -> override: PyTorch's own start of the query
 # and key maps (SnailConfig.qk_init), and one query per training episode (GlyphsConfig.queries)
 ABLATIONS = {"independent": "model.qk_init=independent", "queries1": "task.queries=1"}

@@ -15,6 +15,8 @@ from torch import nn
 
 from attnzoo.models.protonet import ProtoNet, protonet
 from attnzoo.models.snail import (
+    HEAD_INITS,
+    MATCHING_SCALE,
     QK_INITS,
     SNAIL,
     AttentionBlock,
@@ -27,8 +29,12 @@ from attnzoo.models.snail import (
 SIZE = (28, 28)
 
 
-def tiny_snail(ways=3, shots=2, **changes) -> SNAIL:
-    config = snail(embed_dim=8, filters=6, keys=(5, 7, 9), values=(4, 3, 5), **changes)
+def tiny_snail(ways=3, shots=2, head_init="pytorch", **changes) -> SNAIL:
+    """PyTorch's start of the class scores by default: every block then reaches them (under
+    "matching" only the first attention block does until training moves them)."""
+    config = snail(
+        embed_dim=8, filters=6, keys=(5, 7, 9), values=(4, 3, 5), head_init=head_init, **changes
+    )
     return SNAIL(config, SIZE, 1, ways, shots)
 
 
@@ -123,6 +129,37 @@ def test_similarity_init_makes_an_identical_earlier_position_the_most_attended(q
             weights = block(x, return_weights=True)[1][0, -1, :-1]  # the earlier positions
         hits += int(weights.argmax()) == 2
     assert hits == 20 if qk_init == "similarity" else hits < 15
+
+
+@pytest.mark.parametrize("head_init", HEAD_INITS)
+def test_the_matching_head_starts_as_a_matching_network_on_the_first_block(head_init):
+    """Under "matching" the initial log-probabilities are log_softmax(10 x the first block's
+    attention mass on each label), the mass recomputed here in float64 from the block's query
+    and key maps (the query attends to the support and itself); under "pytorch" they are not."""
+    torch.manual_seed(0)
+    ways, shots, queries = 3, 2, 4
+    model = tiny_snail(ways, shots, head_init).double().eval()
+    support, labels, query = episode(2, ways, shots, queries, dtype=torch.float64)
+    with torch.no_grad():
+        got = model(support, labels, query).log_probs  # (b, q, N)
+        n = ways * shots
+        one_hot = torch.nn.functional.one_hot(labels, ways).double()  # (b, n, N)
+        xs = torch.cat([model.embed(support), one_hot], -1)  # (b, n, E + N)
+        xq = torch.cat([model.embed(query), torch.zeros(2, queries, ways).double()], -1)
+        block = model.attend[0]
+        wq, bq, wk, bk = block.query.weight, block.query.bias, block.key.weight, block.key.bias
+        expected = torch.empty_like(got)
+        for b in range(2):
+            for j in range(queries):
+                q = wq @ xq[b, j] + bq
+                keys = torch.cat([xs[b], xq[b, j : j + 1]]) @ wk.T + bk  # (n + 1, K)
+                w = torch.softmax(keys @ q / math.sqrt(q.numel()), 0)
+                mass = w[:n] @ one_hot[b]  # (N,): the weight on each label's instances
+                expected[b, j] = torch.log_softmax(MATCHING_SCALE * mass, 0)
+    if head_init == "matching":
+        torch.testing.assert_close(got, expected)
+    else:
+        assert not torch.allclose(got, expected)
 
 
 def test_the_preset_is_the_papers_omniglot_configuration():
@@ -309,6 +346,8 @@ def test_runs_on_the_device(make, device):
         (lambda: protonet(embed_dim=0), "ProtoNetConfig: argument 'embed_dim'"),
         (lambda: SNAIL(snail(), SIZE, 1, 0, 1), "'ways'"),
         (lambda: snail(qk_init="tied"), "SnailConfig: argument 'qk_init'"),
+        (lambda: snail(head_init="zero"), "SnailConfig: argument 'head_init'"),
+        (lambda: tiny_snail(ways=5, head_init="matching"), "SNAIL: argument 'config.values'"),
         (lambda: AttentionBlock(3, 2, 2, "tied"), "AttentionBlock: argument 'qk_init'"),
         (lambda: SNAIL(snail(embed_blocks=6), SIZE, 1, 2, 1), "'image_size'"),
         (lambda: tiny_snail()(*episode(ways=2)), "'support'"),

@@ -142,7 +142,7 @@ def test_figures_and_explore(task, tmp_path):
     from attnzoo.models.snail import SNAIL, snail
     from attnzoo.viz.explore import validate
 
-    model = SNAIL(snail(embed_dim=4, filters=4, keys=(4, 4), values=(2, 2)), (28, 28), 1, 4, 2)
+    model = SNAIL(snail(embed_dim=4, filters=4, keys=(4, 4), values=(4, 2)), (28, 28), 1, 4, 2)
     paths = task.figures(model.eval(), tmp_path, count=2)
     assert [p.name for p in paths] == ["episodes.png"] and paths[0].stat().st_size > 0
     data = task.explore(model, 2)

@@ -61,6 +61,8 @@ def check_episode(owner: str, support, support_labels, query, channels, image_si
 
 
 QK_INITS = ("independent", "similarity")  # AttentionBlock's starts of its query and key maps
+HEAD_INITS = ("pytorch", "matching")  # SNAIL's starts of its class scores (SnailConfig)
+MATCHING_SCALE = 10.0  # "matching": class scores = this x the first block's mass per label
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,16 @@ class SnailConfig:
     qk_init: how each attention block's query and key maps start (`AttentionBlock`); the
         paper does not say, "similarity" is this library's choice (docs/snail.md measures it
         against "independent").
+    head_init: how the class scores start. "matching": the first attention block's first N
+        value channels start as copies of the label one-hot (`v_c = onehot_c`, nothing else
+        read) and the output layer starts reading those N channels alone, as
+        `MATCHING_SCALE` x the identity, every other weight and bias zero: at the start the
+        query's score for label c is 10 x the first block's attention mass on the support
+        instances labelled c, a matching network (Vinyals 2016) on the first block's query
+        and key maps, from which everything trains as usual. "pytorch" keeps PyTorch's
+        initialisation of both maps, under which the class scores start unrelated to the
+        support labels and 20-way training sits at log N (docs/snail.md measures the two).
+        The first block's value size must be at least N for "matching".
     """
 
     embed_dim: int = 64
@@ -82,6 +94,7 @@ class SnailConfig:
     keys: tuple[int, ...] = (64, 256, 512)
     values: tuple[int, ...] = (32, 128, 256)
     qk_init: str = "similarity"
+    head_init: str = "matching"
 
     def __post_init__(self):
         check_fields(self)
@@ -89,6 +102,8 @@ class SnailConfig:
             check_size("SnailConfig", name, getattr(self, name))
         if self.qk_init not in QK_INITS:
             fail("SnailConfig", "qk_init", f"one of {QK_INITS}", repr(self.qk_init))
+        if self.head_init not in HEAD_INITS:
+            fail("SnailConfig", "head_init", f"one of {HEAD_INITS}", repr(self.head_init))
         for name in ("keys", "values"):
             value = getattr(self, name)
             if (
@@ -236,6 +251,9 @@ class SNAIL(nn.Module):
         super().__init__()
         for name, value in (("channels", channels), ("ways", ways), ("shots", shots)):
             check_size("SNAIL", name, value)
+        if config.head_init == "matching" and config.values[0] < ways:
+            wanted = f"a first value size of at least ways = {ways} for head_init 'matching'"
+            fail("SNAIL", "config.values", wanted, config.values)
         self.config, self.ways, self.shots = config, ways, shots
         self.image_size, self.channels = check_image_size("SNAIL", image_size), channels
         self.embed = ConvEmbedding(channels, config.embed_dim, config.embed_blocks, image_size)
@@ -251,6 +269,22 @@ class SNAIL(nn.Module):
             self.attend.append(AttentionBlock(width, key, value, config.qk_init))
             width = self.attend[-1].out_channels
         self.out = nn.Linear(width, ways)  # the 1 x 1 convolution
+        if config.head_init == "matching":
+            self._start_matching()
+
+    @torch.no_grad()
+    def _start_matching(self):
+        """`SnailConfig.head_init` "matching": value channel c of the first attention block
+        reads label c alone, and the class scores read those channels alone."""
+        ways, (lo, hi) = self.ways, self.label_channels
+        value = self.attend[0].value
+        value.weight[:ways] = 0
+        value.bias[:ways] = 0
+        eye = torch.eye(ways, dtype=value.weight.dtype, device=value.weight.device)
+        value.weight[:ways, lo:hi] = eye
+        self.out.weight.zero_()
+        self.out.bias.zero_()
+        self.out.weight[:, hi : hi + ways] = MATCHING_SCALE * eye  # block 1's first N outputs
 
     def sequence(self, x: torch.Tensor, return_weights: bool = False, support: int | None = None):
         """x (b, T, embed + ways) -> class logits at every position (b, T, ways) and each
