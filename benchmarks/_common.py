@@ -288,8 +288,16 @@ def cell(entry: Mapping[str, Any], column: Column, experiment_id: str, item: str
     return format_stat(metrics.get(key), column.digits)
 
 
-def render_table(table: Table, data: Mapping[str, Any]) -> str:
-    """A markdown table of the summary in `data` (a results JSON), with each row's n (seeds)."""
+STALE_MARK = "†"
+
+
+def render_table(
+    table: Table, data: Mapping[str, Any], stale: Mapping[str, Mapping[int, str]] | None = None
+) -> str:
+    """A markdown table of the summary in `data` (a results JSON), with each row's n (seeds).
+    An experiment with `stale` rows (`stale_rows`) has its n marked, and a note under the
+    table names them and why."""
+    stale = stale or {}
     summary = data["summary"]
     ids = [i for i in table.ids if i in summary]  # a budget may leave experiments out
     ids = ids or [i for i, e in summary.items() if e["group"] in table.groups]
@@ -312,7 +320,17 @@ def render_table(table: Table, data: Mapping[str, Any]) -> str:
             if status != STATUS_OK:  # e.g. "OOM" in its metric columns
                 keep = [c.key == "each" or c.key.startswith(("id", "params.")) for c in each]
                 cells = [x if k else status.upper() for x, k in zip(cells, keep, strict=True)]
-            lines.append("| " + " | ".join([*cells, str(len(summary[i]["seeds"]))]) + " |")
+            n = f"{len(summary[i]['seeds'])}{STALE_MARK * bool(stale.get(i))}"
+            lines.append("| " + " | ".join([*cells, n]) + " |")
+    marked = {i: sorted(set(stale[i].values())) for i in ids if stale.get(i)}
+    if marked:
+        lines += [
+            "",
+            f"{STALE_MARK} Rows made before a change that the bench would now re-run them for "
+            "(`--rerun`), shown as they ran: "
+            + "; ".join(f"{i} ({', '.join(why)})" for i, why in marked.items())
+            + ".",
+        ]
     return "\n".join(lines)
 
 
@@ -393,6 +411,19 @@ def _stale(row: Mapping[str, Any], e: Experiment, budget: str) -> str | None:
     if not _defaults_stand(row):
         return f"the defaults changed since its stamp {row['metrics']['defaults']}"
     return None
+
+
+def stale_rows(data: Mapping[str, Any], experiments: Sequence[Experiment]):
+    """{id: {seed: why}} of the ok rows of `data` (a results JSON) that no longer stand for the
+    experiment the bench declares now (`_stale`: its params, or its model's or task's
+    defaults, changed since the row ran), why cut to its kind (no stamp)."""
+    declared = {e.id: e for e in experiments}
+    found: dict[str, dict[int, str]] = {}
+    for r in data.get("rows", []):
+        e = declared.get(r["id"])
+        if e and r.get("status") == STATUS_OK and (why := _stale(r, e, data["budget"])):
+            found.setdefault(r["id"], {})[r["seed"]] = why.split(" since ")[0]
+    return found
 
 
 @functools.cache
@@ -641,8 +672,9 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         list(pool.map(run_one, todo))
     data = save([])
+    stale = stale_rows(data, experiments)
     for table in bench.tables:
-        print(f"\n{bench.name}: {table.name}\n{render_table(table, data)}")
+        print(f"\n{bench.name}: {table.name}\n{render_table(table, data, stale)}")
     for t in data["targets"]:
         print(f"target {t['name']}: {t['verdict']} (mean {t['mean']}, n={t['n']})")
     for r in data["rows"]:

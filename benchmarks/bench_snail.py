@@ -10,8 +10,10 @@ time.
 2. "reduced": the 5-way 1-shot unit at a budget that fits a shared 2-core CPU next to other
    jobs (one seed, a few minutes a side), run while the full budget has not been; with a third
    side, SNAIL with PyTorch's own start of its query and key maps (`qk_init="independent"`,
-   the ablation of the library's "similarity" start), and a fourth, SNAIL trained on one
-   query per episode (`task.queries=1`, the ablation of the task's several).
+   the ablation of the library's "similarity" start), a fourth, SNAIL trained on one query
+   per episode (`task.queries=1`, the ablation of the task's several), and a fifth, SNAIL with
+   PyTorch's own start of its class scores (`head_init="pytorch"`, the ablation of the
+   library's "matching" start).
 3. "bandits": SNAIL's bandit policy (`snail-bandit`) trained by REINFORCE with a learned value
    baseline on Bernoulli bandits (N = 5 arms, K = 10 pulls; N = 10, K = 100, also with the
    returns discounted by 0.9), scored on the
@@ -43,8 +45,13 @@ CALIBRATION = {"steps": 10, "rounds": 2}  # steps per calibration run, timed rou
 SMOKE = ["model.embed_dim=8", "task.test_episodes=50", "train.batch_size=4", "train.warmup=2"]
 SMOKE_SNAIL = ["model.filters=8", "model.keys=8,8,8", "model.values=8,4,4"]
 # the reduced unit's SNAIL ablations, id suffix -> override: PyTorch's own start of the query
-# and key maps (SnailConfig.qk_init), and one query per training episode (GlyphsConfig.queries)
-ABLATIONS = {"independent": "model.qk_init=independent", "queries1": "task.queries=1"}
+# and key maps (SnailConfig.qk_init), one query per training episode (GlyphsConfig.queries),
+# and PyTorch's own start of the class scores (SnailConfig.head_init)
+ABLATIONS = {
+    "independent": "model.qk_init=independent",
+    "queries1": "task.queries=1",
+    "pytorchhead": "model.head_init=pytorch",
+}
 # Mishra 2017 (arXiv 1707.03141) Table 1, Omniglot, accuracy %: SNAIL, and prototypical
 # networks as that table quotes Snell 2017 (PAPERS.md confirms SNAIL's row; the ProtoNet row is
 # recalled, not confirmed from a copy here)
@@ -126,6 +133,7 @@ def worker(params: dict, ctx: C.Context) -> dict:
         return {k: v for k, v in metrics.items() if v is not None}
     metrics["budget_minutes"] = params["budget_minutes"]
     metrics["qk_init"] = config["model"].get("qk_init")  # SNAIL's; none for the baseline
+    metrics["head_init"] = config["model"].get("head_init")
     metrics["queries"] = config["task"]["queries"]  # per training episode
     metrics["sec_per_step_planned"] = ctx.extra.get("sec_per_step")
     metrics["sec_per_step_run"] = 60 * metrics["train_minutes"] / max(1, metrics["steps_run"])
@@ -138,8 +146,9 @@ def worker(params: dict, ctx: C.Context) -> dict:
 def derive(summary: dict) -> dict:
     """The paper's numbers, and per unit and seed SNAIL's accuracy minus the prototypical
     network's and its training minutes over the other's (did "equal time" hold?); for the
-    reduced unit also the similarity start's accuracy minus the independent start's, and
-    several training queries' accuracy minus one's."""
+    reduced unit also the similarity start's accuracy minus the independent start's, several
+    training queries' accuracy minus one's, and the matching start of the class scores'
+    accuracy minus PyTorch's."""
     derived: dict = {"paper": PAPER}
     for unit in [*(f"matched-{t}" for t in SETTINGS), "reduced-glyphs"]:
         snail, proto = f"{unit}-snail", f"{unit}-protonet"
@@ -150,6 +159,7 @@ def derive(summary: dict) -> dict:
         if unit.startswith("reduced"):
             entry["init_gain"] = C.paired(summary, "accuracy", snail, f"{snail}-independent")
             entry["queries_gain"] = C.paired(summary, "accuracy", snail, f"{snail}-queries1")
+            entry["head_gain"] = C.paired(summary, "accuracy", snail, f"{snail}-pytorchhead")
         if any(entry.values()):
             derived[unit] = entry
     # SNAIL over the Bayes-optimal policy for the rows trained before the task scored it (the
@@ -238,6 +248,7 @@ TARGETS = targets(
     ),
 )
 RUN = columns("setting=params.task; model=params.model; query and key start=qk_init", 0)
+RUN += columns("class-score start=head_init", 0)
 RUN += columns("queries per episode=queries", 0)
 RUN += columns("accuracy %=accuracy; ± ci95=ci95", 2)
 RUN += columns("test episodes=n; steps=steps; episodes trained=episodes_trained", 0)

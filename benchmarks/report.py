@@ -26,7 +26,7 @@ from pathlib import Path
 
 import jinja2
 
-from _common import ROOT, format_stat, readable, render_table
+from _common import ROOT, format_stat, readable, render_table, stale_rows
 
 TEMPLATES = ROOT / "docs" / "templates"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -88,8 +88,10 @@ class Page:
         return metrics[key]
 
     def table(self, bench: str, name: str) -> str:
-        tables = {t.name: t for t in bench_module(bench).BENCH.tables}
-        return render_table(tables[name], self.data(bench))
+        """Rows the bench would now re-run (`stale_rows`) marked as such."""
+        declared, data = bench_module(bench).BENCH, self.data(bench)
+        stale = stale_rows(data, declared.experiments(data["budget"]))
+        return render_table({t.name: t for t in declared.tables}[name], data, stale)
 
     def stat(self, bench: str, id: str, key: str, digits: int = 2) -> str:
         return format_stat(self.metric(bench, id, key), digits)

@@ -178,3 +178,27 @@ def test_a_row_goes_stale_when_a_default_changes(monkeypatch):
         monkeypatch.undo()
         _common.defaults_stamp.cache_clear()
     assert _common._current(row, experiment, "full")
+
+
+def test_a_table_marks_the_rows_the_bench_would_re_run():
+    """`stale_rows` finds the ok rows that no longer stand for their experiment, and the table
+    marks their n and says why under it; a current row is left unmarked."""
+    (experiment,) = [e for e in bench_show_attend_tell.experiments("full") if e.id == "hard"]
+    params = json.loads(json.dumps(experiment.params))
+    stamp = _common.defaults_stamp("show-attend-tell-hard", "digit_captions")
+    rows = [
+        {"id": "hard", "seed": s, "status": "ok", "budget": "full", "params": p}
+        | {"metrics": {"defaults": stamp, "bleu4": 10.0 + s}}
+        for s, p in enumerate([params, {**params, "sets": []}])
+    ]
+    data = {"budget": "full", "rows": rows}
+    stale = _common.stale_rows(data, [experiment])
+    assert stale == {"hard": {1: "its params changed"}}
+    assert _common.stale_rows({**data, "rows": rows[:1]}, [experiment]) == {}
+    data["summary"] = _common.summary_of(rows, [experiment])
+    table = _common.Table("t", [("id", "id"), ("BLEU", "bleu4", 1)], ids=["hard"])
+    lines = _common.render_table(table, data, stale).splitlines()
+    mark = _common.STALE_MARK
+    assert lines[2] == f"| hard | 10.5 ± 0.7 | 2{mark} |"
+    assert lines[-1].startswith(mark) and lines[-1].endswith("hard (its params changed).")
+    assert mark not in _common.render_table(table, data)
