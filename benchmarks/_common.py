@@ -326,8 +326,8 @@ def render_table(
     if marked:
         lines += [
             "",
-            f"{STALE_MARK} Rows made before a change that the bench would now re-run them for "
-            "(`--rerun`), shown as they ran: "
+            f"{STALE_MARK} Rows made under other params than the bench now declares for "
+            "their experiment, shown as they ran (the driver would re-run them): "
             + "; ".join(f"{i} ({', '.join(why)})" for i, why in marked.items())
             + ".",
         ]
@@ -414,15 +414,19 @@ def _stale(row: Mapping[str, Any], e: Experiment, budget: str) -> str | None:
 
 
 def stale_rows(data: Mapping[str, Any], experiments: Sequence[Experiment]):
-    """{id: {seed: why}} of the ok rows of `data` (a results JSON) that no longer stand for the
-    experiment the bench declares now (`_stale`: its params, or its model's or task's
-    defaults, changed since the row ran), why cut to its kind (no stamp)."""
+    """{id: {seed: why}} of the ok rows of `data` (a results JSON) whose params are no longer
+    those the bench declares for their experiment (`_stale`'s certain kind). A changed stamp
+    of the defaults is not counted here: adding a config field changes the stamp whether or
+    not its default keeps the earlier behaviour, and every such stamp in the JSON on
+    2026-11-25 was of fields added with defaults that do (`train.init_from`, `task.zoom`, the
+    bandit's `detach_value`, `discount` and `gae_lambda`); the driver still re-runs them."""
     declared = {e.id: e for e in experiments}
     found: dict[str, dict[int, str]] = {}
     for r in data.get("rows", []):
         e = declared.get(r["id"])
-        if e and r.get("status") == STATUS_OK and (why := _stale(r, e, data["budget"])):
-            found.setdefault(r["id"], {})[r["seed"]] = why.split(" since ")[0]
+        why = _stale(r, e, data["budget"]) if e and r.get("status") == STATUS_OK else None
+        if why == "its params changed":
+            found.setdefault(r["id"], {})[r["seed"]] = why
     return found
 
 

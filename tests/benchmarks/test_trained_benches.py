@@ -180,9 +180,9 @@ def test_a_row_goes_stale_when_a_default_changes(monkeypatch):
     assert _common._current(row, experiment, "full")
 
 
-def test_a_table_marks_the_rows_the_bench_would_re_run():
-    """`stale_rows` finds the ok rows that no longer stand for their experiment, and the table
-    marks their n and says why under it; a current row is left unmarked."""
+def test_a_table_marks_the_rows_whose_params_the_bench_no_longer_declares(monkeypatch):
+    """`stale_rows` finds the ok rows whose params changed, and the table marks their n and
+    says why under it; a current row, and one whose defaults' stamp changed, are unmarked."""
     (experiment,) = [e for e in bench_show_attend_tell.experiments("full") if e.id == "hard"]
     params = json.loads(json.dumps(experiment.params))
     stamp = _common.defaults_stamp("show-attend-tell-hard", "digit_captions")
@@ -202,3 +202,6 @@ def test_a_table_marks_the_rows_the_bench_would_re_run():
     assert lines[2] == f"| hard | 10.5 ± 0.7 | 2{mark} |"
     assert lines[-1].startswith(mark) and lines[-1].endswith("hard (its params changed).")
     assert mark not in _common.render_table(table, data)
+    monkeypatch.setitem(rows[0]["metrics"], "defaults", stamp[:-1] + "x")
+    assert _common._stale(rows[0], experiment, "full").startswith("the defaults changed")
+    assert _common.stale_rows(data, [experiment]) == {"hard": {1: "its params changed"}}
