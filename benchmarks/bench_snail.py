@@ -13,7 +13,8 @@ time.
    the ablation of the library's "similarity" start), a fourth, SNAIL trained on one query
    per episode (`task.queries=1`, the ablation of the task's several), and a fifth, SNAIL with
    PyTorch's own start of its class scores (`head_init="pytorch"`, the ablation of the
-   library's "matching" start).
+   library's "matching" start); "reduced-glyphs_20way" measures that last ablation at 20 ways
+   (SNAIL's two starts alone, the same minutes each).
 3. "bandits": SNAIL's bandit policy (`snail-bandit`) trained by REINFORCE with a learned value
    baseline on Bernoulli bandits (N = 5 arms, K = 10 pulls; N = 10, K = 100, also with the
    returns discounted by 0.9), scored on the
@@ -89,12 +90,16 @@ def experiments(budget: str) -> list[Experiment]:
     rows += [
         ("reduced-glyphs", "snail", "glyphs", REDUCED_MINUTES, [s]) for s in ABLATIONS.values()
     ]
+    head = ABLATIONS["pytorchhead"]  # the class scores' start, also at 20 ways
+    rows += [
+        ("reduced-glyphs_20way", "snail", "glyphs_20way", REDUCED_MINUTES, s) for s in ([], [head])
+    ]
     found = []
     for unit, model, task, minutes, sets in rows:
         id = f"{unit}-{model}" + "".join(f"-{k}" for k, s in ABLATIONS.items() if s in sets)
         group, seeds = unit.split("-")[0], 3 if unit.startswith("matched") else 1
         if budget == "smoke":
-            if group != "reduced":
+            if group != "reduced" or task != "glyphs":
                 continue
             sets, minutes = [*sets, *SMOKE, *SMOKE_SNAIL * (model == "snail")], 0.05
         params = {"model": model, "task": task, "sets": sets, "budget_minutes": minutes}
@@ -162,6 +167,9 @@ def derive(summary: dict) -> dict:
             entry["head_gain"] = C.paired(summary, "accuracy", snail, f"{snail}-pytorchhead")
         if any(entry.values()):
             derived[unit] = entry
+    snail = "reduced-glyphs_20way-snail"
+    if gain := C.paired(summary, "accuracy", snail, f"{snail}-pytorchhead"):
+        derived["reduced-glyphs_20way"] = {"head_gain": gain}
     # SNAIL over the Bayes-optimal policy for the rows trained before the task scored it (the
     # same held-out draws: the policies row's)
     bayes = summary.get("bandits-n5-k10-policies", {}).get("metrics", {}).get("reward_bayes")
