@@ -88,7 +88,7 @@ class Page:
         return metrics[key]
 
     def table(self, bench: str, name: str) -> str:
-        """Rows the bench would now re-run (`stale_rows`) marked as such."""
+        """Rows whose params the bench no longer declares (`stale_rows`) marked as such."""
         declared, data = bench_module(bench).BENCH, self.data(bench)
         stale = stale_rows(data, declared.experiments(data["budget"]))
         return render_table({t.name: t for t in declared.tables}[name], data, stale)

@@ -291,7 +291,11 @@ def test_permuting_the_support_labels_permutes_the_prediction(make):
 # 3. Shapes, options, devices, bad input --------------------------------------------------------
 
 
-@pytest.mark.parametrize("make", [tiny_snail, tiny_protonet])
+def matching_snail() -> SNAIL:
+    return tiny_snail(head_init="matching")
+
+
+@pytest.mark.parametrize("make", [tiny_snail, matching_snail, tiny_protonet])
 def test_shapes_weights_and_overfitting_a_tiny_batch(make):
     torch.manual_seed(0)
     model = make()
@@ -327,7 +331,7 @@ def test_a_two_block_snail_and_another_embedding_depth():
     assert model(support, labels, query).log_probs.shape == (2, 1, 2)
 
 
-@pytest.mark.parametrize("make", [tiny_snail, tiny_protonet])
+@pytest.mark.parametrize("make", [tiny_snail, matching_snail, tiny_protonet])
 def test_runs_on_the_device(make, device):
     model = make().to(device)
     support, labels, query = (t.to(device) for t in episode())

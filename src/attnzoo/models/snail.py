@@ -80,11 +80,12 @@ class SnailConfig:
         value channels start as copies of the label one-hot (`v_c = onehot_c`, nothing else
         read) and the output layer starts reading those N channels alone, as
         `MATCHING_SCALE` x the identity, every other weight and bias zero: at the start the
-        query's score for label c is 10 x the first block's attention mass on the support
-        instances labelled c, a matching network (Vinyals 2016) on the first block's query
-        and key maps, from which everything trains as usual. "pytorch" keeps PyTorch's
-        initialisation of both maps, under which the class scores start unrelated to the
-        support labels and 20-way training sits at log N (docs/snail.md measures the two).
+        query's score for label c is `MATCHING_SCALE` x the first block's attention mass on
+        the support instances labelled c, a matching network (Vinyals 2016) on the first
+        block's query and key maps, from which everything trains as usual. "pytorch" keeps
+        PyTorch's initialisation of both maps, under which the class scores start unrelated
+        to the support labels and the loss sits at log N until the network finds them (at
+        20 ways, through a whole matched run; docs/snail.md measures the two).
         The first block's value size must be at least N for "matching".
     """
 
