@@ -11,6 +11,10 @@
    (`prepare`, as bench_seq2seq's matched units). "matched" is the declared budget
    (MATCHED_MINUTES, MATCHED_SEEDS); "matched-short" a reduced one (SHORT_MINUTES, SHORT_SEEDS)
    that fits a shared machine's afternoon.
+3. "steps": the LSTM and the LSTMN at the same sizes for the same number of steps (STEPS; the
+   reduced "steps-short": SHORT_STEPS), whatever the minutes: whether the LSTMN learns more per
+   update than the LSTM, which splits the wall-clock verdict into the cost of an update and
+   what an update buys.
 
     python benchmarks/bench_lstmn.py [--budget smoke|full] [--seeds N] [--only ID|GROUP ...]
 """
@@ -28,6 +32,11 @@ TASK = "kjv_words_lm"
 MODELS = ("lstm-lm", "lstmn", "simplernn-self")  # the first is the size reference
 MATCHED_MINUTES, MATCHED_SEEDS = 20, 3
 SHORT_MINUTES, SHORT_SEEDS = 4, 2
+STEPS, STEPS_SEEDS = 750, 3  # about the LSTMN's steps in MATCHED_MINUTES
+SHORT_STEPS, SHORT_STEPS_SEEDS = 150, 3  # about its steps in SHORT_MINUTES
+STEPS_MODELS = MODELS[:2]  # the LSTM (the size reference) and the LSTMN
+UNITS = {"matched": MODELS, "matched-short": MODELS, "steps": STEPS_MODELS}
+UNITS["steps-short"] = STEPS_MODELS
 TOLERANCE = 0.02  # parameter counts within 2% of the LSTM's
 CALIBRATION = {"steps": 15, "rounds": 2}
 SMOKE_CALIBRATION = {"steps": 2, "rounds": 1}  # the smoke run checks the path, not the timing
@@ -46,17 +55,27 @@ def experiments(budget: str) -> list[Experiment]:
         speed.update(batch=2, lengths=[4, 6], repeats=2, vocab=50, hidden=8, attn_hidden=8)
         speed.update(small_vocab=4, embed_dim=8)
     found = [Experiment("speed", "speed", speed, minutes=6)]  # 5.4 measured
+    sets = SMOKE_MODEL + SMOKE_TASK if smoke else []
     units = {"matched": (MATCHED_MINUTES, MATCHED_SEEDS)}
     units["matched-short"] = (SHORT_MINUTES, SHORT_SEEDS)
     for unit, (minutes, unit_seeds) in units.items():
-        if smoke and unit == "matched":  # the smoke run checks one unit: the short one
+        if smoke and unit == "matched":  # the smoke run checks one unit of each kind
             continue
         for model in MODELS:
-            sets = SMOKE_MODEL + SMOKE_TASK if smoke else []
             params = {"model": model, "task": TASK, "sets": sets}
             params["budget_minutes"] = 0.05 if smoke else minutes
             seeds, cost = (1, 0.2) if smoke else (unit_seeds, minutes + 1.5)
             found.append(Experiment(f"{unit}-{model}", unit, params, seeds, cost, unit))
+    for unit, (steps, unit_seeds) in {
+        "steps": (STEPS, STEPS_SEEDS), "steps-short": (SHORT_STEPS, SHORT_STEPS_SEEDS)
+    }.items():  # fmt: skip
+        if smoke and unit == "steps":
+            continue
+        for model in STEPS_MODELS:
+            params = {"model": model, "task": TASK, "sets": sets, "steps": 2 if smoke else steps}
+            minutes = 0.2 if smoke else steps * (1.7 if model == "lstmn" else 1.0) / 60 + 0.5
+            seeds = 1 if smoke else unit_seeds
+            found.append(Experiment(f"{unit}-{model}", unit, params, seeds, minutes, unit))
     return found
 
 
@@ -227,10 +246,13 @@ def sized(unit: list[Experiment]) -> dict[str, list[str]]:
 
 
 def prepare(unit: list[Experiment], budget: str) -> dict[str, dict]:
-    """Every side of a matched unit: its size (`sized`), then its steps for the unit's
-    minutes (`calibrate_unit`)."""
+    """Every side of a unit: its size (`sized`), then its steps: the declared ones of a
+    "steps" unit, else those for the unit's minutes (`calibrate_unit`)."""
+    sizes = sized(unit)
+    if "steps" in unit[0].params:
+        return {e.id: {"sets": [*sizes[e.id], f"train.steps={e.params['steps']}"]} for e in unit}
     calibration = SMOKE_CALIBRATION if budget == "smoke" else CALIBRATION
-    return C.calibrate_unit(unit, calibration, sized(unit))
+    return C.calibrate_unit(unit, calibration, sizes)
 
 
 def worker(params: dict, ctx: C.Context) -> dict:
@@ -241,7 +263,7 @@ def worker(params: dict, ctx: C.Context) -> dict:
     metrics.update({k: config["model"][k] for k in ("hidden", "embed_dim", "attn_hidden")})
     metrics["context"] = config["task"]["context"]
     metrics["vocab_size"] = config["task"]["vocab_size"]
-    metrics["budget_minutes"] = params["budget_minutes"]
+    metrics["budget_minutes"] = params.get("budget_minutes")  # None (dropped): a steps unit
     metrics["sec_per_step_planned"] = ctx.extra.get("sec_per_step")
     metrics["sec_per_step_run"] = 60 * metrics["train_minutes"] / metrics["steps_run"]
     metrics["tokens_trained"] = metrics["steps_run"] * metrics["batch_size"] * metrics["context"]
@@ -261,23 +283,26 @@ PAPER = {
 
 def derive(summary: dict) -> dict:
     """The paper's numbers; the speed-ups the multiply-adds predict (`arithmetic`) for the
-    speed row's sizes; and per matched unit and seed: LSTMN and SimpleRNN+self-attention
-    perplexity over the LSTM's, their parameter counts and training minutes over the LSTM's."""
+    speed row's sizes; and per unit (UNITS) and seed: each attention model's perplexity over
+    the LSTM's, its parameter count and its training minutes over the LSTM's."""
     derived: dict = {"paper": PAPER}
     if "speed" in summary and summary["speed"]["seeds"]:
         derived["speed-arithmetic"] = arithmetic(summary["speed"]["params"])
     derived["budgets"] = dict(matched_minutes=MATCHED_MINUTES, matched_seeds=MATCHED_SEEDS)
     derived["budgets"].update(short_minutes=SHORT_MINUTES, short_seeds=SHORT_SEEDS)
+    derived["budgets"].update(steps=STEPS, steps_seeds=STEPS_SEEDS)
+    derived["budgets"].update(short_steps=SHORT_STEPS, short_steps_seeds=SHORT_STEPS_SEEDS)
     names = {"perplexity": "ppl", "params": "params", "train_minutes": "minutes"}
-    for unit in ("matched", "matched-short"):
-        values = {k: {m: C.by_seed(summary, f"{unit}-{m}", k) for m in MODELS} for k in names}
+    shorts = {"lstmn": "lstmn", "simplernn-self": "simple"}
+    for unit, models in UNITS.items():
+        values = {k: {m: C.by_seed(summary, f"{unit}-{m}", k) for m in models} for k in names}
         seeds = sorted(set.intersection(*(set(v) for d in values.values() for v in d.values())))
         if seeds:
             derived[unit] = {
-                f"{short}_over_lstm_{name}": [
+                f"{shorts[m]}_over_lstm_{name}": [
                     values[k][m][s] / values[k][MODELS[0]][s] for s in seeds
                 ]
-                for m, short in (("lstmn", "lstmn"), ("simplernn-self", "simple"))
+                for m in models[1:]
                 for k, name in names.items()
             }
     return derived
@@ -310,6 +335,10 @@ MATCHED_COLUMNS += columns(
 )
 MATCHED_COLUMNS += columns("budget min=budget_minutes; train min=train_minutes", 1)
 MATCHED_COLUMNS += columns("held-out words=n_words", 0) + columns("perplexity=perplexity", 1)
+STEPS_COLUMNS = columns("model=params.model")
+STEPS_COLUMNS += columns("params=params; hidden=hidden; steps=steps_run; batch=batch_size", 0)
+STEPS_COLUMNS += columns("context=context", 0) + columns("train min=train_minutes", 1)
+STEPS_COLUMNS += columns("held-out words=n_words", 0) + columns("perplexity=perplexity", 1)
 SPEED = "; ".join(
     f"{name} length {n} (tok/s)=by_length.{n}.tokens_per_s.{name}"
     for n in SPEED_LENGTHS
@@ -326,6 +355,8 @@ TABLES = [
     Table("recurrence-speedup", ROW + columns(RECURRENCE_SPEEDUP), ids=SPEED_ROWS),
     Table("matched", MATCHED_COLUMNS, ["matched"]),
     Table("matched-short", MATCHED_COLUMNS, ["matched-short"]),
+    Table("steps", STEPS_COLUMNS, ["steps"]),
+    Table("steps-short", STEPS_COLUMNS, ["steps-short"]),
 ]
 METHOD = {
     "speed": "one Adam update per call on random tokens (vocab 10k), both implementations "
@@ -334,6 +365,8 @@ METHOD = {
     "matched": "sizes by `sized` (parameter counts within 2% of the LSTM's); steps = unit "
     "minutes x 60 / calibrated seconds per step; perplexity on every held-out window of "
     "the test books",
+    "steps": "sizes by `sized`; every side trains the unit's declared steps (the same "
+    "learning-rate schedule), whatever its minutes",
 }
 BENCH = Bench("lstmn", __file__, experiments, worker, TARGETS, TABLES, prepare, derive, figures,
               jobs=1, method=METHOD)  # fmt: skip
