@@ -322,16 +322,22 @@ def render_table(
                 cells = [x if k else status.upper() for x, k in zip(cells, keep, strict=True)]
             n = f"{len(summary[i]['seeds'])}{STALE_MARK * bool(stale.get(i))}"
             lines.append("| " + " | ".join([*cells, n]) + " |")
+    note = stale_note(stale, ids)
+    return "\n".join([*lines, "", note] if note else lines)
+
+
+def stale_note(stale: Mapping[str, Mapping[int, str]], ids: Sequence[str]) -> str:
+    """The note under a table of the experiments `ids` naming those with `stale` rows
+    (`stale_rows`) and why; "" when none is."""
     marked = {i: sorted(set(stale[i].values())) for i in ids if stale.get(i)}
-    if marked:
-        lines += [
-            "",
-            f"{STALE_MARK} Rows made under other params than the bench now declares for "
-            "their experiment, shown as they ran (the driver would re-run them): "
-            + "; ".join(f"{i} ({', '.join(why)})" for i, why in marked.items())
-            + ".",
-        ]
-    return "\n".join(lines)
+    if not marked:
+        return ""
+    return (
+        f"{STALE_MARK} Rows made under other params than the bench now declares for their "
+        "experiment, shown as they ran (the driver would re-run them): "
+        + "; ".join(f"{i} ({', '.join(why)})" for i, why in marked.items())
+        + "."
+    )
 
 
 # 3. The driver --------------------------------------------------------------------------------

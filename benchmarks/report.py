@@ -5,6 +5,8 @@ benchmarks the page lists in PAGES (bench NAME: benchmarks/bench_NAME.py, result
 so a sentence cannot disagree with its table. Functions a template can call:
 
     table(bench, name)            a table the bench script declares, with each row's n
+    mark(bench, id)               the mark of an experiment with stale rows ("" without)
+    stale_note(bench, ids)        the note naming which of `ids` have stale rows, and why
     stat(bench, id, key, digits)  "mean ± std" over seeds (the mean alone for one seed)
     mean(bench, id, key, digits)  the mean alone
     n(bench, id)                  seeds measured
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import jinja2
 
-from _common import ROOT, format_stat, readable, render_table, stale_rows
+from _common import ROOT, STALE_MARK, format_stat, readable, render_table, stale_note, stale_rows
 
 TEMPLATES = ROOT / "docs" / "templates"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -67,6 +69,7 @@ class Page:
     def __init__(self, page: str, results: Path):
         self.page, self.results = page, results
         self.loaded: dict[str, dict] = {}
+        self.stale_found: dict[str, dict] = {}
 
     def data(self, bench: str) -> dict:
         if bench not in PAGES[self.page]:
@@ -87,11 +90,26 @@ class Page:
             raise KeyError(f"{bench}.json {id!r} has no metric {key!r} (has {sorted(metrics)})")
         return metrics[key]
 
+    def stale(self, bench: str) -> dict:
+        """The bench's rows whose params it no longer declares (`stale_rows`)."""
+        if bench not in self.stale_found:
+            data = self.data(bench)
+            declared = bench_module(bench).BENCH.experiments(data["budget"])
+            self.stale_found[bench] = stale_rows(data, declared)
+        return self.stale_found[bench]
+
     def table(self, bench: str, name: str) -> str:
         """Rows whose params the bench no longer declares (`stale_rows`) marked as such."""
-        declared, data = bench_module(bench).BENCH, self.data(bench)
-        stale = stale_rows(data, declared.experiments(data["budget"]))
-        return render_table({t.name: t for t in declared.tables}[name], data, stale)
+        tables = {t.name: t for t in bench_module(bench).BENCH.tables}
+        return render_table(tables[name], self.data(bench), self.stale(bench))
+
+    def mark(self, bench: str, id: str) -> str:
+        """For a table a template writes itself: beside the n of an experiment with stale rows
+        (explained by `stale_note` under the table)."""
+        return STALE_MARK if self.stale(bench).get(id) else ""
+
+    def stale_note(self, bench: str, ids: list[str]) -> str:
+        return stale_note(self.stale(bench), ids)
 
     def stat(self, bench: str, id: str, key: str, digits: int = 2) -> str:
         return format_stat(self.metric(bench, id, key), digits)
@@ -125,7 +143,8 @@ class Page:
         env = jinja2.Environment(
             loader=loader, undefined=jinja2.StrictUndefined, keep_trailing_newline=True
         )
-        names = ("table", "stat", "mean", "n", "target", "param", "machine", "data")
+        names = ("table", "mark", "stale_note", "stat", "mean", "n", "target", "param")
+        names += ("machine", "data")
         body = env.get_template(f"{self.page}.md").render({f: getattr(self, f) for f in names})
         return HEADER.format(page=self.page) + body
 

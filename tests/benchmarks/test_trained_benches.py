@@ -205,3 +205,29 @@ def test_a_table_marks_the_rows_whose_params_the_bench_no_longer_declares(monkey
     monkeypatch.setitem(rows[0]["metrics"], "defaults", stamp[:-1] + "x")
     assert _common._stale(rows[0], experiment, "full").startswith("the defaults changed")
     assert _common.stale_rows(data, [experiment]) == {"hard": {1: "its params changed"}}
+
+
+def test_a_table_a_template_writes_marks_the_rows_whose_params_changed(tmp_path):
+    """The tables a docs template writes itself (here DRAM's, on the RAM page) mark the n of an
+    experiment with stale rows and name it under the table, as `table()` does; the committed
+    results render without a mark there."""
+    import report
+
+    mark = _common.STALE_MARK
+    for bench in report.PAGES["ram"]:
+        (tmp_path / f"{bench}.json").write_bytes((report.RESULTS / f"{bench}.json").read_bytes())
+    before = report.Page("ram", tmp_path).render()
+    assert mark not in before
+    line = next(x for x in before.splitlines() if x.startswith("| addition-dram |"))
+    data = json.loads((tmp_path / "dram.json").read_text())
+    n = len(data["summary"]["addition-dram"]["seeds"])
+    for row in data["rows"]:
+        if row["id"] == "addition-dram":
+            row["params"] = {**row["params"], "sets": [*row["params"]["sets"], "train.lr=1"]}
+    (tmp_path / "dram.json").write_text(json.dumps(data))
+    lines = report.Page("ram", tmp_path).render().splitlines()
+    assert [x for x in lines if mark in x] == [
+        line.removesuffix(f" {n} |") + f" {n}{mark} |",
+        f"{mark} Rows made under other params than the bench now declares for their experiment, "
+        "shown as they ran (the driver would re-run them): addition-dram (its params changed).",
+    ]
