@@ -10,6 +10,7 @@ import torch
 from attnzoo.core.hard import reinforce_loss
 from attnzoo.decoding import decode
 from attnzoo.models.show_attend_tell import (
+    VARIANTS,
     ShowAttendTell,
     ShowAttendTellConfig,
     doubly_stochastic,
@@ -168,6 +169,21 @@ def test_hard_decoding_shows_the_sampled_location_one_hot():
     _, state = model.decode_step(torch.ones(3, dtype=torch.long), state)
     w = state.weights
     assert ((w == 0) | (w == 1)).all() and (w.sum(-1) == 1).all()
+
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_nan_pixel_makes_its_own_caption_nan_and_no_other(variant, training):
+    """Not a plausible caption from a broken image, nor an error from deep inside sampling
+    (the hard variant draws its locations there), and the batch's other images untouched."""
+    model = build(ShowAttendTellConfig(variant=variant, **SMALL)).train(training)
+    images, tokens, lengths = inputs()
+    clean = model(images, tokens, lengths, generator=torch.Generator().manual_seed(0))
+    images[1, 0, 3, 4] = math.nan
+    out = model(images, tokens, lengths, generator=torch.Generator().manual_seed(0))
+    assert out.log_probs[1].isnan().all()
+    for b in (0, 2):
+        assert torch.equal(out.log_probs[b], clean.log_probs[b])
 
 
 @pytest.mark.parametrize("variant", ["soft", "none"])

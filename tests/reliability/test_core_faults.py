@@ -405,15 +405,17 @@ def test_garbage_in_padding_of_the_public_additive_kernel(monkeypatch):
             assert torch.equal(g0, g1)
 
 
-def test_hard_attention_does_not_turn_nan_into_a_choice():
+@pytest.mark.parametrize("choose", [hard_argmax, sample_hard])
+def test_hard_attention_does_not_turn_nan_into_a_choice(choose):
     logits = torch.randn(2, 3, 5)
     logits[1, 2, 4] = NAN
-    hard = hard_argmax(logits)
+    hard = choose(logits)
     assert all_nonfinite(hard.weights[1, 2]) and math.isnan(hard.log_prob[1, 2])
     assert torch.isfinite(hard.weights[0]).all() and torch.isfinite(hard.weights[1, :2]).all()
+    assert torch.isfinite(hard.log_prob[0]).all() and torch.isfinite(hard.log_prob[1, :2]).all()
     mask = torch.ones(2, 3, 5, dtype=torch.bool)
     mask[1, 2, 4] = False  # the NaN is masked: it is not read
-    assert torch.isfinite(hard_argmax(logits, mask).weights).all()
+    assert torch.isfinite(choose(logits, mask).weights).all()
 
 
 # -- 3. KV cache misuse ------------------------------------------------------------------------

@@ -92,11 +92,15 @@ def sample_hard(
 ) -> HardSample:
     """Stochastic hard attention (Xu 2015 sec. 4.1): s ~ Multinoulli(softmax(logits)).
 
-    The weights carry no gradient; train the score with REINFORCE on `log_prob`.
+    The weights carry no gradient; train the score with REINFORCE on `log_prob`. A row of
+    allowed logits with a NaN gets NaN weights and log-probability, as in `hard_argmax`.
     """
     _check_logits("sample_hard", logits)
     log_p = torch.log_softmax(masked_fill_lowest(logits, mask), dim=-1)
     flat = log_p.detach().exp().reshape(-1, log_p.shape[-1])  # (rows, key_len)
+    # A row with a non-finite allowed logit samples from uniform, a stand-in that multinomial
+    # accepts: `_one_hot` makes that row's weights and log-probability non-finite anyway.
+    flat = torch.where(flat.isfinite().all(-1, keepdim=True), flat, torch.ones_like(flat))
     index = torch.multinomial(flat, 1, generator=generator).view(log_p.shape[:-1])
     return _one_hot(log_p, index, mask)
 
