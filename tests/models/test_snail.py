@@ -218,6 +218,29 @@ def test_queries_share_one_support_pass_as_if_each_had_its_own_sequence(ways, sh
         torch.testing.assert_close(p, sum(gs))
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("make", [tiny_snail, tiny_protonet])
+def test_a_broken_query_image_breaks_its_own_prediction_and_no_other(make, bad):
+    """A NaN or Inf pixel in one query makes that query's log-probabilities non-finite, not a
+    plausible number, and leaves every other query unchanged, its episode's siblings (which
+    share the support pass) included; one in the support breaks its whole episode alone."""
+    model = make().eval()
+    support, labels, query = episode(batch=3, queries=3)
+    with torch.no_grad():
+        clean = model(support, labels, query).log_probs  # (b, q, N)
+        broken_query, broken_support = query.clone(), support.clone()
+        broken_query[1, 0, 0, 5, 5] = bad
+        broken_support[1, 2, 0, 5, 5] = bad
+        out = model(support, labels, broken_query).log_probs
+        whole = model(broken_support, labels, query).log_probs
+    assert not out[1, 0].isfinite().any()
+    others = torch.ones(3, 3, dtype=torch.bool)
+    others[1, 0] = False
+    assert torch.equal(out[others], clean[others])
+    assert not whole[1].isfinite().any()
+    assert torch.equal(whole[[0, 2]], clean[[0, 2]])
+
+
 def test_the_query_label_never_enters_its_input(monkeypatch):
     """The sequence holds each support example's one-hot label and zeros at the query."""
     model = tiny_snail().eval()

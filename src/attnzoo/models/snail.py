@@ -222,20 +222,31 @@ class AttentionBlock(nn.Module):
                 self.query.bias.zero_()
                 self.key.bias.zero_()
 
-    def forward(
-        self, x: torch.Tensor, return_weights: bool = False, mask: torch.Tensor | None = None
-    ):
-        """`mask` (T, T), True = may attend, narrows the causal mask further."""
-        out = attention(
-            self.query(x),  # (b, T, K)
-            self.key(x),  # (b, T, K)
-            self.value(x),  # (b, T, V)
-            score="scaled_dot",
-            mask=mask,
-            causal=True,
-            return_weights=return_weights,
-        )
-        return torch.cat([x, out.context], -1), out.weights  # (b, T, C + V), (b, T, T)
+    def forward(self, x: torch.Tensor, return_weights: bool = False, support: int | None = None):
+        """With `support` = n, positions n.. are queries that each attend to the first n
+        positions and itself alone (`SNAIL.sequence`): their own attention over their own keys,
+        not a mask over the others', so that nothing a sibling query holds, not even a NaN
+        (0 * NaN in a masked weighted sum), reaches a query."""
+        q, k, v = self.query(x), self.key(x), self.value(x)  # (b, T, K), (b, T, K), (b, T, V)
+        b, t = x.shape[:2]
+        if support is None or t <= support + 1:
+            out = attention(q, k, v, score="scaled_dot", causal=True, return_weights=return_weights)
+            return torch.cat([x, out.context], -1), out.weights  # (b, T, C + V), (b, T, T)
+        n, m = support, t - support  # m queries
+        kw = dict(score="scaled_dot", return_weights=return_weights)
+        head = attention(q[:, :n], k[:, :n], v[:, :n], causal=True, **kw)  # the support
+        # each query's own keys and values (b, m, n + 1, .): the support's, then its own
+        own = [torch.cat([z[:, None, :n].expand(-1, m, -1, -1), z[:, n:, None]], 2) for z in (k, v)]
+        tail = attention(q[:, n:, None], *own, **kw)  # (b, m, 1, V)
+        context = torch.cat([head.context, tail.context[:, :, 0]], 1)  # (b, T, V)
+        weights = None
+        if return_weights:  # (b, T, T): the support's causal rows, then each query's row
+            w = tail.weights[:, :, 0]  # (b, m, n + 1): the support, then the query itself
+            upper = torch.cat([head.weights, head.weights.new_zeros(b, n, m)], -1)
+            weights = torch.cat(
+                [upper, torch.cat([w[..., :n], torch.diag_embed(w[..., n])], -1)], 1
+            )
+        return torch.cat([x, context], -1), weights
 
 
 class SNAIL(nn.Module):
@@ -295,16 +306,11 @@ class SNAIL(nn.Module):
         themselves only, as if each were the last position of its own sequence: what a causal
         model computes for the support does not depend on what follows it, so the queries of
         an episode share one pass over its support instead of one pass each."""
-        t = x.shape[1]
-        mask = None
-        if support is not None and t > support + 1:
-            position = torch.arange(t, device=x.device)
-            mask = (position[None] < support) | (position[None] == position[:, None])  # (T, T)
         weights = []
         for k, block in enumerate(self.attend):
             if k > 0:
                 x = self.tc[k - 1](x, support)
-            x, w = block(x, return_weights, mask)
+            x, w = block(x, return_weights, support)
             weights.append(w)
         return self.out(x), weights
 
