@@ -1003,10 +1003,10 @@ def bench_run_dir(bench: str, experiment_id: str, seed: int = 0) -> Path:
     return ROOT / "runs" / "bench" / bench / experiment_id / f"seed{seed}"
 
 
-def sibling_run(ctx: Context, experiment_id: str) -> Path:
-    """The finished run (seed 0) of another experiment of the same bench, beside this row's in
-    the same runs folder: a run this row builds on (a classifier, a pre-trained encoder)."""
-    run = Path(ctx.run_dir).parents[1] / experiment_id / "seed0"
+def sibling_run(ctx: Context, experiment_id: str, seed: int = 0) -> Path:
+    """The finished run (of `seed`) of another experiment of the same bench, beside this row's
+    in the same runs folder: a run this row builds on (a classifier, a pre-trained encoder)."""
+    run = Path(ctx.run_dir).parents[1] / experiment_id / f"seed{seed}"
     if not (run / "final.json").exists():
         raise RuntimeError(f"{run} has no finished run: run the {experiment_id!r} row first")
     return run.resolve()

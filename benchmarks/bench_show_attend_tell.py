@@ -21,7 +21,11 @@ beside the uniform baseline (box area / canvas area):
 - encoder: the captioner's CNN encoder trained as a digit classifier on `mnist` (`sat-encoder`,
   a global max over its last map, then a linear layer), as the paper starts from a classifier;
 - *-pretrained: a row above whose encoder starts from the `encoder` row's weights
-  (`train.init_from`) and trains on with the captioner, at the same steps and batch.
+  (`train.init_from`) and trains on with the captioner, at the same steps and batch;
+- hard-from-soft: hard attention started from the whole `soft-lambda0` model (its run of the
+  same seed), then `FROM_SOFT_STEPS` steps of hard training: does hard attention keep, and read
+  from, the places soft attention learned to look, where from scratch it never finds them?
+  Its steps come on top of soft-lambda0's.
 
 Every row trains for the task's default budget (`FULL`), and the committed results were run
 with `--seeds 1` (the rule's `SEEDS` per row when the machine allows); the page says so. Xu
@@ -54,6 +58,7 @@ PRETRAINED = {  # id: the row it starts from the encoder row
     "hard-pretrained": "hard",
 }
 ENCODER = ["train.steps=3000", "train.batch_size=64"]  # the classifier's budget on `mnist`
+FROM_SOFT_STEPS = 1500  # hard-from-soft's own steps, after soft-lambda0's
 SEEDS = 3  # the project's rule for a trained comparison; this page's run used `--seeds 1`
 SMOKE = ["train.steps=3", "train.batch_size=4", "task.n_test=8", "task.n_valid=8"]
 SMOKE += ["model.hidden=16", "model.embed_dim=8", "model.attn_hidden=8", "train.checkpoint_every=2"]
@@ -89,6 +94,9 @@ def experiments(budget: str) -> list[Experiment]:
     for id, row in PRETRAINED.items():
         params = {**rows[row], "init_from": "encoder"}
         found.append(Experiment(id, "captions", params, seeds, minutes))
+    own = [x for x in sets if not x.startswith("train.steps=")] + [f"train.steps={FROM_SOFT_STEPS}"]
+    params = {"model": MODELS["hard"], "sets": sets if smoke else own, "init_from": "soft-lambda0"}
+    found.append(Experiment("hard-from-soft", "captions", params, seeds, minutes / 4))
     return found
 
 
@@ -96,8 +104,10 @@ def worker(params: dict, ctx: C.Context) -> dict:
     if ctx.id == "encoder":
         return C.train_worker(params["sets"], params["model"], params["task"], ctx)[0]
     sets = params["sets"]
-    if "init_from" in params:
-        sets = [*sets, f"train.init_from={C.sibling_run(ctx, params['init_from'])}"]
+    if "init_from" in params:  # the encoder's one run, or the same seed's soft-lambda0 run
+        source = params["init_from"]
+        run = C.sibling_run(ctx, source, 0 if source == "encoder" else ctx.seed)
+        sets = [*sets, f"train.init_from={run}"]
     metrics, config, _, _ = C.train_worker(sets, params["model"], "digit_captions", ctx)
     metrics["n_test"] = config["task"]["n_test"]
     return metrics
@@ -127,6 +137,9 @@ def derive(summary: dict) -> dict:
         # hard has no lambda term: its soft counterpart among the pre-trained rows
         "pretrained_hard_minus_soft_exact_match": C.paired(
             summary, "exact_match_pct", "hard-pretrained", "soft-lambda0-pretrained"
+        ),
+        "from_soft_hard_minus_soft_exact_match": C.paired(
+            summary, "exact_match_pct", "hard-from-soft", "soft-lambda0"
         ),
         "baseline_params_over_soft": C.paired(summary, "params", "none", "soft", operator.truediv),
     }
