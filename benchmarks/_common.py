@@ -425,7 +425,8 @@ def stale_rows(data: Mapping[str, Any], experiments: Sequence[Experiment]):
     of the defaults is not counted here: adding a config field changes the stamp whether or
     not its default keeps the earlier behaviour, and every such stamp in the JSON on
     2026-11-25 was of fields added with defaults that do (`train.init_from`, `task.zoom`, the
-    bandit's `detach_value`, `discount` and `gae_lambda`); the driver still re-runs them."""
+    bandit's `detach_value`, `discount` and `gae_lambda`, Show-Attend-Tell's
+    `expectation_warmup`); the driver still re-runs them."""
     declared = {e.id: e for e in experiments}
     found: dict[str, dict[int, str]] = {}
     for r in data.get("rows", []):

@@ -22,6 +22,10 @@ beside the uniform baseline (box area / canvas area):
   a global max over its last map, then a linear layer), as the paper starts from a classifier;
 - *-pretrained: a row above whose encoder starts from the `encoder` row's weights
   (`train.init_from`) and trains on with the captioner, at the same steps and batch;
+- hard-warmup: hard attention from scratch whose share of captions read by expectation starts
+  at 1 and falls linearly to the paper's 0.5 over `WARMUP_STEPS` of its steps
+  (`model.expectation_warmup`): a caption read by expectation learns where to look before
+  sampled cells have to pay for themselves;
 - hard-from-soft: hard attention started from the whole `soft-lambda0` model (its run of the
   same seed), then `FROM_SOFT_STEPS` steps of hard training: does hard attention keep, and read
   from, the places soft attention learned to look, where from scratch it never finds them?
@@ -58,6 +62,7 @@ PRETRAINED = {  # id: the row it starts from the encoder row
     "hard-pretrained": "hard",
 }
 ENCODER = ["train.steps=3000", "train.batch_size=64"]  # the classifier's budget on `mnist`
+WARMUP_STEPS = 4000  # hard-warmup's steps from all captions by expectation to the paper's mix
 FROM_SOFT_STEPS = 1500  # hard-from-soft's own steps, after soft-lambda0's
 SEEDS = 3  # the project's rule for a trained comparison; this page's run used `--seeds 1`
 SMOKE = ["train.steps=3", "train.batch_size=4", "task.n_test=8", "task.n_valid=8"]
@@ -94,6 +99,9 @@ def experiments(budget: str) -> list[Experiment]:
     for id, row in PRETRAINED.items():
         params = {**rows[row], "init_from": "encoder"}
         found.append(Experiment(id, "captions", params, seeds, minutes))
+    warmup = f"model.expectation_warmup={2 if smoke else WARMUP_STEPS}"
+    params = {"model": MODELS["hard"], "sets": [*sets, warmup]}
+    found.append(Experiment("hard-warmup", "captions", params, seeds, minutes))
     own = [x for x in sets if not x.startswith("train.steps=")] + [f"train.steps={FROM_SOFT_STEPS}"]
     params = {"model": MODELS["hard"], "sets": sets if smoke else own, "init_from": "soft-lambda0"}
     found.append(Experiment("hard-from-soft", "captions", params, seeds, minutes / 4))
@@ -128,6 +136,7 @@ def derive(summary: dict) -> dict:
     setup.update(large_low=task.large[0], large_high=task.large[1])
     setup.update(grid=task.canvas // scale, cells=(task.canvas // scale) ** 2, vocab=len(WORDS))
     setup.update(max_len=MAX_LEN, annotation=models["soft"].channels[-1])
+    setup.update(warmup_steps=WARMUP_STEPS)
     for name, config in models.items():
         setup.update(
             {f"{name}_{k}": v for k, v in asdict(config).items() if isinstance(v, float | int)}
@@ -137,6 +146,9 @@ def derive(summary: dict) -> dict:
         # hard has no lambda term: its soft counterpart among the pre-trained rows
         "pretrained_hard_minus_soft_exact_match": C.paired(
             summary, "exact_match_pct", "hard-pretrained", "soft-lambda0-pretrained"
+        ),
+        "warmup_hard_minus_soft_exact_match": C.paired(
+            summary, "exact_match_pct", "hard-warmup", "soft"
         ),
         "from_soft_hard_minus_soft_exact_match": C.paired(
             summary, "exact_match_pct", "hard-from-soft", "soft-lambda0"
@@ -191,6 +203,8 @@ TARGETS = targets(
           ("correctness >= 4x uniform", "correctness_over_uniform", 4))),
     ("hard: exact match within five points of soft", "compare", "hard_minus_soft_exact_match",
      ">=", -5),
+    ("hard-warmup: exact match within five points of soft", "compare",
+     "warmup_hard_minus_soft_exact_match", ">=", -5),
     ("hard-pretrained: exact match within five points of soft-lambda0-pretrained", "compare",
      "pretrained_hard_minus_soft_exact_match", ">=", -5),
 )  # fmt: skip

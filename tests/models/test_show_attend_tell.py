@@ -162,6 +162,25 @@ def test_hard_attention_by_expectation_on_the_drawn_images():
     assert evaluating(images[:3], tokens[:3], lengths[:3]).expected is None
 
 
+def test_expectation_warmup_falls_linearly_from_one_to_the_rate():
+    """With `expectation_warmup` W the chance of attending by expectation at training step s is
+    1 - (1 - rate) s / W until W, then the rate; the draws in forward follow it."""
+    model = build(hard(**SMALL, expectation_rate=0.2, expectation_warmup=100)).train()
+    for step, chance in ((0, 1.0), (25, 0.8), (50, 0.6), (99, 0.208), (100, 0.2), (500, 0.2)):
+        assert model.expectation_rate_at(step) == pytest.approx(chance)
+    assert model.expectation_rate_at(None) == 0.2  # outside training: the configured rate
+    images, tokens, _ = inputs(b=3)
+    images, tokens = images.repeat(40, 1, 1, 1), tokens.repeat(40, 1)  # 120 images
+    lengths = torch.full((120,), tokens.shape[1])
+    drawn = {}
+    for step in (0, 50, 100):
+        g = torch.Generator().manual_seed(step)
+        drawn[step] = int(model(images, tokens, lengths, generator=g, step=step).expected.sum())
+    assert drawn[0] == 120  # every image by expectation at the first step
+    assert 50 <= drawn[50] <= 94  # Binomial(120, 0.6): 72 +- ~4 sd
+    assert 8 <= drawn[100] <= 40  # Binomial(120, 0.2): 24 +- ~4 sd
+
+
 def test_hard_decoding_shows_the_sampled_location_one_hot():
     model = build(hard(**SMALL))
     images, _, _ = inputs()
@@ -230,7 +249,14 @@ def test_the_baseline_has_the_soft_models_parameters_within_two_percent():
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("variant", "medium"), ("channels", ()), ("hidden", 0), ("dropout", 1.0)],
+    [
+        ("variant", "medium"),
+        ("channels", ()),
+        ("hidden", 0),
+        ("dropout", 1.0),
+        ("expectation_warmup", -1),
+        ("expectation_warmup", 2.5),
+    ],
 )
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):

@@ -161,6 +161,13 @@ def test_the_loss_adds_the_penalty_and_counts_real_tokens(task):
     nll = -(out.log_probs.gather(-1, batch.tokens_out.unsqueeze(-1)).squeeze(-1) * real).sum()
     assert out.expected.all() and loss.item() == pytest.approx(nll.item(), rel=1e-6)
     assert not bool(every.reward_baseline.started)
+    # the loss passes the batch's step: at step 0 of a warm-up every image attends by
+    # expectation, so the baseline stays unstarted; after it, images sample again
+    warm = ShowAttendTell(hard(**small, expectation_warmup=10), **task.model_dims())
+    task.loss(warm, batch)
+    assert batch.step == 0 and not bool(warm.reward_baseline.started)
+    task.loss(warm, task.batch(10, 4, "cpu"))
+    assert bool(warm.reward_baseline.started)
 
 
 def test_evaluate_reports_bleu_with_its_signature_and_correctness(task):

@@ -35,6 +35,11 @@ Note:
       baseline (which tracks the whole caption's log-likelihood) count the sampled images
       only. At evaluation the hard model always samples (from the task's seeded generator),
       so its figures show the locations it actually used.
+    - From scratch, a sampled cell tells the decoder little, so REINFORCE learns to look where
+      the annotations vary least, the background, and the policy never finds the digits.
+      `expectation_warmup` W (0 by default: the paper's constant mix) reads every caption by
+      expectation at the first step and lowers that share linearly to `expectation_rate`
+      over W steps: where to look is learned through the expectation's gradient first.
     - lambda defaults to 0.1, not the paper's 1: with T ~ 12 words and L = 64 cells, the term
       (summed per caption, as the log-likelihood is) pushes attention to spread over every
       cell, and at 1 it outweighs the caption's log-likelihood once that is learned.
@@ -80,6 +85,9 @@ class ShowAttendTellConfig:
     expectation_rate: hard only, in training: the probability, per image, that its caption
         attends by the expectation sum_i alpha_ti a_i instead of a sampled location (Xu 2015
         sec. 4.1: 0.5; 0: always sample).
+    expectation_warmup: hard only: training steps over which that probability falls linearly
+        from 1 (every caption by expectation: soft attention without beta) to
+        `expectation_rate`; 0: `expectation_rate` from the first step (the paper).
     """
 
     variant: str = "soft"
@@ -93,6 +101,7 @@ class ShowAttendTellConfig:
     reinforce_weight: float = 1.0
     baseline_momentum: float = 0.9
     expectation_rate: float = 0.5
+    expectation_warmup: int = 0
 
     def __post_init__(self):
         check_fields(self)
@@ -112,6 +121,13 @@ class ShowAttendTellConfig:
                 "expectation_rate",
                 "a probability in [0, 1]",
                 self.expectation_rate,
+            )
+        if self.expectation_warmup < 0:
+            fail(
+                "ShowAttendTellConfig",
+                "expectation_warmup",
+                "an int >= 0",
+                self.expectation_warmup,
             )
         if not 0 <= self.baseline_momentum < 1:
             fail(
@@ -402,12 +418,13 @@ class ShowAttendTell(nn.Module):
         *,
         sample: bool = True,
         generator: torch.Generator | None = None,
+        step: int | None = None,
     ) -> CaptionOutput:
         """Teacher forcing. images (b, C, H, W); tokens_in (b, t) <bos> + words, padded;
         lengths (b,) real steps (words + <end>). Returns `CaptionOutput`; `penalty` is the
         doubly stochastic term lambda * sum_b sum_i (1 - sum_{t < length_b} alpha_bti)^2.
         A hard model in training mode draws, from `generator`, which images attend by
-        expectation (`expectation_rate`; `CaptionOutput.expected`)."""
+        expectation (`expectation_rate_at(step)`; `CaptionOutput.expected`)."""
         if tokens_in.dim() != 2 or tokens_in.shape[0] != images.shape[0]:
             fail(
                 "ShowAttendTell",
@@ -416,7 +433,7 @@ class ShowAttendTell(nn.Module):
                 tuple(tokens_in.shape),
             )
         state = self.start(images, generator)
-        rate = self.config.expectation_rate
+        rate = self.expectation_rate_at(step)
         if self.config.variant == "hard" and sample and self.training and rate:
             draw = torch.rand(images.shape[0], generator=generator, device=images.device)
             state.expected = draw < rate  # (b,)
@@ -450,6 +467,15 @@ class ShowAttendTell(nn.Module):
             torch.stack(locations, 1),
             state.expected,
         )
+
+    def expectation_rate_at(self, step: int | None) -> float:
+        """The chance that an image attends by expectation at training step `step`: 1 falling
+        linearly to `expectation_rate` over `expectation_warmup` steps, then that rate (also
+        when `step` is None)."""
+        c = self.config
+        if step is None or step >= c.expectation_warmup:
+            return c.expectation_rate
+        return 1 - (1 - c.expectation_rate) * step / c.expectation_warmup
 
     # ----- decoding engine -----
     def decode_step(self, tokens: torch.Tensor, state: CaptionState):

@@ -25,7 +25,8 @@ test split. Training batches are a pure function of (seed, step); held-out image
 "caption" interface (`attnzoo.models.registry`): a model is built with `(config, vocab,
 max_len, image_size, channels)` and offers
 
-- `forward(images, tokens_in, lengths, sample=..., generator=...)` -> an output with
+- `forward(images, tokens_in, lengths, sample=..., generator=..., step=...)` (step: the
+  training step, or None outside training) -> an output with
   `log_probs` (batch, steps, vocab), `penalty` (a summed regulariser, e.g. the doubly
   stochastic term, over the `lengths` real steps), `weights` (batch, steps, L) over the
   feature map's L = `grid[0] * grid[1]` cells or None (no attention), `grid`; a hard-attention
@@ -369,7 +370,9 @@ class DigitCaptionsTask:
         minus a moving-average baseline, with an entropy bonus, counted on real steps of the
         images that sampled (not those that attended by expectation, `out.expected`)."""
         g = sampling_generator(batch.images.device).manual_seed(self.seed * 7 + batch.step)
-        out = model(batch.images, batch.tokens_in, batch.lengths, sample=True, generator=g)
+        out = model(
+            batch.images, batch.tokens_in, batch.lengths, sample=True, generator=g, step=batch.step
+        )
         real = batch.tokens_out != PAD  # (b, t)
         token_ll = out.log_probs.gather(-1, batch.tokens_out.unsqueeze(-1)).squeeze(-1)
         token_ll = token_ll * real  # (b, t)
