@@ -64,6 +64,10 @@ SIZES = {
              {128: (30, 3), 512: (12, 2), 2048: (3, 1), 4096: (1, 0)}),
     "smoke": (2, 16, (64,), 32, 16, 64, (2, 32, 4, (32,)), (1, 256), 1 / 32, {}),
 }  # fmt: skip
+# d_key != d_value: (batch, length, d_key, d_value) of a Self-Attention GAN block (C = 16
+# channels at 16 x 16: f and g C / 8 wide, h C wide), the shape `_sdpa` pads for the kernel
+# and its (repeats, warm-up)
+UNEQUAL = {"full": (64, 256, 2, 16, (20, 2)), "smoke": (2, 32, 2, 16, (2, 1))}
 METHOD = {
     "dtype": "float32",
     FWD: "forward under torch.no_grad()",
@@ -85,15 +89,30 @@ def experiments(budget: str) -> list[Experiment]:
     batch, d, lengths, h, keras_h, target, mha, long, budget_gib, repeats = SIZES[budget]
     full, out = budget == "full", []
 
-    def add(score, mode, batch, length, d, h=None, heads=None, tag="", impls=()):
+    def add(
+        score,
+        mode,
+        batch,
+        length,
+        d,
+        h=None,
+        heads=None,
+        tag="",
+        impls=(),
+        d_value=None,
+        rounds=None,
+    ):
         peers = impls or PEERS.get(score, ["plain", "sdpa"])
         params = dict(score=score, mode=mode, batch=batch, length=length, d=d, d_hidden=h)
         params |= dict(heads=heads, impls=["attnzoo", *peers], tag=tag, budget_gib=budget_gib)
-        params |= dict(zip(("repeats", "warmup"), repeats.get(length, (2, 1)), strict=True))
+        if d_value:
+            params["d_value"] = d_value
+        rounds = rounds or repeats.get(length, (2, 1))
+        params |= dict(zip(("repeats", "warmup"), rounds, strict=True))
         # the smoke run measures the memory of what the additive targets read
         params["memory"] = full or bool(tag and score == "additive" and mode == TRAIN)
-        hidden = f"-h{h}" if h else ""
-        group = "long" if tag == "long" else score
+        hidden = f"-h{h}" if h else f"-k{d}v{d_value}" if d_value else ""
+        group = tag if tag in ("long", "unequal") else score
         # CPU-minutes: the earlier full run took 414 s at 2 threads over its 47 experiments
         out.append(Experiment(f"{score}{hidden}-{mode}-L{length}", group, params, minutes=0.3))
 
@@ -108,10 +127,13 @@ def experiments(budget: str) -> list[Experiment]:
                 matched = "matched" * bool(tag)
                 add("additive", mode, batch, n, d, keras_h, None, matched, ["keras_additive"])
     add("additive", TRAIN, *long, d, h, None, "long")
+    b, n, d_key, d_value, rounds = UNEQUAL[budget]
+    for mode in (FWD, TRAIN):
+        add("dot", mode, b, n, d_key, tag="unequal", d_value=d_value, rounds=rounds)
     for n in mha[3]:
         for mode in (FWD, TRAIN) if full else (TRAIN,):
             add("mha", mode, mha[0], n, mha[1], None, mha[2], "target" * (n == max(mha[3])))
-    order = {group: i for i, group in enumerate([*SCORES, "long", "mha"])}  # the tables' order
+    order = {group: i for i, group in enumerate([*SCORES, "long", "unequal", "mha"])}
     return sorted(
         out, key=lambda e: (order[e.group], -(e.params["d_hidden"] or 0), e.params["mode"])
     )
@@ -171,7 +193,9 @@ def _score(s: dict, train: bool):
     """(forward, leaves, output shape) of one implementation of a score."""
     impl, d = s["impl"], s["d"]
     shape = (s["batch"], 1, s["length"], d) if impl == "sdpa" else (s["batch"], s["length"], d)
-    q, k, v = (torch.randn(shape, requires_grad=train) for _ in range(3))
+    q, k = (torch.randn(shape, requires_grad=train) for _ in range(2))
+    shape = (*shape[:-1], s.get("d_value", d))
+    v = torch.randn(shape, requires_grad=train)
     module = scores.make_score(s["score"], d, d, d_hidden=s["d_hidden"], max_keys=s["length"])
     leaves = [q, k, v, *module.parameters()]
     if impl == "attnzoo":
@@ -271,6 +295,7 @@ def derive(summary: dict) -> dict[str, dict]:
     for score in DOT_FAMILY:
         for mode in (FWD, TRAIN):
             ids = [i for i, p in params.items() if (p.get("score"), p.get("mode")) == (score, mode)]
+            ids = [i for i in ids if "d_value" not in params[i]]  # those are `unequal`'s
             key = "impls.sdpa.ratio.median"
             worst, best = (extreme(summary, ids, key, pick) for pick in (max, min))
             out[f"{score}-{mode}"] = dict(worst=worst, best=best)
@@ -289,6 +314,13 @@ def derive(summary: dict) -> dict[str, dict]:
         "long_peak_gib": div(get(long, "impls.attnzoo.peak_mib"), 1024),
         **{f"long_{key}": q.get(key) for key in ("batch", "length", "d_hidden")},
     }
+    for mode in (FWD, TRAIN):
+        u = find("dot", "unequal", mode)
+        out[f"unequal-{mode}"] = {
+            **{key: u["params"].get(key) for key in ("batch", "length", "d", "d_value")},
+            "time_over_sdpa": get(u, "impls.sdpa.ratio.median"),
+            "time_over_plain": get(u, "impls.plain.ratio.median"),
+        }
     m = find("mha", "target")
     peers = [get(m, f"impls.{i}.ratio.median") for i in ("torch_mha", "keras_mha")]
     out["mha"] = {
@@ -316,6 +348,11 @@ TARGETS = targets(
     (f"mha {TRAIN} with weights: attnzoo_weights / torch_mha_weights time", "mha",
      "weights_time_over_torch", "<=", 0.8),
 )  # fmt: skip
+TARGETS += targets(
+    "core: d_key != d_value padded for SDPA's kernel (`scores._sdpa`)",
+    *((f"dot {m}, d_key != d_value: attnzoo / sdpa time", f"unequal-{m}", "time_over_sdpa",
+       "<=", 0.8) for m in (FWD, TRAIN)),
+)  # fmt: skip
 SUMMARY = [("score, mode", "id"), ("worst", "worst", 3), ("best", "best", 3)]
 DETAIL = [("score", "params.score"), ("d_hidden", "params.d_hidden"), ("batch", "params.batch")]
 DETAIL += [("length", "params.length"), ("mode", "params.mode"), ("implementation", "each")]
@@ -323,6 +360,8 @@ DETAIL += [("ms: median (quartiles)", "each.ms", 3, "iqr"), ("peak MiB", "each.p
 DETAIL.insert(-1, ("attnzoo / it: median (range)", "each.ratio", 3, "range"))
 TABLES = [Table("summary", SUMMARY, ids=[f"{s}-{m}" for s in DOT_FAMILY for m in (FWD, TRAIN)])]
 TABLES += [Table("detail", DETAIL, groups=[*SCORES, "long", "mha"], each="impls")]
+UNEQUAL_COLUMNS = [("d_key", "params.d"), ("d_value", "params.d_value"), *DETAIL[2:]]
+TABLES += [Table("unequal", UNEQUAL_COLUMNS, groups=["unequal"], each="impls")]
 BENCH = Bench("attention", __file__, experiments, worker, TARGETS, TABLES, derive=derive,
               threads=2, jobs={"full": 1, "smoke": 2}, method=METHOD, step=build_step)  # fmt: skip
 

@@ -159,15 +159,16 @@ def derive(summary: dict) -> dict:
     return {"paper": paper, "setup": setup, "compare": compare}
 
 
-SHOWN = ("soft-lambda0", "hard")  # the figure's rows: the best soft variant, then hard
+SHOWN = ("soft-lambda0", "hard", "hard-warmup")  # the figure's rows: soft, then hard ones
 
 
 def figures(data: dict, folder: Path) -> list[Path]:
-    """Seed 0's soft (`SHOWN`) and hard models over the same test images: each word's
-    attention overlaid, soft on one row and hard below it (Xu 2015, Fig. 2/3), when both runs
-    exist."""
+    """Seed 0's soft and hard models (`SHOWN`, those whose run exists; soft and one hard at
+    least) over the same test images: each word's attention overlaid, one row per model (Xu
+    2015, Fig. 2/3); a hard row shows the cell each word sampled."""
     runs_dir = {v: C.bench_run_dir("show_attend_tell", v) for v in SHOWN}
-    if not all((d / "final.json").exists() for d in runs_dir.values()):
+    shown = [v for v, d in runs_dir.items() if (d / "final.json").exists()]
+    if SHOWN[0] not in shown or len(shown) < 2:
         return []
     import torch
 
@@ -176,14 +177,14 @@ def figures(data: dict, folder: Path) -> list[Path]:
     from attnzoo.viz.captions import caption_attention_figure
 
     drawn = {}
-    for variant, run_dir in runs_dir.items():
-        _, task, model = runs.load_run(run_dir, device="cpu")
+    for variant in shown:
+        _, task, model = runs.load_run(runs_dir[variant], device="cpu")
         model.eval()
         g = sampling_generator(torch.device("cpu")).manual_seed(0)
         drawn[variant] = task.attend(model, 3, g)
     rows = []
     for k in range(3):
-        for variant in SHOWN:
+        for variant in shown:
             images, _, predictions, weights, grid = drawn[variant]
             rows.append((images[k, 0], [*predictions[k], "<end>"], weights[k], grid, variant))
     fig = caption_attention_figure(rows)

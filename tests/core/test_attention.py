@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 
 import attnzoo
 from attnzoo import PreparedKey, attention, prepare_key, scores
+from attnzoo.core.scores import _PAD_MAX_DIM
 from tests.core.reference import ref_attention, ref_logits
 from tests.core.test_scores import make
 
@@ -24,7 +25,9 @@ def geometric(i, j, causal, window):
 @pytest.mark.parametrize("return_weights", [False, True])
 @pytest.mark.parametrize(("i", "j", "heads"), [(7, 17, False), (17, 7, True), (1, 143, False)])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d_value", [5, 6])  # SDPA on the CPU: its math backend, its kernel
+# d_key is 6; on the CPU the dot family's SDPA: d_value 5 and 13 padded to the kernel (value,
+# then query and key), 6 the kernel as it is, the widest the math backend
+@pytest.mark.parametrize("d_value", [5, 6, 13, _PAD_MAX_DIM + 8])
 def test_every_path_equals_float64_reference(name, return_weights, i, j, heads, causal, d_value):
     score, params = make(name)
     lead = (2, 3) if heads else (2,)
@@ -40,8 +43,31 @@ def test_every_path_equals_float64_reference(name, return_weights, i, j, heads, 
         assert out.weights is None
 
 
+@pytest.mark.parametrize(("d_key", "d_value"), [(2, 16), (6, 5), (6, _PAD_MAX_DIM + 1)])
+def test_unequal_key_and_value_widths_reach_the_kernel_padded_up_to_the_limit(
+    monkeypatch, d_key, d_value
+):
+    """SDPA's CPU kernel wants d_key == d_value: up to `_PAD_MAX_DIM` the narrower side is
+    padded with zero columns (the kernel then runs, not the math path holding every logit),
+    beyond it the call goes as it is; the output has d_value columns either way."""
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append((q.shape[-1], k.shape[-1], v.shape[-1]))
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    q, k, v = torch.randn(2, 7, d_key), torch.randn(2, 17, d_key), torch.randn(2, 17, d_value)
+    out = attention(q, k, v, score="dot").context
+    assert out.shape == (2, 7, d_value)
+    width = max(d_key, d_value)
+    padded = width <= _PAD_MAX_DIM
+    assert seen == [(width, width, width) if padded else (d_key, d_key, d_value)]
+
+
 @pytest.mark.parametrize("name", ["dot", "scaled_dot", "general", "cosine"])
-@pytest.mark.parametrize("d_value", [3, 6])
+@pytest.mark.parametrize("d_value", [3, 6, 13, _PAD_MAX_DIM + 8])  # as above
 @pytest.mark.parametrize("causal", [False, True])
 def test_strided_views_follow_the_float64_reference_with_gradients(name, d_value, causal):
     """Query, key and value as transposed views (last stride != 1, as a convolution's

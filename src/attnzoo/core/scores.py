@@ -128,6 +128,7 @@ class DotFamily(Score):
 
 _HALF = (torch.bfloat16, torch.float16)
 _MATH_MAX_KEYS = 128
+_PAD_MAX_DIM = 32  # pad d_key or d_value to the other up to this width (`_sdpa`)
 
 
 def _sdpa(q, k, value, mask, is_causal, dropout, scale):
@@ -148,10 +149,30 @@ def _sdpa(q, k, value, mask, is_causal, dropout, scale):
                 q, k, value, mask, dropout, is_causal, scale=scale
             )
     else:
+        d_value = value.shape[-1]
+        if q.device.type == "cpu":
+            q, k, value = _kernel_ready(q, k, value)
         context = F.scaled_dot_product_attention(
             q, k, value, mask, dropout, is_causal, scale=scale
-        )  # (b, h|1, i, d)
+        )[..., :d_value]  # (b, h|1, i, d_value)
     return context.squeeze(1) if squeeze else context
+
+
+def _kernel_ready(q, k, value):
+    """q, k, value as SDPA's CPU kernel takes them; otherwise it runs the math path, which
+    holds every (i, j) logit (`benchmarks/bench_attention.py`, rows `unequal`):
+    - d_key != d_value: zero columns make them equal and change no logit (the scale is passed)
+      and no output (sliced back), up to `_PAD_MAX_DIM` columns: measured 1.7-5x faster at
+      d 2 -> 16 over 64-256 keys; from 64 columns on the padded products cost more than the
+      math path's memory traffic;
+    - unit stride in the last dimension: a (b, C, N) -> (b, N, C) view of a convolution's
+      output took the math path at twice the time; copying it costs O(length d)."""
+    d_key, d_value = k.shape[-1], value.shape[-1]
+    width = max(d_key, d_value)
+    if d_key != d_value and width <= _PAD_MAX_DIM:
+        q, k = F.pad(q, (0, width - d_key)), F.pad(k, (0, width - d_key))
+        value = F.pad(value, (0, width - d_value))
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, value))
 
 
 def _check_dims(name: str, d_query: int, d_key: int) -> None:
