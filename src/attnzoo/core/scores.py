@@ -149,18 +149,21 @@ def _sdpa(q, k, value, mask, is_causal, dropout, scale):
                 q, k, value, mask, dropout, is_causal, scale=scale
             )
     else:
-        d_value = value.shape[-1]
+        d_value = None  # the output's width, where the value is padded
         if q.device.type == "cpu":
-            q, k, value = _kernel_ready(q, k, value)
+            q, k, value, d_value = _kernel_ready(q, k, value)
         context = F.scaled_dot_product_attention(
             q, k, value, mask, dropout, is_causal, scale=scale
-        )[..., :d_value]  # (b, h|1, i, d_value)
+        )  # (b, h|1, i, d)
+        if d_value is not None:
+            context = context[..., :d_value]
     return context.squeeze(1) if squeeze else context
 
 
 def _kernel_ready(q, k, value):
-    """q, k, value as SDPA's CPU kernel takes them; otherwise it runs the math path, which
-    holds every (i, j) logit (`benchmarks/bench_attention.py`, rows `unequal`):
+    """(q, k, value as SDPA's CPU kernel takes them, the value's width where it was padded or
+    None); otherwise the kernel runs its math path, which holds every (i, j) logit
+    (`benchmarks/bench_attention.py`, rows `unequal`). About 1 us per call (checks):
     - d_key != d_value: zero columns make them equal and change no logit (the scale is passed)
       and no output (sliced back), up to `_PAD_MAX_DIM` columns: measured 1.7-5x faster at
       d 2 -> 16 over 64-256 keys; from 64 columns on the padded products cost more than the
@@ -168,11 +171,13 @@ def _kernel_ready(q, k, value):
     - unit stride in the last dimension: a (b, C, N) -> (b, N, C) view of a convolution's
       output took the math path at twice the time; copying it costs O(length d)."""
     d_key, d_value = k.shape[-1], value.shape[-1]
-    width = max(d_key, d_value)
-    if d_key != d_value and width <= _PAD_MAX_DIM:
+    cut = None  # the value's width when it is padded
+    if d_key != d_value and (width := max(d_key, d_value)) <= _PAD_MAX_DIM:
         q, k = F.pad(q, (0, width - d_key)), F.pad(k, (0, width - d_key))
-        value = F.pad(value, (0, width - d_value))
-    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, value))
+        value, cut = F.pad(value, (0, width - d_value)), d_value
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or value.stride(-1) != 1:
+        q, k, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, value))
+    return q, k, value, cut
 
 
 def _check_dims(name: str, d_query: int, d_key: int) -> None:
