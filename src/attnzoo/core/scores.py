@@ -162,8 +162,8 @@ def _sdpa(q, k, value, mask, is_causal, dropout, scale):
 
 def _kernel_ready(q, k, value):
     """(q, k, value as SDPA's CPU kernel takes them, the value's width where it was padded or
-    None); otherwise the kernel runs its math path, which holds every (i, j) logit
-    (`benchmarks/bench_attention.py`, rows `unequal`). About 1 us per call (checks):
+    None). Otherwise SDPA runs its math path, which holds every (i, j) logit
+    (`benchmarks/bench_attention.py`, rows `unequal`); the checks cost about 1 us a call.
     - d_key != d_value: zero columns make them equal and change no logit (the scale is passed)
       and no output (sliced back), up to `_PAD_MAX_DIM` columns: measured 1.7-5x faster at
       d 2 -> 16 over 64-256 keys; from 64 columns on the padded products cost more than the

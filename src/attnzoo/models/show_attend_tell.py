@@ -39,7 +39,9 @@ Note:
       the annotations vary least, the background, and the policy never finds the digits.
       `expectation_warmup` W (0 by default: the paper's constant mix) reads every caption by
       expectation at the first step and lowers that share linearly to `expectation_rate`
-      over W steps: where to look is learned through the expectation's gradient first.
+      over W steps, so the expectation's gradient can find the digits before sampled cells
+      have to pay for themselves; in the benchmark it does on some seeds only
+      (docs/show_attend_tell.md, row hard-warmup).
     - lambda defaults to 0.1, not the paper's 1: with T ~ 12 words and L = 64 cells, the term
       (summed per caption, as the log-likelihood is) pushes attention to spread over every
       cell, and at 1 it outweighs the caption's log-likelihood once that is learned.
