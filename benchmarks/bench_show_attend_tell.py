@@ -150,6 +150,9 @@ def derive(summary: dict) -> dict:
         "warmup_hard_minus_soft_exact_match": C.paired(
             summary, "exact_match_pct", "hard-warmup", "soft"
         ),
+        "warmup_hard_minus_hard_exact_match": C.paired(
+            summary, "exact_match_pct", "hard-warmup", "hard"
+        ),
         "from_soft_hard_minus_soft_exact_match": C.paired(
             summary, "exact_match_pct", "hard-from-soft", "soft-lambda0"
         ),
