@@ -24,8 +24,8 @@ beside the uniform baseline (box area / canvas area):
   (`train.init_from`) and trains on with the captioner, at the same steps and batch;
 - hard-warmup: hard attention from scratch whose share of captions read by expectation starts
   at 1 and falls linearly to the paper's 0.5 over `WARMUP_STEPS` of its steps
-  (`model.expectation_warmup`): a caption read by expectation learns where to look before
-  sampled cells have to pay for themselves;
+  (`model.expectation_warmup`): can captions read by expectation learn where to look before
+  sampled cells have to pay for themselves (on some seeds they do)?
 - hard-from-soft: hard attention started from the whole `soft-lambda0` model (its run of the
   same seed), then `FROM_SOFT_STEPS` steps of hard training: does hard attention keep, and read
   from, the places soft attention learned to look, where from scratch it never finds them?
