@@ -29,7 +29,8 @@ beside the uniform baseline (box area / canvas area):
 - hard-from-soft: hard attention started from the whole `soft-lambda0` model (its run of the
   same seed), then `FROM_SOFT_STEPS` steps of hard training: does hard attention keep, and read
   from, the places soft attention learned to look, where from scratch it never finds them?
-  Its steps come on top of soft-lambda0's.
+  Its steps come on top of soft-lambda0's. hard-from-soft-pretrained: the same from
+  `soft-lambda0-pretrained`, the best soft row.
 
 Every row trains for the task's default budget (`FULL`). The committed JSON has the rule's
 `SEEDS` for some rows (`--only ID --seeds 3`) and one seed for the others (`--seeds 1`); the
@@ -63,7 +64,8 @@ PRETRAINED = {  # id: the row it starts from the encoder row
 }
 ENCODER = ["train.steps=3000", "train.batch_size=64"]  # the classifier's budget on `mnist`
 WARMUP_STEPS = 4000  # hard-warmup's steps from all captions by expectation to the paper's mix
-FROM_SOFT_STEPS = 1500  # hard-from-soft's own steps, after soft-lambda0's
+FROM_SOFT_STEPS = 1500  # the hard-from-* rows' own steps, after their soft row's
+FROM_SOFT = {"hard-from-soft": "soft-lambda0", "hard-from-soft-pretrained": "soft-lambda0-pretrained"}
 SEEDS = 3  # the project's rule for a trained comparison (not every row has them yet)
 SMOKE = ["train.steps=3", "train.batch_size=4", "task.n_test=8", "task.n_valid=8"]
 SMOKE += ["model.hidden=16", "model.embed_dim=8", "model.attn_hidden=8", "train.checkpoint_every=2"]
@@ -103,8 +105,9 @@ def experiments(budget: str) -> list[Experiment]:
     params = {"model": MODELS["hard"], "sets": [*sets, warmup]}
     found.append(Experiment("hard-warmup", "captions", params, seeds, minutes))
     own = [x for x in sets if not x.startswith("train.steps=")] + [f"train.steps={FROM_SOFT_STEPS}"]
-    params = {"model": MODELS["hard"], "sets": sets if smoke else own, "init_from": "soft-lambda0"}
-    found.append(Experiment("hard-from-soft", "captions", params, seeds, minutes / 4))
+    for id, source in FROM_SOFT.items():
+        params = {"model": MODELS["hard"], "sets": sets if smoke else own, "init_from": source}
+        found.append(Experiment(id, "captions", params, seeds, minutes / 4))
     return found
 
 
@@ -153,9 +156,12 @@ def derive(summary: dict) -> dict:
         "warmup_hard_minus_hard_exact_match": C.paired(
             summary, "exact_match_pct", "hard-warmup", "hard"
         ),
-        "from_soft_hard_minus_soft_exact_match": C.paired(
-            summary, "exact_match_pct", "hard-from-soft", "soft-lambda0"
-        ),
+        **{
+            f"{id.removeprefix('hard-').replace('-', '_')}_hard_minus_soft_exact_match": C.paired(
+                summary, "exact_match_pct", id, source
+            )
+            for id, source in FROM_SOFT.items()
+        },
         "baseline_params_over_soft": C.paired(summary, "params", "none", "soft", operator.truediv),
     }
     paper = {f"{d}_{v}_bleu4": b[v] for d, b in PAPER.items() for v in b}
