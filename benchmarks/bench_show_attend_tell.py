@@ -65,7 +65,8 @@ PRETRAINED = {  # id: the row it starts from the encoder row
 ENCODER = ["train.steps=3000", "train.batch_size=64"]  # the classifier's budget on `mnist`
 WARMUP_STEPS = 4000  # hard-warmup's steps from all captions by expectation to the paper's mix
 FROM_SOFT_STEPS = 1500  # the hard-from-* rows' own steps, after their soft row's
-FROM_SOFT = {"hard-from-soft": "soft-lambda0", "hard-from-soft-pretrained": "soft-lambda0-pretrained"}
+FROM_SOFT = {"hard-from-soft": "soft-lambda0"}  # id: the soft row it starts from
+FROM_SOFT["hard-from-soft-pretrained"] = "soft-lambda0-pretrained"
 SEEDS = 3  # the project's rule for a trained comparison (not every row has them yet)
 SMOKE = ["train.steps=3", "train.batch_size=4", "task.n_test=8", "task.n_valid=8"]
 SMOKE += ["model.hidden=16", "model.embed_dim=8", "model.attn_hidden=8", "train.checkpoint_every=2"]
