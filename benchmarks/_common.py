@@ -56,6 +56,11 @@ class Experiment:
     `minutes`: CPU-minutes one seed takes at this budget (`attnzoo repro --list`).
     `unit`: experiments sharing a unit (the sides of a matched comparison) are prepared
     together by `Bench.prepare` and re-run together: a re-run of one side re-runs every side.
+    `needs`: ids of experiments whose finished run this one builds on (a classifier, a
+    pre-trained model): the run of the same seed where that experiment has more than one seed,
+    else its seed 0. The driver runs a needed run first when its folder has none (or when it
+    runs again anyway), starts this one once it has finished, and gives the worker its folder
+    (`sibling_run`).
     """
 
     id: str
@@ -64,6 +69,7 @@ class Experiment:
     seeds: int = 1
     minutes: float = 0.0
     unit: str = ""
+    needs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,7 @@ class Context:
     budget: str
     run_dir: Path  # runs/bench/<bench>/<id>/seed<k> (or the --runs folder's)
     extra: dict = field(default_factory=dict)  # `Bench.prepare`'s values for this experiment
+    needs: dict = field(default_factory=dict)  # {needed experiment id: its run folder}
 
 
 @dataclass
@@ -504,6 +511,35 @@ def _in_child(bench: Bench, kind: str, payload: Mapping[str, Any]) -> None:
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
+def _needed(
+    experiments: Sequence[Experiment], e: Experiment, seed: int, override: int | None
+) -> list[tuple[Experiment, int]]:
+    """The (experiment, seed) runs that `e`'s run of `seed` builds on (`Experiment.needs`)."""
+    by_id = {x.id: x for x in experiments}
+    return [(by_id[n], seed if _seeds(by_id[n], override) > 1 else 0) for n in e.needs]
+
+
+def _with_needs(bench, experiments, todo, override, runs: Path) -> list[tuple[Experiment, int]]:
+    """todo with each needed run that has no finished run in its folder added, every needed
+    run before the runs that need it (the pool takes them in this order)."""
+    ordered: list[tuple[Experiment, int]] = []
+
+    def add(item: tuple[Experiment, int]) -> None:
+        for need in _needed(experiments, *item, override):
+            n, s = need
+            if need not in todo and need not in ordered:
+                if (runs / bench.name / n.id / f"seed{s}" / "final.json").exists():
+                    continue
+                print(f"[{bench.name}] {n.id} seed {s} runs first: {item[0].id} needs its run")
+            add(need)
+        if item not in ordered:
+            ordered.append(item)
+
+    for item in todo:
+        add(item)
+    return ordered
+
+
 def _listing(bench: Bench, experiments: list[Experiment], args: Any) -> dict[str, Any]:
     """CPU-minutes of each experiment: declared, else timed by its current rows, else untimed."""
     path = (args.results or ROOT / "benchmarks/results") / f"{bench.name}.json"
@@ -657,13 +693,34 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         todo += [(e, s) for e in sides for s in range(_seeds(e, args.seeds)) if (e, s) not in todo]
     save = _Saver(bench, experiments, args.budget, path, base, fresh)
     save([])  # a new calibration is kept at once: an interrupted unit resumes under it
+    todo = _with_needs(bench, experiments, todo, args.seeds, runs)
+    finished = {(e.id, seed): threading.Event() for e, seed in todo}
+    failed: set[tuple[str, int]] = set()  # (id, seed) whose run failed
 
     def run_one(item: tuple[Experiment, int]) -> dict[str, Any]:
         e, seed = item
+        failed.add((e.id, seed))  # until its row is saved ok; the runs that need it wait
+        try:
+            row = run_row(e, seed)
+            if row["status"] == STATUS_OK:
+                failed.discard((e.id, seed))
+            return row
+        finally:
+            finished[e.id, seed].set()
+
+    def run_row(e: Experiment, seed: int) -> dict[str, Any]:
         ctx = dict(id=e.id, seed=seed, budget=args.budget, extra=extra.get(e.id, {}))
         ctx["run_dir"] = str(runs / bench.name / e.id / f"seed{seed}")
+        needs = _needed(experiments, e, seed, args.seeds)
+        ctx["needs"] = {n.id: str(runs / bench.name / n.id / f"seed{s}") for n, s in needs}
+        for n, s in needs:  # taken from the queue before this one (`_with_needs`' order)
+            if (n.id, s) in finished:
+                finished[n.id, s].wait()
         start = time.perf_counter()
-        result = _run_child(bench, "worker", {"params": dict(e.params), "ctx": ctx})
+        if lost := [f"{n.id} seed {s}" for n, s in needs if (n.id, s) in failed]:
+            result = {"status": STATUS_ERROR, "error": f"not run: {', '.join(lost)} failed"}
+        else:
+            result = _run_child(bench, "worker", {"params": dict(e.params), "ctx": ctx})
         seconds = time.perf_counter() - start
         print(
             f"[{bench.name}] {e.id} seed {seed}: {result['status']} ({seconds:.0f} s)", flush=True
@@ -1004,10 +1061,11 @@ def bench_run_dir(bench: str, experiment_id: str, seed: int = 0) -> Path:
     return ROOT / "runs" / "bench" / bench / experiment_id / f"seed{seed}"
 
 
-def sibling_run(ctx: Context, experiment_id: str, seed: int = 0) -> Path:
-    """The finished run (of `seed`) of another experiment of the same bench, beside this row's
-    in the same runs folder: a run this row builds on (a classifier, a pre-trained encoder)."""
-    run = Path(ctx.run_dir).parents[1] / experiment_id / f"seed{seed}"
+def sibling_run(ctx: Context, experiment_id: str) -> Path:
+    """The finished run of an experiment this row `needs` (the driver ran it first)."""
+    if experiment_id not in ctx.needs:
+        raise ValueError(f"{ctx.id!r} does not declare {experiment_id!r} in Experiment.needs")
+    run = Path(ctx.needs[experiment_id])
     if not (run / "final.json").exists():
         raise RuntimeError(f"{run} has no finished run: run the {experiment_id!r} row first")
     return run.resolve()

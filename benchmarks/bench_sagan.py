@@ -49,6 +49,9 @@ SMOKE += ["task.n_fid=20", "train.checkpoint_every=1"]
 PAPER = {"imagenet_fid": 18.65, "imagenet_is": 52.52}
 
 
+NEEDS = ("classifier",)  # the FID's features and the class accuracy: the classifier's run
+
+
 def experiments(budget: str) -> list[Experiment]:
     smoke = budget == "smoke"
     classifier = {"model": "convnet", "task": "mnist"}
@@ -58,9 +61,10 @@ def experiments(budget: str) -> list[Experiment]:
     for model in MODELS:
         params = {"model": model, "task": "gan_mnist", "sets": SMOKE if smoke else FULL}
         seeds, cost = (1, 0.2) if smoke else (SEEDS, MINUTES[model])
-        rows.append(Experiment(model, "gan", params, seeds, cost))
+        rows.append(Experiment(model, "gan", params, seeds, cost, needs=NEEDS))
     floor_sets = ["task.n_fid=20"] if smoke else []
-    rows.append(Experiment("floor", "floor", {"sets": floor_sets}, 1, minutes["floor"]))
+    floor = Experiment("floor", "floor", {"sets": floor_sets}, 1, minutes["floor"], needs=NEEDS)
+    rows.append(floor)
     return rows
 
 

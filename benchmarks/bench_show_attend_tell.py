@@ -101,14 +101,14 @@ def experiments(budget: str) -> list[Experiment]:
     found.insert(0, Experiment("encoder", "encoder", encoder, 1, 0.1 if smoke else 4.0))
     for id, row in PRETRAINED.items():
         params = {**rows[row], "init_from": "encoder"}
-        found.append(Experiment(id, "captions", params, seeds, minutes))
+        found.append(Experiment(id, "captions", params, seeds, minutes, needs=("encoder",)))
     warmup = f"model.expectation_warmup={2 if smoke else WARMUP_STEPS}"
     params = {"model": MODELS["hard"], "sets": [*sets, warmup]}
     found.append(Experiment("hard-warmup", "captions", params, seeds, minutes))
     own = [x for x in sets if not x.startswith("train.steps=")] + [f"train.steps={FROM_SOFT_STEPS}"]
     for id, source in FROM_SOFT.items():
         params = {"model": MODELS["hard"], "sets": sets if smoke else own, "init_from": source}
-        found.append(Experiment(id, "captions", params, seeds, minutes / 4))
+        found.append(Experiment(id, "captions", params, seeds, minutes / 4, needs=(source,)))
     return found
 
 
@@ -116,10 +116,8 @@ def worker(params: dict, ctx: C.Context) -> dict:
     if ctx.id == "encoder":
         return C.train_worker(params["sets"], params["model"], params["task"], ctx)[0]
     sets = params["sets"]
-    if "init_from" in params:  # the encoder's one run, or the same seed's soft-lambda0 run
-        source = params["init_from"]
-        run = C.sibling_run(ctx, source, 0 if source == "encoder" else ctx.seed)
-        sets = [*sets, f"train.init_from={run}"]
+    if "init_from" in params:  # the encoder's one run, or the same seed's soft row's
+        sets = [*sets, f"train.init_from={C.sibling_run(ctx, params['init_from'])}"]
     metrics, config, _, _ = C.train_worker(sets, params["model"], "digit_captions", ctx)
     metrics["n_test"] = config["task"]["n_test"]
     return metrics

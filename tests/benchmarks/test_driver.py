@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # A bench whose worker obeys its params: "kill" kills the driver (its parent) the first time,
 # "wait_for" waits until the results JSON holds a row of that id, "wait_for_newer" until it
 # holds one of that id made under a calibration newer than the worker's own; every call is
-# logged. "u1" and "u2" are one-sided units, each calibration stamped with its time.
+# logged. "u1" and "u2" are one-sided units, each calibration stamped with its time. "user"
+# needs the runs of "src" (one seed) and "src2" (two; seed 1 fails): "src" takes a while to
+# finish its run (a final.json in its run folder), and "user" reads both through sibling_run.
 SCRIPT = textwrap.dedent(
     """
     import json, os, signal, sys, time
@@ -30,6 +32,9 @@ SCRIPT = textwrap.dedent(
             C.Experiment("b", "pair", {{}}),
             C.Experiment("u1-x", "u1", {{"wait_for_newer": "u2-x"}}, unit="u1"),
             C.Experiment("u2-x", "u2", {{}}, unit="u2"),
+            C.Experiment("src", "src", {{"run": 1, "sleep": 5.0}}),
+            C.Experiment("src2", "src", {{"run": 1, "fail_seed": 1}}, seeds=2),
+            C.Experiment("user", "user", {{}}, seeds=2, needs=("src", "src2")),
         ]
 
     def prepare(unit, budget):
@@ -40,8 +45,15 @@ SCRIPT = textwrap.dedent(
         return json.loads(path.read_text()) if path.exists() else {{}}
 
     def worker(params, ctx):
+        needs = [f"{{n}}:{{C.sibling_run(ctx, n).name}}" for n in sorted(ctx.needs)]
         with open(HERE / "calls.log", "a") as log:
-            log.write(f"{{ctx.id}} {{ctx.seed}}\\n")
+            log.write(" ".join([ctx.id, str(ctx.seed), *needs]) + "\\n")
+        if params.get("fail_seed") == ctx.seed:
+            raise RuntimeError("this seed fails")
+        time.sleep(params.get("sleep", 0))
+        if params.get("run"):
+            Path(ctx.run_dir).mkdir(parents=True)
+            (Path(ctx.run_dir) / "final.json").write_text("{{}}")
         if params.get("kill_seed") == ctx.seed and not (HERE / "killed").exists():
             (HERE / "killed").touch()
             os.kill(os.getppid(), signal.SIGKILL)
@@ -142,3 +154,27 @@ def test_a_call_keeps_the_rows_of_a_unit_another_call_calibrated_meanwhile(tmp_p
     for unit in ("u1", "u2"):  # each row under its unit's newest calibration
         (row,) = [r for r in data["rows"] if r["id"] == f"{unit}-x"]
         assert row["extra"] == data["calibrations"][unit]["extra"][f"{unit}-x"]
+
+
+def test_a_row_runs_after_the_runs_it_needs_which_run_first_when_missing(tmp_path):
+    script = _script(tmp_path)
+    done = subprocess.run(
+        [*_command(script, "user"), "--jobs", "2"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "src seed 0 runs first: user needs its run" in done.stdout
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    # each "user" run started after the runs it needs had finished (sibling_run found them):
+    # the one-seed "src" run for both seeds, "src2" of the same seed
+    assert "user 0 src:seed0 src2:seed0" in calls
+    assert sorted(calls) == ["src 0", "src2 0", "src2 1", "user 0 src:seed0 src2:seed0"]
+    data = json.loads((tmp_path / "results" / "toy.json").read_text())
+    status = {(r["id"], r["seed"]): (r["status"], r.get("error", "")) for r in data["rows"]}
+    assert status["user", 0] == ("ok", "")
+    assert status["user", 1] == ("error", "not run: src2 seed 1 failed")  # never started
+
+    again = subprocess.run(_command(script, "user"), capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()[4:]
+    assert calls == ["src2 1"]  # "user 1" is not run again: its need failed again
+    assert "runs first" in again.stdout and "src seed 0" not in again.stdout
