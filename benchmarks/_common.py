@@ -341,7 +341,8 @@ def stale_note(stale: Mapping[str, Mapping[int, str]], ids: Sequence[str]) -> st
         return ""
     return (
         f"{STALE_MARK} Rows made under other params than the bench now declares for their "
-        "experiment, shown as they ran (the driver would re-run them): "
+        "experiment, or on a run trained again since, shown as they ran (the driver would "
+        "re-run them): "
         + "; ".join(f"{i} ({', '.join(why)})" for i, why in marked.items())
         + "."
     )
@@ -409,12 +410,23 @@ def _seeds(e: Experiment, override: int | None) -> int:
     return override if override and e.seeds > 1 else e.seeds
 
 
-def _current(row: Mapping[str, Any], e: Experiment, budget: str) -> bool:
-    return _stale(row, e, budget) is None
+def _current(row: Mapping[str, Any], e: Experiment, budget: str, rows: Sequence = ()) -> bool:
+    return _stale(row, e, budget, rows) is None
 
 
-def _stale(row: Mapping[str, Any], e: Experiment, budget: str) -> str | None:
-    """Why `row` no longer stands for experiment `e` at `budget` (None: it is current)."""
+NEEDS_CHANGED = "a run it builds on was trained again since"
+
+
+def _run_digest(run_dir: str | Path) -> str | None:
+    """A digest of the run folder's final.json (None without one): which run a row measured,
+    so that a row built on it (`Experiment.needs`) can tell when that run was trained again."""
+    final = Path(run_dir) / "final.json"
+    return hashlib.sha256(final.read_bytes()).hexdigest()[:16] if final.exists() else None
+
+
+def _stale(row: Mapping[str, Any], e: Experiment, budget: str, rows: Sequence = ()) -> str | None:
+    """Why `row` no longer stands for experiment `e` at `budget` (None: it is current); with
+    the JSON's `rows`, also when a row it was built on is now of another run."""
     if row.get("status") != STATUS_OK:
         return f"status {row.get('status')}"
     if row.get("budget") != budget:
@@ -423,12 +435,17 @@ def _stale(row: Mapping[str, Any], e: Experiment, budget: str) -> str | None:
         return "its params changed"
     if not _defaults_stand(row):
         return f"the defaults changed since its stamp {row['metrics']['defaults']}"
+    for id, need in row.get("needs", {}).items():
+        now = [r.get("run") for r in rows if (r["id"], r["seed"]) == (id, need["seed"])]
+        if now and now[0] and now[0] != need["run"]:  # (rows from before the digest: unknown)
+            return NEEDS_CHANGED
     return None
 
 
 def stale_rows(data: Mapping[str, Any], experiments: Sequence[Experiment]):
     """{id: {seed: why}} of the ok rows of `data` (a results JSON) whose params are no longer
-    those the bench declares for their experiment (`_stale`'s certain kind). A changed stamp
+    those the bench declares for their experiment, or that were built on a run trained again
+    since (`_stale`'s certain kinds). A changed stamp
     of the defaults is not counted here: adding a config field changes the stamp whether or
     not its default keeps the earlier behaviour, and every such stamp in the JSON on
     2026-11-25 was of fields added with defaults that do (`train.init_from`, `task.zoom`, the
@@ -438,8 +455,12 @@ def stale_rows(data: Mapping[str, Any], experiments: Sequence[Experiment]):
     found: dict[str, dict[int, str]] = {}
     for r in data.get("rows", []):
         e = declared.get(r["id"])
-        why = _stale(r, e, data["budget"]) if e and r.get("status") == STATUS_OK else None
-        if why == "its params changed":
+        why = (
+            _stale(r, e, data["budget"], data["rows"])
+            if e and r.get("status") == STATUS_OK
+            else None
+        )
+        if why in ("its params changed", NEEDS_CHANGED):
             found.setdefault(r["id"], {})[r["seed"]] = why
     return found
 
@@ -669,7 +690,8 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         for seed in range(_seeds(e, args.seeds))
         if args.rerun
         or not any(
-            r["id"] == e.id and r["seed"] == seed and _current(r, e, args.budget) for r in rows
+            r["id"] == e.id and r["seed"] == seed and _current(r, e, args.budget, rows)
+            for r in rows
         )
     ]
     # A unit keeps its calibration while its sides' params stand, so an interrupted unit
@@ -717,6 +739,7 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
             if (n.id, s) in finished:
                 finished[n.id, s].wait()
         start = time.perf_counter()
+        built_on = {n.id: {"seed": s, "run": _run_digest(ctx["needs"][n.id])} for n, s in needs}
         if lost := [f"{n.id} seed {s}" for n, s in needs if (n.id, s) in failed]:
             result = {"status": STATUS_ERROR, "error": f"not run: {', '.join(lost)} failed"}
         else:
@@ -728,13 +751,15 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         row = {"id": e.id, "group": e.group, "seed": seed, "budget": args.budget}
         row.update(params=dict(e.params), extra=ctx["extra"], seconds=seconds, metrics={})
         row.update(cpu=cpu_model(), load_average=os.getloadavg()[0])  # rows may span machines
-        row = {**row, **result}
+        row = {**row, **result, "run": _run_digest(ctx["run_dir"])}
+        if built_on:
+            row["needs"] = built_on
         save([row])  # each finished run is in the JSON at once: killing the driver loses none
         return row
 
     for e, seed in todo:  # a row that is there but stale: say why it runs again
         for r in rows:
-            if r["id"] == e.id and r["seed"] == seed and (why := _stale(r, e, args.budget)):
+            if r["id"] == e.id and r["seed"] == seed and (why := _stale(r, e, args.budget, rows)):
                 print(f"[{bench.name}] {e.id} seed {seed} runs again: {why}", flush=True)
     print(f"[{bench.name}] {len(todo)} runs to do, {jobs} at a time", flush=True)
     with ThreadPoolExecutor(max(1, jobs)) as pool:

@@ -1,6 +1,7 @@
 """The one benchmark driver (benchmarks/_common.py `drive`) as its users run it: a script in a
 process of its own, killed part-way, or two calls of one bench at once."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -9,6 +10,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import _common  # noqa: E402
 
 # A bench whose worker obeys its params: "kill" kills the driver (its parent) the first time,
 # "wait_for" waits until the results JSON holds a row of that id, "wait_for_newer" until it
@@ -52,8 +55,8 @@ SCRIPT = textwrap.dedent(
             raise RuntimeError("this seed fails")
         time.sleep(params.get("sleep", 0))
         if params.get("run"):
-            Path(ctx.run_dir).mkdir(parents=True)
-            (Path(ctx.run_dir) / "final.json").write_text("{{}}")
+            Path(ctx.run_dir).mkdir(parents=True, exist_ok=True)  # each run a new final.json
+            (Path(ctx.run_dir) / "final.json").write_text(json.dumps(time.time_ns()))
         if params.get("kill_seed") == ctx.seed and not (HERE / "killed").exists():
             (HERE / "killed").touch()
             os.kill(os.getppid(), signal.SIGKILL)
@@ -178,3 +181,21 @@ def test_a_row_runs_after_the_runs_it_needs_which_run_first_when_missing(tmp_pat
     calls = (tmp_path / "calls.log").read_text().splitlines()[4:]
     assert calls == ["src2 1"]  # "user 1" is not run again: its need failed again
     assert "runs first" in again.stdout and "src seed 0" not in again.stdout
+
+
+def test_a_row_goes_stale_when_a_run_it_needs_is_trained_again(tmp_path):
+    script = _script(tmp_path)
+    for only in (["user"], ["src", "--rerun"]):
+        done = subprocess.run(_command(script, *only), capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    spec = importlib.util.spec_from_file_location("bench_toy", script)
+    bench_toy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_toy)
+    data = json.loads((tmp_path / "results" / "toy.json").read_text())
+    found = _common.stale_rows(data, bench_toy.experiments("full"))
+    assert found == {"user": {0: _common.NEEDS_CHANGED}}  # seed 1 never ran (its need failed)
+    again = subprocess.run(_command(script, "user"), capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert f"user seed 0 runs again: {_common.NEEDS_CHANGED}" in again.stdout
+    data = json.loads((tmp_path / "results" / "toy.json").read_text())
+    assert _common.stale_rows(data, bench_toy.experiments("full")) == {}

@@ -229,5 +229,6 @@ def test_a_table_a_template_writes_marks_the_rows_whose_params_changed(tmp_path)
     assert [x for x in lines if mark in x] == [
         line.removesuffix(f" {n} |") + f" {n}{mark} |",
         f"{mark} Rows made under other params than the bench now declares for their experiment, "
-        "shown as they ran (the driver would re-run them): addition-dram (its params changed).",
+        "or on a run trained again since, shown as they ran (the driver would re-run them): "
+        "addition-dram (its params changed).",
     ]
