@@ -342,9 +342,7 @@ def stale_note(stale: Mapping[str, Mapping[int, str]], ids: Sequence[str]) -> st
     return (
         f"{STALE_MARK} Rows made under other params than the bench now declares for their "
         "experiment, or on a run trained again since, shown as they ran (the driver would "
-        "re-run them): "
-        + "; ".join(f"{i} ({', '.join(why)})" for i, why in marked.items())
-        + "."
+        "re-run them): " + "; ".join(f"{i} ({', '.join(why)})" for i, why in marked.items()) + "."
     )
 
 

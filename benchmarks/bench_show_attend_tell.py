@@ -67,6 +67,7 @@ WARMUP_STEPS = 4000  # hard-warmup's steps from all captions by expectation to t
 FROM_SOFT_STEPS = 1500  # the hard-from-* rows' own steps, after their soft row's
 FROM_SOFT = {"hard-from-soft": "soft-lambda0"}  # id: the soft row it starts from
 FROM_SOFT["hard-from-soft-pretrained"] = "soft-lambda0-pretrained"
+EXPECTED = "exact_match_expected_pct"  # a hard model's captions decoded by expectation
 SEEDS = 3  # the project's rule for a trained comparison (not every row has them yet)
 SMOKE = ["train.steps=3", "train.batch_size=4", "task.n_test=8", "task.n_valid=8"]
 SMOKE += ["model.hidden=16", "model.embed_dim=8", "model.attn_hidden=8", "train.checkpoint_every=2"]
@@ -118,8 +119,11 @@ def worker(params: dict, ctx: C.Context) -> dict:
     sets = params["sets"]
     if "init_from" in params:  # the encoder's one run, or the same seed's soft row's
         sets = [*sets, f"train.init_from={C.sibling_run(ctx, params['init_from'])}"]
-    metrics, config, _, _ = C.train_worker(sets, params["model"], "digit_captions", ctx)
+    metrics, config, task, model = C.train_worker(sets, params["model"], "digit_captions", ctx)
     metrics["n_test"] = config["task"]["n_test"]
+    if params["model"] == MODELS["hard"] and EXPECTED not in metrics:
+        # a run evaluated before the task reported it: its model evaluated again for it
+        metrics[EXPECTED] = task.evaluate(model)[EXPECTED]
     return metrics
 
 
@@ -217,7 +221,7 @@ TARGETS = targets(
     ("hard-pretrained: exact match within five points of soft-lambda0-pretrained", "compare",
      "pretrained_hard_minus_soft_exact_match", ">=", -5),
 )  # fmt: skip
-SCORES = columns("row=id; exact match %=exact_match_pct", 1)
+SCORES = columns(f"row=id; exact match %=exact_match_pct; by expectation %={EXPECTED}", 1)
 SCORES += columns("BLEU-1=bleu1; BLEU-2=bleu2; BLEU-3=bleu3; BLEU-4=bleu4", 1)
 SCORES += columns("correctness=correctness; uniform=uniform_correctness", 3)
 SCORES += columns("ratio=correctness_over_uniform", 1)

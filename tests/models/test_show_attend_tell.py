@@ -181,6 +181,34 @@ def test_expectation_warmup_falls_linearly_from_one_to_the_rate():
     assert 8 <= drawn[100] <= 40  # Binomial(120, 0.2): 24 +- ~4 sd
 
 
+@torch.no_grad()
+def test_hard_decoding_by_expectation_reads_sum_alpha_a_at_every_step():
+    """`start(..., expectation=True)`: each decoding step's z_t is sum_i alpha_ti a_i (a float64
+    loop here), whatever the generator draws; sampling, the steps differ by generator."""
+    model = build(hard(**SMALL))
+    images, _, _ = inputs()
+    tokens = torch.ones(3, dtype=torch.long)
+    out = {}
+    for expectation in (True, False):
+        for seed in (0, 1):
+            g = torch.Generator().manual_seed(seed)
+            state = model.start(images, generator=g, expectation=expectation)
+            for _ in range(3):
+                log_probs, state = model.decode_step(tokens, state)
+            out[expectation, seed] = log_probs
+    torch.testing.assert_close(out[True, 0], out[True, 1], rtol=0, atol=0)
+    assert not torch.equal(out[False, 0], out[False, 1])
+    state = model.start(images, expectation=True)
+    state.h = torch.randn(state.h.shape, dtype=torch.float64)
+    z, alpha, *_ = model._attend(state, sample=True)
+    a = model.encoder(images)
+    for b in range(len(images)):
+        reference = sum(float(alpha[b, i]) * a[b, i] for i in range(a.shape[1]))
+        torch.testing.assert_close(z[b], reference, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="expectation"):
+        build(soft(**SMALL)).start(images, expectation=True)
+
+
 def test_hard_decoding_shows_the_sampled_location_one_hot():
     model = build(hard(**SMALL))
     images, _, _ = inputs()

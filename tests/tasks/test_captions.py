@@ -2,6 +2,7 @@
 the correctness metric against a pixel-level float64 reference, the loss's parts."""
 
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -182,6 +183,28 @@ def test_evaluate_reports_bleu_with_its_signature_and_correctness(task):
     assert metrics["correctness_over_uniform"] == pytest.approx(
         metrics["correctness"] / metrics["uniform_correctness"]
     )
+
+
+def test_evaluate_decodes_a_hard_model_also_by_expectation(task):
+    """A hard model's `exact_match_expected_pct` is its captions decoded by the expectation;
+    the sampled metrics are those of decoding without that pass (its own generator)."""
+    torch.manual_seed(0)
+    small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8, dropout=0.0)
+    model = ShowAttendTell(hard(**small), **task.model_dims()).eval()
+    metrics = task.evaluate(model)
+    batch, references = task.held_out("test")
+    images = batch.images[: metrics["n"]]
+    by_expectation = [detokenize(x) for x in task.decode(model, images, expectation=True)]
+    exact = sum(h == r for h, r in zip(by_expectation, references, strict=False))
+    assert metrics["exact_match_expected_pct"] == pytest.approx(100 * exact / metrics["n"])
+    # the same model under a variant name evaluate does not know as hard (it attends and
+    # samples the same way) gets no expectation pass, and the same sampled scores
+    model.config = SimpleNamespace(**{**vars(model.config), "variant": "hard, unnamed"})
+    without = task.evaluate(model)
+    assert "exact_match_expected_pct" not in without
+    assert {k: v for k, v in metrics.items() if k != "exact_match_expected_pct"} == without
+    soft_metrics = task.evaluate(ShowAttendTell(soft(**small), **task.model_dims()).eval())
+    assert "exact_match_expected_pct" not in soft_metrics
 
 
 def test_vocabulary_and_config_errors():

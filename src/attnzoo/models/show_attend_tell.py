@@ -33,8 +33,10 @@ Note:
       annotation sum_i alpha_ti a_i instead of a sampled one, so the likelihood's gradient
       reaches the location policy directly on those images; REINFORCE and the moving-average
       baseline (which tracks the whole caption's log-likelihood) count the sampled images
-      only. At evaluation the hard model always samples (from the task's seeded generator),
-      so its figures show the locations it actually used.
+      only. At evaluation the hard model samples (from the task's seeded generator), so its
+      scores and figures are those of the locations it actually used; `start(...,
+      expectation=True)` decodes by the expectation instead, as the authors' released code
+      generates captions from hard models by default (the task reports both).
     - From scratch, a sampled cell tells the decoder little, so REINFORCE learns to look where
       the annotations vary least, the background, and the policy never finds the digits.
       `expectation_warmup` W (0 by default: the paper's constant mix) reads every caption by
@@ -361,14 +363,30 @@ class ShowAttendTell(nn.Module):
             self.reward_baseline = MovingAverageBaseline(c.baseline_momentum)
 
     # ----- encoder and start -----
-    def start(self, images: torch.Tensor, generator: torch.Generator | None = None):
-        """images (b, channels, H, W) -> the decoder's first state."""
+    def start(
+        self,
+        images: torch.Tensor,
+        generator: torch.Generator | None = None,
+        *,
+        expectation: bool = False,
+    ):
+        """images (b, channels, H, W) -> the decoder's first state. `expectation` (hard
+        attention only): every step of every image attends by the expectation
+        sum_i alpha_ti a_i instead of a sampled cell, as the authors' released caption
+        generator does for hard models by default (arctic-captions, `generate_caps.py`
+        without `-sampling`)."""
         if images.dim() != 4:
             fail("ShowAttendTell", "images", "(batch, channels, H, W)", tuple(images.shape))
+        if expectation and self.config.variant != "hard":
+            fail("ShowAttendTell.start", "expectation", "False for a model without hard "
+                 "attention", f"True with variant {self.config.variant!r}")  # fmt: skip
         a = self.encoder(images)  # (b, L, D)
         mean = a.mean(1)  # (b, D)
         keys = prepare_key(self.score, a, value=a) if self.attends else None
-        return CaptionState(self.init_h(mean), self.init_c(mean), a, mean, keys, generator)
+        state = CaptionState(self.init_h(mean), self.init_c(mean), a, mean, keys, generator)
+        if expectation:
+            state.expected = torch.ones(images.shape[0], dtype=torch.bool, device=images.device)
+        return state
 
     # ----- one step -----
     def _attend(self, state: CaptionState, sample: bool):

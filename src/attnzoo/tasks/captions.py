@@ -438,12 +438,21 @@ class DigitCaptionsTask:
             )
 
     def decode(
-        self, model, images: torch.Tensor, generator=None, beam_size: int | None = None
+        self,
+        model,
+        images: torch.Tensor,
+        generator=None,
+        beam_size: int | None = None,
+        expectation: bool = False,
     ) -> list[list[int]]:
         """Captions of images (on the model's device) by the shared engine: greedy, or beam
-        search with `beam_size` (default: the eval config's)."""
+        search with `beam_size` (default: the eval config's); `expectation`: a hard model
+        attends by the expectation at every step (`ShowAttendTell.start`)."""
         device = images.device
-        state = model.start(images, generator=generator)
+        if expectation:
+            state = model.start(images, generator=generator, expectation=True)
+        else:
+            state = model.start(images, generator=generator)
         tokens = decode(
             model.decode_step,
             state,
@@ -466,15 +475,23 @@ class DigitCaptionsTask:
         attention mass inside its box at feature-map resolution, teacher-forced on the
         reference caption; for hard attention the mass of the location distribution, which is
         the chance that the sampled location lies in the box) beside `uniform_correctness`
-        (box area / canvas area) and their ratio; `n` images."""
+        (box area / canvas area) and their ratio; `n` images. A hard-attention model also
+        gets `exact_match_expected_pct`: its captions decoded by the expectation at every
+        step instead of a sampled cell (`ShowAttendTell.start`), the authors' released
+        code's default for generating captions from a hard model."""
         sacrebleu = require("sacrebleu")
         batch, references = self._limited()
         device = model_device(model)
         g = sampling_generator(device).manual_seed(self.config.seed + 17)
-        hypotheses, masses, uniforms = [], [], []
+        hard = getattr(getattr(model, "config", None), "variant", "") == "hard"
+        g_expected = sampling_generator(device).manual_seed(self.config.seed + 18)
+        hypotheses, masses, uniforms, expected = [], [], [], []
         for part in self._parts(batch):
             part = move(part, device)
             hypotheses += [detokenize(ids) for ids in self.decode(model, part.images, g)]
+            if hard:  # its own generator: the sampled scores are those of a run without it
+                ids = self.decode(model, part.images, g_expected, expectation=True)
+                expected += [detokenize(x) for x in ids]
             out = model(part.images, part.tokens_in, part.lengths, sample=True, generator=g)
             if out.weights is not None:
                 mass, uniform = correctness(out.weights.float(), part, out.grid, self.config.canvas)
@@ -487,6 +504,9 @@ class DigitCaptionsTask:
             / n,
             "n": n,
         }
+        if hard:
+            exact = sum(h == r for h, r in zip(expected, references, strict=True))
+            metrics["exact_match_expected_pct"] = 100.0 * exact / n
         for order in range(1, 5):
             scorer = sacrebleu.metrics.BLEU(max_ngram_order=order)
             metrics[f"bleu{order}"] = float(scorer.corpus_score(hypotheses, [references]).score)
