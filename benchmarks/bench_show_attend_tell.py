@@ -30,7 +30,11 @@ beside the uniform baseline (box area / canvas area):
   same seed), then `FROM_SOFT_STEPS` steps of hard training: does hard attention keep, and read
   from, the places soft attention learned to look, where from scratch it never finds them?
   Its steps come on top of soft-lambda0's. hard-from-soft-pretrained: the same from
-  `soft-lambda0-pretrained`, the best soft row.
+  `soft-lambda0-pretrained` (soft attention on the pre-trained encoder).
+
+Every hard row is also scored with its captions decoded by the expectation sum_i alpha_ti a_i
+at every step (`exact_match_expected_pct`), as the authors' released code generates captions
+from a hard model unless asked to sample.
 
 Every row trains for the task's default budget (`FULL`). The committed JSON has the rule's
 `SEEDS` for some rows (`--only ID --seeds 3`) and one seed for the others (`--seeds 1`); the
