@@ -547,7 +547,7 @@ def _with_needs(bench, experiments, todo, override, runs: Path) -> list[tuple[Ex
         for need in _needed(experiments, *item, override):
             n, s = need
             if need not in todo and need not in ordered:
-                if (runs / bench.name / n.id / f"seed{s}" / "final.json").exists():
+                if (run_folder(runs, bench.name, n.id, s) / "final.json").exists():
                     continue
                 print(f"[{bench.name}] {n.id} seed {s} runs first: {item[0].id} needs its run")
             add(need)
@@ -730,9 +730,9 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
 
     def run_row(e: Experiment, seed: int) -> dict[str, Any]:
         ctx = dict(id=e.id, seed=seed, budget=args.budget, extra=extra.get(e.id, {}))
-        ctx["run_dir"] = str(runs / bench.name / e.id / f"seed{seed}")
+        ctx["run_dir"] = str(run_folder(runs, bench.name, e.id, seed))
         needs = _needed(experiments, e, seed, args.seeds)
-        ctx["needs"] = {n.id: str(runs / bench.name / n.id / f"seed{s}") for n, s in needs}
+        ctx["needs"] = {n.id: str(run_folder(runs, bench.name, n.id, s)) for n, s in needs}
         for n, s in needs:  # taken from the queue before this one (`_with_needs`' order)
             if (n.id, s) in finished:
                 finished[n.id, s].wait()
@@ -1079,9 +1079,14 @@ def calibrate_unit(
     return prepared
 
 
+def run_folder(runs: Path, bench: str, experiment_id: str, seed: int) -> Path:
+    """The run folder of one (experiment, seed) under a runs folder (`--runs`)."""
+    return Path(runs) / bench / experiment_id / f"seed{seed}"
+
+
 def bench_run_dir(bench: str, experiment_id: str, seed: int = 0) -> Path:
     """Where a full-budget run of the repository lives (the driver's default `--runs`)."""
-    return ROOT / "runs" / "bench" / bench / experiment_id / f"seed{seed}"
+    return run_folder(ROOT / "runs" / "bench", bench, experiment_id, seed)
 
 
 def sibling_run(ctx: Context, experiment_id: str) -> Path:
