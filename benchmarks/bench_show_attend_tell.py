@@ -27,10 +27,15 @@ beside the uniform baseline (box area / canvas area):
   (`model.expectation_warmup`): can captions read by expectation learn where to look before
   sampled cells have to pay for themselves (on some seeds they do)?
 - hard-from-soft: hard attention started from the whole `soft-lambda0` model (its run of the
-  same seed), then `FROM_SOFT_STEPS` steps of hard training: does hard attention keep, and read
+  same seed), then `FROM_SOFT_STEPS` steps of hard training with every caption sampled and no
+  entropy bonus (`FROM_SOFT_SETS`): does hard attention keep, and read
   from, the places soft attention learned to look, where from scratch it never finds them?
   Its steps come on top of soft-lambda0's. hard-from-soft-pretrained: the same from
   `soft-lambda0-pretrained` (soft attention on the pre-trained encoder).
+- hard-anneal-pretrained: the same passage from soft-like to hard attention inside one run at
+  the soft rows' budget: hard attention on the pre-trained encoder whose share of captions read
+  by expectation falls from 1 to 0 over `ANNEAL_STEPS`, then every caption samples, with the
+  from-soft recipe's other setting (no entropy bonus).
 
 Every hard row is also scored with its captions decoded by the expectation sum_i alpha_ti a_i
 at every step (`exact_match_expected_pct`), as the authors' released code generates captions
@@ -68,9 +73,13 @@ PRETRAINED = {  # id: the row it starts from the encoder row
 }
 ENCODER = ["train.steps=3000", "train.batch_size=64"]  # the classifier's budget on `mnist`
 WARMUP_STEPS = 4000  # hard-warmup's steps from all captions by expectation to the paper's mix
-FROM_SOFT_STEPS = 1500  # the hard-from-* rows' own steps, after their soft row's
+FROM_SOFT_STEPS = 6000  # the hard-from-* rows' own steps, after their soft row's (as many)
+# their recipe: every caption reads a sampled cell (the paper's mix reads half by expectation,
+# which trains what soft attention already knows), no entropy bonus (it spreads what should sharpen)
+FROM_SOFT_SETS = ["model.expectation_rate=0", "model.entropy_weight=0"]
 FROM_SOFT = {"hard-from-soft": "soft-lambda0"}  # id: the soft row it starts from
 FROM_SOFT["hard-from-soft-pretrained"] = "soft-lambda0-pretrained"
+ANNEAL_STEPS = 3000  # hard-anneal-pretrained: from all captions by expectation to none
 EXPECTED = "exact_match_expected_pct"  # a hard model's captions decoded by expectation
 SEEDS = 3  # the project's rule for a trained comparison (not every row has them yet)
 SMOKE = ["train.steps=3", "train.batch_size=4", "task.n_test=8", "task.n_valid=8"]
@@ -112,8 +121,15 @@ def experiments(budget: str) -> list[Experiment]:
     found.append(Experiment("hard-warmup", "captions", params, seeds, minutes))
     own = [x for x in sets if not x.startswith("train.steps=")] + [f"train.steps={FROM_SOFT_STEPS}"]
     for id, source in FROM_SOFT.items():
-        params = {"model": MODELS["hard"], "sets": sets if smoke else own, "init_from": source}
-        found.append(Experiment(id, "captions", params, seeds, minutes / 4, needs=(source,)))
+        params = {"model": MODELS["hard"], "sets": [*(sets if smoke else own), *FROM_SOFT_SETS]}
+        params["init_from"] = source
+        found.append(Experiment(id, "captions", params, seeds, minutes, needs=(source,)))
+    anneal = f"model.expectation_warmup={2 if smoke else ANNEAL_STEPS}"
+    params = {"model": MODELS["hard"], "sets": [*sets, anneal, *FROM_SOFT_SETS]}
+    params["init_from"] = "encoder"
+    found.append(
+        Experiment("hard-anneal-pretrained", "captions", params, seeds, minutes, needs=("encoder",))
+    )
     return found
 
 
@@ -146,7 +162,7 @@ def derive(summary: dict) -> dict:
     setup.update(large_low=task.large[0], large_high=task.large[1])
     setup.update(grid=task.canvas // scale, cells=(task.canvas // scale) ** 2, vocab=len(WORDS))
     setup.update(max_len=MAX_LEN, annotation=models["soft"].channels[-1])
-    setup.update(warmup_steps=WARMUP_STEPS)
+    setup.update(warmup_steps=WARMUP_STEPS, anneal_steps=ANNEAL_STEPS)
     for name, config in models.items():
         setup.update(
             {f"{name}_{k}": v for k, v in asdict(config).items() if isinstance(v, float | int)}
@@ -156,6 +172,9 @@ def derive(summary: dict) -> dict:
         # hard has no lambda term: its soft counterpart among the pre-trained rows
         "pretrained_hard_minus_soft_exact_match": C.paired(
             summary, "exact_match_pct", "hard-pretrained", "soft-lambda0-pretrained"
+        ),
+        "anneal_pretrained_hard_minus_soft_exact_match": C.paired(
+            summary, "exact_match_pct", "hard-anneal-pretrained", "soft-lambda0-pretrained"
         ),
         "warmup_hard_minus_soft_exact_match": C.paired(
             summary, "exact_match_pct", "hard-warmup", "soft"
@@ -224,6 +243,11 @@ TARGETS = targets(
      "warmup_hard_minus_soft_exact_match", ">=", -5),
     ("hard-pretrained: exact match within five points of soft-lambda0-pretrained", "compare",
      "pretrained_hard_minus_soft_exact_match", ">=", -5),
+    ("hard-from-soft-pretrained (its soft row's steps, then its own): exact match within five "
+     "points of soft-lambda0-pretrained", "compare",
+     "from_soft_pretrained_hard_minus_soft_exact_match", ">=", -5),
+    ("hard-anneal-pretrained: exact match within five points of soft-lambda0-pretrained",
+     "compare", "anneal_pretrained_hard_minus_soft_exact_match", ">=", -5),
 )  # fmt: skip
 SCORES = columns(f"row=id; exact match %=exact_match_pct; by expectation %={EXPECTED}", 1)
 SCORES += columns("BLEU-1=bleu1; BLEU-2=bleu2; BLEU-3=bleu3; BLEU-4=bleu4", 1)
