@@ -194,7 +194,7 @@ def derive(summary: dict) -> dict:
     return {"paper": paper, "setup": setup, "compare": compare}
 
 
-SHOWN = ("soft-lambda0", "hard", "hard-warmup")  # the figure's rows: soft, then hard ones
+SHOWN = ("soft-lambda0", "hard", "hard-warmup", "hard-from-soft")  # the figure: soft, then hard
 
 
 def figures(data: dict, folder: Path) -> list[Path]:

@@ -39,7 +39,7 @@ def caption_attention_figure(
         maps = (maps / maps.flatten(1).amax(1).clamp_min(1e-12)[:, None, None]).numpy()
         image = image.numpy()
         axes[r, 0].imshow(image, cmap="gray", vmin=0, vmax=1)
-        axes[r, 0].set_title(label or "image", fontsize=7)
+        axes[r, 0].set_title(label or "image", fontsize=7, loc="left")
         for k in range(columns - 1):
             ax = axes[r, k + 1]
             if k < min(len(words), len(maps)):
