@@ -74,8 +74,8 @@ PRETRAINED = {  # id: the row it starts from the encoder row
 ENCODER = ["train.steps=3000", "train.batch_size=64"]  # the classifier's budget on `mnist`
 WARMUP_STEPS = 4000  # hard-warmup's steps from all captions by expectation to the paper's mix
 FROM_SOFT_STEPS = 6000  # the hard-from-* rows' own steps, after their soft row's (as many)
-# their recipe: every caption reads a sampled cell (the paper's mix reads half by expectation,
-# which trains what soft attention already knows), no entropy bonus (it spreads what should sharpen)
+# their recipe, chosen in probes on seed 0 (the page says so): every caption reads a sampled
+# cell (the paper's mix reads half by expectation) and no entropy bonus
 FROM_SOFT_SETS = ["model.expectation_rate=0", "model.entropy_weight=0"]
 FROM_SOFT = {"hard-from-soft": "soft-lambda0"}  # id: the soft row it starts from
 FROM_SOFT["hard-from-soft-pretrained"] = "soft-lambda0-pretrained"
