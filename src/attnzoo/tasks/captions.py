@@ -449,10 +449,7 @@ class DigitCaptionsTask:
         search with `beam_size` (default: the eval config's); `expectation`: a hard model
         attends by the expectation at every step (`ShowAttendTell.start`)."""
         device = images.device
-        if expectation:
-            state = model.start(images, generator=generator, expectation=True)
-        else:
-            state = model.start(images, generator=generator)
+        state = model.start(images, generator=generator, expectation=expectation)
         tokens = decode(
             model.decode_step,
             state,
