@@ -95,15 +95,17 @@ def _params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("channels", [8, 16, 32])
-def test_the_baseline_has_the_parameters_within_two_percent(channels):
-    with_attention = MODELS["sagan"].preset(channels=channels)
+@pytest.mark.parametrize(
+    ("channels", "side"), [(8, None), (16, None), (32, None), (8, 8), (16, 8)]
+)  # on the 8 x 8 map the blocks see 2C channels: within 2% up to the default width
+def test_the_baseline_has_the_parameters_within_two_percent(channels, side):
+    with_attention = MODELS["sagan"].preset(channels=channels, attention_side=side)
     without = MODELS["sagan-noattn"].preset(channels=channels)
     a = S.SAGAN(with_attention, (32, 32), 1, 10)
     b = S.SAGAN(without, (32, 32), 1, 10)
     assert with_attention.attention and not without.attention
     # the only difference is the two blocks
-    assert dataclasses.replace(without, attention=True) == with_attention
+    assert dataclasses.replace(without, attention=True, attention_side=side) == with_attention
     assert abs(_params(a) / _params(b) - 1) <= 0.02
     assert _params(a) > _params(b)
 
@@ -131,9 +133,9 @@ def test_optimizer_groups_follow_the_config():
     assert (defaults.d_lr, defaults.g_lr, tuple(defaults.betas)) == (4e-4, 1e-4, (0.0, 0.9))
 
 
-@pytest.mark.parametrize("name", ["sagan", "sagan-noattn"])
-def test_models_on_the_meta_device(name):
-    model = S.SAGAN(MODELS[name].preset(), (32, 32), 1, 10).to("meta")
+@pytest.mark.parametrize(("name", "side"), [("sagan", None), ("sagan", 8), ("sagan-noattn", None)])
+def test_models_on_the_meta_device(name, side):
+    model = S.SAGAN(MODELS[name].preset(attention_side=side), (32, 32), 1, 10).to("meta")
     z = torch.randn(3, model.config.z_dim, device="meta")
     labels = torch.zeros(3, dtype=torch.long, device="meta")
     out = model(z, labels, return_weights=True)
@@ -141,8 +143,9 @@ def test_models_on_the_meta_device(name):
     scores = model.discriminator(out.images, labels, return_weights=True)
     assert scores.scores.shape == (3,) and scores.scores.device.type == "meta"
     if model.config.attention:
-        assert out.weights.shape == (3, 256, 256) and out.weights.device.type == "meta"
-        assert scores.weights.shape == (3, 256, 256)
+        n = (side or 16) ** 2  # the positions of the map the blocks attend over
+        assert out.weights.shape == (3, n, n) and out.weights.device.type == "meta"
+        assert scores.weights.shape == (3, n, n)
     else:
         assert out.weights is None and scores.weights is None
 
@@ -155,6 +158,14 @@ def test_shapes_at_odd_sizes():
     out = model(torch.randn(3, 5), torch.tensor([0, 6, 3]))
     assert out.images.shape == (3, 3, 24, 24)
     assert out.images.abs().max() <= 1
+    quarter = S.SAGAN(S.sagan(channels=8, z_dim=5, attention_side=6), (24, 24), 3, 7)
+    out = quarter(torch.randn(3, 5), torch.tensor([0, 6, 3]), return_weights=True)
+    assert out.images.shape == (3, 3, 24, 24) and out.weights.shape == (3, 36, 36)
+    assert quarter.discriminator(out.images, torch.tensor([0, 6, 3]), True).weights.shape == (
+        3,
+        36,
+        36,
+    )
 
 
 @pytest.mark.parametrize(
@@ -166,6 +177,9 @@ def test_shapes_at_odd_sizes():
         (lambda: S.sagan(d_lr=0), "d_lr"),
         (lambda: S.sagan(betas=(0.0, 1.0)), "betas"),
         (lambda: S.sagan(attention="yes"), "attention"),
+        (lambda: S.sagan(attention_side=0), "attention_side"),
+        (lambda: S.sagan(attention_side=8.0), "attention_side"),
+        (lambda: S.SAGAN(S.sagan(attention_side=4), (32, 32), 1, 10), "attention_side"),
         (lambda: S.SAGAN(S.sagan(), (30, 30), 1, 10), "image_size"),
         (lambda: S.SAGAN(S.sagan(), (32, 16), 1, 10), "image_size"),
         (lambda: S.SAGAN(S.sagan(), 32, 1, 10), "image_size"),

@@ -32,11 +32,15 @@ Note:
       network is plain: the generator's three upsampling 3 x 3 convolutions (4 -> 8 -> 16 ->
       32) and the discriminator's three 4 x 4 stride-2 convolutions (32 -> 16 -> 8 -> 4); the
       self-attention block sits on the 16 x 16 map of each (after the generator's second
-      upsampling, after the discriminator's first downsampling).
+      upsampling, after the discriminator's first downsampling), or with `attention_side` 8
+      on the 8 x 8 map (after the generator's first upsampling, the discriminator's second
+      downsampling).
     - The generator's batch norm uses the batch's statistics in training and evaluation alike
       (no running averages), so samples drawn in eval mode come from the network that trained.
     - The baseline (`attention=False`) is the same networks without the two blocks; the blocks
-      add under 1% of the parameters, so the counts stay within 2% without widening anything
+      add under 2% of the parameters at widths up to the default 16 (0.5% on the 16 x 16 map,
+      1.9% on the 8 x 8 map, whose blocks see 2C channels), so the counts stay within 2%
+      without widening anything
       (`tests/models/test_sagan.py` checks it).
 """
 
@@ -64,6 +68,10 @@ class SAGANConfig:
         C -> C -> 2C -> 4C; the attention blocks see C channels (f and g: C / 8).
     z_dim: the latent's size.
     attention: one self-attention block in each network (False: the baseline).
+    attention_side: the side of the feature map each block attends over (Zhang 2018, Table 1
+        compares such placements, "feat8" to "feat64"): half the image's side (None, the
+        default: 16 at 32 x 32, C channels) or a quarter of it (8 at 32 x 32, 2C channels,
+        N = 64 positions instead of 256).
     d_lr, g_lr: the two time-scale learning rates (Zhang 2018, sec. 4: 4e-4 and 1e-4).
     betas: Adam's (beta1, beta2) for both (sec. 5: 0 and 0.9).
     """
@@ -71,6 +79,7 @@ class SAGANConfig:
     channels: int = 16
     z_dim: int = 64
     attention: bool = True
+    attention_side: int | None = None
     d_lr: float = 4e-4
     g_lr: float = 1e-4
     betas: tuple[float, float] = (0.0, 0.9)
@@ -85,6 +94,7 @@ class SAGANConfig:
             )
         if not isinstance(self.attention, bool):
             fail("SAGANConfig", "attention", "True or False", repr(self.attention))
+        check_size("SAGANConfig", "attention_side", self.attention_side, optional=True)
         for name in ("d_lr", "g_lr"):
             value = getattr(self, name)
             if not 0 < value < math.inf:
@@ -166,7 +176,7 @@ class ConditionalBatchNorm2d(nn.Module):
 
 class GeneratorOutput(NamedTuple):
     images: torch.Tensor  # (batch, channels, H, W) in [-1, 1]
-    weights: torch.Tensor | None  # the attention block's (batch, N, N) at H/2 x W/2, or None
+    weights: torch.Tensor | None  # the block's (batch, N, N) on its map, or None
 
 
 class Generator(nn.Module):
@@ -182,7 +192,11 @@ class Generator(nn.Module):
         self.convs = nn.ModuleList(
             _sn(nn.Conv2d(widths[k], widths[k + 1], 3, padding=1)) for k in range(3)
         )
-        self.attend = SelfAttention2d(c) if config.attention else None
+        # the block follows the convolution whose output has the attention side: the second
+        # (side / 2, C channels) or the first (side / 4, 2C)
+        self.attend_after = 1 if _attention_side(config, side) == side // 2 else 0
+        attend_width = widths[self.attend_after + 1]
+        self.attend = SelfAttention2d(attend_width) if config.attention else None
         self.out = _sn(nn.Conv2d(c, channels, 3, padding=1))
 
     def forward(
@@ -193,7 +207,7 @@ class Generator(nn.Module):
         for k, conv in enumerate(self.convs):
             x = F.relu(self.norms[k](x, labels))
             x = conv(F.interpolate(x, scale_factor=2, mode="nearest"))  # doubles the side
-            if k == 1 and self.attend is not None:  # (b, C, s/2, s/2)
+            if k == self.attend_after and self.attend is not None:  # the attention side
                 x, weights = self.attend(x, return_weights)
         x = F.relu(self.norms[3](x, labels))
         return GeneratorOutput(torch.tanh(self.out(x)), weights)
@@ -201,7 +215,7 @@ class Generator(nn.Module):
 
 class DiscriminatorOutput(NamedTuple):
     scores: torch.Tensor  # (batch,)
-    weights: torch.Tensor | None  # (batch, N, N) at H/2 x W/2, or None
+    weights: torch.Tensor | None  # (batch, N, N) on its map (`attention_side`), or None
 
 
 class Discriminator(nn.Module):
@@ -215,7 +229,11 @@ class Discriminator(nn.Module):
         self.downs = nn.ModuleList(
             _sn(nn.Conv2d(widths[k], widths[k + 1], 4, stride=2, padding=1)) for k in range(3)
         )
-        self.attend = SelfAttention2d(c) if config.attention else None
+        # the block follows the downsampling whose output has the attention side: the first
+        # (side / 2, C channels) or the second (side / 4, 2C)
+        self.attend_after = 0 if _attention_side(config, side) == side // 2 else 1
+        attend_width = widths[self.attend_after + 1]
+        self.attend = SelfAttention2d(attend_width) if config.attention else None
         self.linear = _sn(nn.Linear(widths[-1], 1))
         self.embed = _sn(nn.Embedding(classes, widths[-1]))
 
@@ -226,11 +244,25 @@ class Discriminator(nn.Module):
         weights = None
         for k, down in enumerate(self.downs):
             x = F.leaky_relu(down(x), 0.1)  # halves the side
-            if k == 0 and self.attend is not None:  # (b, C, s/2, s/2)
+            if k == self.attend_after and self.attend is not None:  # the attention side
                 x, weights = self.attend(x, return_weights)
         phi = x.sum((2, 3))  # (b, 4C): global sum pooling
         scores = self.linear(phi).squeeze(-1) + (self.embed(labels) * phi).sum(-1)
         return DiscriminatorOutput(scores, weights)
+
+
+def _attention_side(config: SAGANConfig, side: int) -> int:
+    """The side of the map the blocks attend over (`SAGANConfig.attention_side`)."""
+    if config.attention_side is None:
+        return side // 2
+    if config.attention_side not in (side // 2, side // 4):
+        fail(
+            "SAGAN",
+            "attention_side",
+            f"{side // 2} or {side // 4} (half or a quarter of the image's side {side}) or None",
+            config.attention_side,
+        )
+    return config.attention_side
 
 
 class OptimizerGroup(NamedTuple):
@@ -256,6 +288,7 @@ class SAGAN(nn.Module):
         side = check_image_size("SAGAN", image_size)[0]
         if image_size[1] != side or side < 8 or side % 8:
             fail("SAGAN", "image_size", "a square (side, side), side a multiple of 8", image_size)
+        _attention_side(config, side)  # checked before any layer is built
         self.config, self.image_size = config, (side, side)
         self.channels, self.classes = channels, classes
         self.generator = Generator(config, side, channels, classes)

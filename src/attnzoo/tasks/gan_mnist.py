@@ -320,7 +320,7 @@ class GanMnistTask:
     @torch.no_grad()
     def explore(self, model: nn.Module, count: int) -> dict:
         """The explorer's data (layout "image" with a grid): `count` generated images (classes
-        in turn), each query pixel's generator attention over the 16 x 16 map."""
+        in turn), each query pixel's generator attention over the map its block attends."""
         images, labels, maps, queries = self.attention_maps(model, count)
         examples = []
         for k in range(count):
@@ -349,7 +349,8 @@ class GanMnistTask:
                     }
                 ]
             examples.append(example)
-        note = "Generated images; each row is one query pixel's weights over the 16 x 16 map"
+        where = "" if maps is None else f" {maps.shape[-1]} x {maps.shape[-1]}"
+        note = f"Generated images; each row is one query pixel's weights over the{where} map"
         return {"layout": "image", "title": "SAGAN samples", "note": note, "examples": examples}
 
     @torch.no_grad()
