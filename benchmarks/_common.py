@@ -580,12 +580,16 @@ class _Saver:
     one, and a matched unit's rows made under another calibration than the unit's are dropped
     (its sides never mix calibrations). `calibrations` are the units this call calibrated: they
     replace the file's; every other unit's stands as the file has it, since another call may
-    have calibrated it meanwhile. Then the summary, derived entries and targets are made anew
-    from all the rows."""
+    have calibrated it meanwhile. A row of an id this call does not declare is dropped if the
+    file held it when the call started (`start_rows`: an experiment removed from the bench) and
+    kept if another call wrote it since (one started after the experiment was added). Then the
+    summary, derived entries and targets are made anew from all the rows."""
 
-    def __init__(self, bench, experiments, budget, path, base, calibrations):
+    def __init__(self, bench, experiments, budget, path, base, calibrations, start_rows):
         self.bench, self.experiments, self.budget = bench, experiments, budget
         self.path, self.base, self.calibrations = path, base, calibrations
+        declared = {e.id for e in experiments}
+        self.removed = {_row_key(r) for r in start_rows if r["id"] not in declared}
         self.mine: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
@@ -611,15 +615,18 @@ class _Saver:
         }
         mine = {(r["id"], r["seed"]) for r in self.mine}
         order = {e.id: i for i, e in enumerate(self.experiments)}
+        current = [r for r in latest.get("rows", []) if r.get("budget") == self.budget]
         rows = [
             r
-            for r in latest.get("rows", [])
-            if r.get("budget") == self.budget
-            and r["id"] in order
+            for r in current
+            if r["id"] in order
             and (r["id"], r["seed"]) not in mine
             and (r["id"] not in wanted or r.get("extra") == wanted[r["id"]])
         ]
         rows = sorted(rows + self.mine, key=lambda r: (order[r["id"]], r["seed"]))
+        # another call's experiments, declared by a newer version of the bench
+        newer = [r for r in current if r["id"] not in order and _row_key(r) not in self.removed]
+        rows += sorted(newer, key=lambda r: (r["id"], r["seed"]))
         summary = summary_of(rows, self.experiments)
         bench = self.bench
         for i, metrics in (bench.derive(summary) if bench.derive else {}).items():
@@ -641,6 +648,10 @@ class _Saver:
             data["converted"] = latest["converted"]
         _write_json(self.path, data, self.base)
         return data
+
+
+def _row_key(row: Mapping[str, Any]) -> str:
+    return json.dumps(row, sort_keys=True, default=str)
 
 
 def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | None:
@@ -711,7 +722,7 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         extra.update(prepared["extra"])
         fresh[unit] = {"params": params, "extra": prepared["extra"]}
         todo += [(e, s) for e in sides for s in range(_seeds(e, args.seeds)) if (e, s) not in todo]
-    save = _Saver(bench, experiments, args.budget, path, base, fresh)
+    save = _Saver(bench, experiments, args.budget, path, base, fresh, rows)
     save([])  # a new calibration is kept at once: an interrupted unit resumes under it
     todo = _with_needs(bench, experiments, todo, args.seeds, runs)
     finished = {(e.id, seed): threading.Event() for e, seed in todo}

@@ -38,6 +38,8 @@ SCRIPT = textwrap.dedent(
             C.Experiment("src", "src", {{"run": 1, "sleep": 5.0}}),
             C.Experiment("src2", "src", {{"run": 1, "fail_seed": 1}}, seeds=2),
             C.Experiment("user", "user", {{}}, seeds=2, needs=("src", "src2")),
+            C.Experiment("w", "w", {{"wait_for": "new"}}),
+            {extra}
         ]
 
     def prepare(unit, budget):
@@ -82,9 +84,10 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _script(tmp_path: Path) -> Path:
-    path = tmp_path / "bench_toy.py"
-    path.write_text(SCRIPT.format(benchmarks=str(ROOT / "benchmarks")))
+def _script(tmp_path: Path, name: str = "bench_toy.py", extra: str = "") -> Path:
+    """The toy bench; `extra`: more experiments (a later version of it, beside the first)."""
+    path = tmp_path / name
+    path.write_text(SCRIPT.format(benchmarks=str(ROOT / "benchmarks"), extra=extra))
     return path
 
 
@@ -129,6 +132,28 @@ def test_two_calls_of_one_bench_at_once_keep_each_others_rows(tmp_path):
     _, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     assert _rows(tmp_path) == [("a", 0), ("b", 0)]
+
+
+def test_a_call_keeps_the_rows_of_experiments_added_to_the_bench_after_it_started(tmp_path):
+    """A call of the bench as it was ("w", which waits for a row of "new") and a call of a
+    later version that declares "new" and "gone": "new" is written while the first call runs,
+    and its row survives that call's save. "gone" was in the file before the first call
+    started: an experiment the first call's bench no longer declares, which it drops."""
+    old = _script(tmp_path)
+    later = 'C.Experiment("new", "new", {}), C.Experiment("gone", "gone", {}),'
+    newer = _script(tmp_path, "bench_toy_later.py", extra=later)
+    gone = subprocess.run(_command(newer, "gone"), capture_output=True, text=True)
+    assert gone.returncode == 0, gone.stderr
+    first = subprocess.Popen(_command(old, "w"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    log, deadline = tmp_path / "calls.log", time.monotonic() + 120
+    while "w 0" not in (log.read_text() if log.exists() else ""):  # it has read the file
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.1)
+    second = subprocess.run(_command(newer, "new"), capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert _rows(tmp_path) == [("w", 0), ("new", 0)]
 
 
 def test_a_call_keeps_the_rows_of_a_unit_another_call_calibrated_meanwhile(tmp_path):
