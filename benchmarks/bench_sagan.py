@@ -14,9 +14,9 @@ read the classifier's run):
   the same sample size.
 
 The budget (`FULL`: 5,000 steps of 64 images, about 5 epochs) is sized to the issue's 30
-minutes per run with attention on one thread of this CPU; beside another run on the 2 cores it
-took 34 (the JSON's train minutes, and the page's target rows, say so). Zhang 2018's
-numbers are ImageNet 128 x 128: a different dataset and scale.
+minutes per run with attention on one thread of this CPU: 19-24 with the machine otherwise idle
+or nearly (the JSON's train minutes); 31-36 in an earlier measurement beside another run.
+Zhang 2018's numbers are ImageNet 128 x 128: a different dataset and scale.
 
     python benchmarks/bench_sagan.py [--budget smoke|full] [--only ID ...] [--seeds N]
 """
@@ -41,7 +41,7 @@ CLASSIFIER = ["model.channels=16", "train.steps=5000", "train.weight_decay=0"]
 STEPS, EVAL_EVERY = 5000, 1000
 FULL = [f"train.steps={STEPS}", "train.batch_size=64", f"train.eval_every={EVAL_EVERY}"]
 CURVE = range(EVAL_EVERY, STEPS + 1, EVAL_EVERY)  # the steps whose class accuracy is reported
-MINUTES = {"classifier": 4.0, "sagan": 34.0, "sagan-8x8": 14.0, "sagan-noattn": 15.0, "floor": 0.5}
+MINUTES = {"classifier": 4.0, "sagan": 24.0, "sagan-8x8": 14.0, "sagan-noattn": 15.0, "floor": 0.5}
 # the GAN rows: (id, model, what they set beyond the budget); measured minutes above
 GANS = (("sagan", "sagan", []), ("sagan-8x8", "sagan", ["model.attention_side=8"]))
 GANS += (("sagan-noattn", "sagan-noattn", []),)
