@@ -148,6 +148,9 @@ def test_models_on_the_meta_device(name, side):
         assert scores.weights.shape == (3, n, n)
     else:
         assert out.weights is None and scores.weights is None
+    scores.scores.sum().backward()  # the backward pass too, through both networks
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert grads and all(g is not None and g.device.type == "meta" for g in grads)
 
 
 def test_shapes_at_odd_sizes():
