@@ -12,6 +12,13 @@ from attnzoo.core.checks import fail, matches
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
+def type_name(annotation) -> str:
+    """How an error names a field's type: `int`, `tuple[float, float]`, `Literal['a', 'b']`."""
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
 def parse_value(value: str, annotation, key: str):
     """`value` as the field's type `annotation` (each member of a union in turn)."""
     text = value.strip()
@@ -33,7 +40,7 @@ def parse_value(value: str, annotation, key: str):
                 return text
         except (KeyError, ValueError, TypeError, json.JSONDecodeError):
             continue
-    fail("attnzoo --set", key, f"a value of type {annotation}", repr(value))
+    fail("attnzoo --set", key, f"a value of type {type_name(annotation)}", repr(value))
 
 
 def apply(config: dict, classes: dict[str, type], sets: list[str]) -> dict:
@@ -73,7 +80,7 @@ def build(cls: type, values: dict, section: str = "config"):
             fail(
                 "attnzoo",
                 f"{section}.{key}",
-                f"a value of type {hints[key]}",
+                f"a value of type {type_name(hints[key])}",
                 repr(value),
                 TypeError,
             )

@@ -143,6 +143,7 @@ BAD_VALUES = [
     ("train.betas=0.9,1.0", "'betas' expected two numbers in [0, 1)"),
     ("train.betas=-0.1,0.9", "'betas' expected two numbers in [0, 1)"),
     ("train.betas=0.9", "'train.betas' expected a value of type tuple[float, float]"),
+    ("train.steps=abc", "'train.steps' expected a value of type int, got 'abc'"),
     ("train.schedule=linear", "'schedule' expected one of"),
     ("train.autocast=fp16", "'autocast' expected one of"),
     ("eval.batch_size=0", "'batch_size' expected a positive int"),

@@ -198,7 +198,7 @@ def test_a_config_json_that_is_not_a_runs_is_named(run, content, expected, capsy
         (("model", "hiden", 8), "'model.hiden' expected one of model.attention"),
         (
             ("train", "steps", "10"),
-            "'train.steps' expected a value of type <class 'int'>, got '10'",
+            "'train.steps' expected a value of type int, got '10'",
         ),
         (("model", "cell", "tree"), "'cell'"),
         (("train", "log_every", 0), "'log_every' expected a positive int"),
