@@ -994,7 +994,9 @@ def train_worker(
        interrupted one, resumed from its checkpoints. Otherwise `run_train` trains from scratch,
        as it does when the run `train.init_from` names was trained again after this one began.
     3. The task's figures are written when the run has none.
-    4. Metrics: final.json's, the minutes from timing.json, steps, batch, parameter count, the
+    4. Metrics: final.json's, the minutes from timing.json (over `steps_run` steps: a resumed
+       run's earlier processes too, `attnzoo.train.loop.train`), seconds per step, steps,
+       batch, parameter count, the
        defaults' stamp (`defaults_stamp`: a row is stale once a default changes) and, with
        `curve`, that metric's learning curve from metrics.jsonl (per evaluation step).
     """
@@ -1043,6 +1045,8 @@ def train_worker(
         "reused_run": reused,
         "defaults": defaults_stamp(model, task),
     }
+    if timing["steps_run"]:  # none when resumed at its end from a checkpoint without timing
+        metrics["sec_per_step_run"] = 60 * metrics["train_minutes"] / timing["steps_run"]
     if curve:
         logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         points = [(r["step"] + 1, r[curve]) for r in logged if curve in r]
@@ -1051,22 +1055,29 @@ def train_worker(
     return metrics, config, built_task, built_model
 
 
+SMOKE_CALIBRATION = {"steps": 2, "rounds": 1}  # a smoke run checks the path, not the timing
+
+
 def calibrate_unit(
     unit: Sequence[Experiment],
     calibration: Mapping[str, int],
     sizes: Mapping[str, Sequence[str]] | None = None,
+    *,
+    budget: str = "full",
 ) -> dict[str, dict]:
     """Steps for every side of a matched unit so that each trains for the unit's
     `budget_minutes`: each side's seconds per step are measured by the training loop itself in
     this one process, in rounds of `calibration["steps"]`-step runs (one per side, the order
     rotating each round, the first round a warm-up) and taken as the median of its runs'
-    timing.json train seconds over steps. `sizes` adds each side's own overrides (e.g. the
-    widths that match parameter counts); they are part of the returned `sets`."""
+    timing.json train seconds over steps (`SMOKE_CALIBRATION` at the smoke budget). `sizes`
+    adds each side's own overrides (e.g. the widths that match parameter counts); they are
+    part of the returned `sets`."""
     import tempfile
 
     from attnzoo import runs
 
     sizes = sizes or {}
+    calibration = SMOKE_CALIBRATION if budget == "smoke" else calibration
     seconds: dict[str, list[float]] = {e.id: [] for e in unit}
     k, load = calibration["steps"], os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:

@@ -40,7 +40,6 @@ UNITS = {"matched": MODELS, "matched-short": MODELS, "steps": STEPS_MODELS}
 UNITS["steps-short"] = STEPS_MODELS
 TOLERANCE = 0.02  # parameter counts within 2% of the LSTM's
 CALIBRATION = {"steps": 15, "rounds": 2}
-SMOKE_CALIBRATION = {"steps": 2, "rounds": 1}  # the smoke run checks the path, not the timing
 SPEED_LENGTHS = (32, 64, 128, 256)
 SPEED_TARGET_LENGTH = 64  # the task's context (KjvWordsLmConfig.context)
 SMOKE_MODEL = ["model.hidden=16", "model.embed_dim=8", "model.attn_hidden=8"]
@@ -252,8 +251,7 @@ def prepare(unit: list[Experiment], budget: str) -> dict[str, dict]:
     sizes = sized(unit)
     if "steps" in unit[0].params:
         return {e.id: {"sets": [*sizes[e.id], f"train.steps={e.params['steps']}"]} for e in unit}
-    calibration = SMOKE_CALIBRATION if budget == "smoke" else CALIBRATION
-    return C.calibrate_unit(unit, calibration, sizes)
+    return C.calibrate_unit(unit, CALIBRATION, sizes, budget=budget)
 
 
 def worker(params: dict, ctx: C.Context) -> dict:
@@ -266,8 +264,7 @@ def worker(params: dict, ctx: C.Context) -> dict:
     metrics["vocab_size"] = config["task"]["vocab_size"]
     metrics["budget_minutes"] = params.get("budget_minutes")  # None (dropped): a steps unit
     metrics["sec_per_step_planned"] = ctx.extra.get("sec_per_step")
-    metrics["sec_per_step_run"] = 60 * metrics["train_minutes"] / metrics["steps_run"]
-    metrics["tokens_trained"] = metrics["steps_run"] * metrics["batch_size"] * metrics["context"]
+    metrics["tokens_trained"] = metrics["steps"] * metrics["batch_size"] * metrics["context"]
     return {k: v for k, v in metrics.items() if v is not None}
 
 

@@ -131,7 +131,7 @@ def prepare(unit: list[Experiment], budget: str) -> dict[str, dict]:
     wall-clock budget (`calibrate_unit`)."""
     reference = next(e.params["sets"] for e in unit if e.params["model"] == "bahdanau")
     sizes = {e.id: sized(e.params, reference) for e in unit}
-    return C.calibrate_unit(unit, CALIBRATION, sizes)
+    return C.calibrate_unit(unit, CALIBRATION, sizes, budget=budget)
 
 
 def worker(params: dict, ctx: C.Context) -> dict:
@@ -154,7 +154,6 @@ def worker(params: dict, ctx: C.Context) -> dict:
     if "budget_minutes" in params:
         metrics["budget_minutes"] = params["budget_minutes"]
         metrics["sec_per_step_planned"] = ctx.extra.get("sec_per_step")
-        metrics["sec_per_step_run"] = 60 * metrics["train_minutes"] / metrics["steps_run"]
     if params.get("edges"):
         with torch.no_grad():
             buckets = task.by_source_length(model, params["edges"])

@@ -51,6 +51,7 @@ scale.
 
 from __future__ import annotations
 
+import math
 import operator
 from pathlib import Path
 
@@ -191,9 +192,33 @@ def derive(summary: dict) -> dict:
         "baseline_params_over_soft": C.paired(summary, "params", "none", "soft", operator.truediv),
     }
     paper = {f"{d}_{v}_bleu4": b[v] for d, b in PAPER.items() for v in b}
-    return {"paper": paper, "setup": setup, "compare": compare}
+    return {"paper": paper, "setup": setup, "compare": compare, **_sampling(summary)}
 
 
+def _sampling(summary: dict) -> dict:
+    """One run's binomial standard error of exact match (points, sqrt(p (1 - p) / n) at each
+    row's mean p over its n test images): the rows' range, the soft rows', and the test
+    images that would bring the soft row's to HALF_POINT (issue 11's bound on a headline)."""
+
+    def rate(id):  # (p, n) of a row, or None
+        m = summary.get(id, {}).get("metrics", {})
+        if "exact_match_pct" in m and "n_test" in m:
+            return m["exact_match_pct"]["mean"] / 100, m["n_test"]["mean"]
+        return None
+
+    found = {id: r for id in summary if (r := rate(id))}
+    if not {"soft", "soft-lambda0-pretrained"} <= found.keys():
+        return {}
+    se = {id: 100 * math.sqrt(p * (1 - p) / n) for id, (p, n) in found.items()}
+    p, n = found["soft"]
+    return {"sampling": {
+        "se_min": min(se.values()), "se_max": max(se.values()), "se_soft": se["soft"],
+        "se_pretrained": se["soft-lambda0-pretrained"], "n_test": n, "half_point": HALF_POINT,
+        "n_for_half_point": math.ceil(p * (1 - p) * (100 / HALF_POINT) ** 2),
+    }}  # fmt: skip
+
+
+HALF_POINT = 0.5  # issue 11: a headline metric's standard error at most this many points
 SHOWN = ("soft-lambda0", "hard", "hard-warmup", "hard-from-soft")  # the figure: soft, then hard
 
 

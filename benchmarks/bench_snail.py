@@ -120,7 +120,7 @@ def experiments(budget: str) -> list[Experiment]:
 def prepare(unit: list[Experiment], budget: str) -> dict[str, dict]:
     """Both sides' steps for the unit's budget (`calibrate_unit`; its warm-up round also fills
     the glyph cache)."""
-    return C.calibrate_unit(unit, CALIBRATION)
+    return C.calibrate_unit(unit, CALIBRATION, budget=budget)
 
 
 def worker(params: dict, ctx: C.Context) -> dict:
@@ -141,7 +141,6 @@ def worker(params: dict, ctx: C.Context) -> dict:
     metrics["head_init"] = config["model"].get("head_init")
     metrics["queries"] = config["task"]["queries"]  # per training episode
     metrics["sec_per_step_planned"] = ctx.extra.get("sec_per_step")
-    metrics["sec_per_step_run"] = 60 * metrics["train_minutes"] / max(1, metrics["steps_run"])
     metrics["episodes_trained"] = config["train"]["steps"] * config["train"]["batch_size"]
     metrics["classes"] = metrics["classes_background"] + metrics["classes_evaluation"]
     metrics["scripts"] = metrics["scripts_background"] + metrics["scripts_evaluation"]

@@ -15,7 +15,8 @@ import _common  # noqa: E402
 
 # A bench whose worker obeys its params: "kill" kills the driver (its parent) the first time,
 # "wait_for" waits until the results JSON holds a row of that id, "wait_for_newer" until it
-# holds one of that id made under a calibration newer than the worker's own; every call is
+# holds one of that id made under a calibration newer than the worker's own (once the file
+# "race" exists: the calls before it would wait for nothing); every call is
 # logged. "u1" and "u2" are one-sided units, each calibration stamped with its time. "user"
 # needs the runs of "src" (one seed) and "src2" (two; seed 1 fails): "src" takes a while to
 # finish its run (a final.json in its run folder), and "user" reads both through sibling_run.
@@ -68,7 +69,8 @@ SCRIPT = textwrap.dedent(
             if any(r["id"] == params["wait_for"] for r in results().get("rows", [])):
                 break
             time.sleep(0.2)
-        while params.get("wait_for_newer") and time.monotonic() < deadline:
+        racing = (HERE / "race").exists()  # set by the test once both units have a row
+        while params.get("wait_for_newer") and racing and time.monotonic() < deadline:
             if any(
                 r["id"] == params["wait_for_newer"] and r["extra"]["stamp"] > ctx.extra["stamp"]
                 for r in results().get("rows", [])
@@ -166,6 +168,7 @@ def test_a_call_keeps_the_rows_of_a_unit_another_call_calibrated_meanwhile(tmp_p
         assert done.returncode == 0, done.stderr
     path = tmp_path / "results" / "toy.json"
     before = json.loads(path.read_text())["calibrations"]["u1"]
+    (tmp_path / "race").touch()  # from now on "u1-x" waits for a newer "u2-x" row
     first = subprocess.Popen(
         [*_command(script, "u1"), "--rerun"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )

@@ -130,6 +130,8 @@ def test_matched_derive_pairs_the_sides_by_seed():
 def test_train_worker_resumes_an_interrupted_run_and_leaves_a_live_one(tmp_path):
     import os
 
+    from attnzoo.train.checkpoint import saved_timing
+
     sets = ["train.steps=2", "train.batch_size=2", "task.test_lengths=3"]
     sets += ["task.n_test_per_length=2", "train.checkpoint_every=1", "model.controller_size=8"]
     ctx = _common.Context(id="x", seed=0, budget="smoke", run_dir=tmp_path / "seed0")
@@ -141,8 +143,12 @@ def test_train_worker_resumes_an_interrupted_run_and_leaves_a_live_one(tmp_path)
     old = 10 * _common.RUN_IN_PROGRESS_S
     for path in (tmp_path / "seed0").rglob("*"):
         os.utime(path, (path.stat().st_atime - old, path.stat().st_mtime - old))
+    (last,) = sorted((tmp_path / "seed0" / "checkpoints").glob("step_*"))[-1:]
+    recorded = saved_timing(last)  # what the first process had trained when it saved
     again, *_ = _common.train_worker(sets, "ntm", "bit_copy", ctx)
-    assert not again["reused_run"] and again["steps_run"] == 0  # resumed at its last step
+    assert not again["reused_run"]  # resumed at its last step: its checkpoint's time counts
+    assert again["steps_run"] == recorded["steps_run"] == 2  # not this process's 0 steps
+    assert again["train_minutes"] >= recorded["train_seconds"] / 60 > 0
     assert again["bit_errors"] == first["bit_errors"]
 
 
@@ -232,3 +238,22 @@ def test_a_table_a_template_writes_marks_the_rows_whose_params_changed(tmp_path)
         "or on a run trained again since, shown as they ran (the driver would re-run them): "
         "addition-dram (its params changed).",
     ]
+
+
+def test_the_captions_sampling_error_is_the_binomial_one_of_each_rows_mean():
+    """`_sampling`: one run's standard error of exact match, sqrt(p (1 - p) / n) in points at
+    each row's mean, and the fewest test images that bring the soft row's to half a point."""
+    means = {"soft": (86.0, 1000), "soft-lambda0-pretrained": (95.2, 1000), "hard": (9.1, 400)}
+    summary = {
+        id: {"metrics": {"exact_match_pct": {"mean": p}, "n_test": {"mean": n}}}
+        for id, (p, n) in means.items()
+    }
+    summary["compare"] = {"metrics": {"hard_minus_soft": {"mean": -77.0}}}  # no exact match
+    found = bench_show_attend_tell._sampling(summary)["sampling"]
+    se = {id: 100 * (p / 100 * (1 - p / 100) / n) ** 0.5 for id, (p, n) in means.items()}
+    assert found["se_soft"] == pytest.approx(se["soft"])
+    assert found["se_pretrained"] == pytest.approx(se["soft-lambda0-pretrained"])
+    assert (found["se_min"], found["se_max"]) == pytest.approx((min(se.values()), max(se.values())))
+    n = found["n_for_half_point"]
+    assert 100 * (0.86 * 0.14 / n) ** 0.5 <= 0.5 < 100 * (0.86 * 0.14 / (n - 1)) ** 0.5
+    assert bench_show_attend_tell._sampling({"hard": summary["hard"]}) == {}  # no soft row

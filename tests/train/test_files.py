@@ -10,6 +10,7 @@ from attnzoo.train.checkpoint import (
     load_checkpoint,
     read_checkpoint,
     save_checkpoint,
+    saved_timing,
 )
 from attnzoo.train.files import read_metrics
 from attnzoo.train.loop import TrainConfig
@@ -132,3 +133,19 @@ def test_resume_point_sets_damaged_checkpoints_aside_and_repoints_latest(tmp_pat
     assert err[0].startswith("attnzoo: warning: skipped checkpoint step_00000002: attnzoo:")
     assert err[0].endswith("; kept as step_00000002.damaged-2")
     assert err[1] == "attnzoo: warning: resuming from the newest intact checkpoint, step_00000001"
+
+
+def test_a_checkpoint_records_its_timing_and_a_malformed_one_is_named(tmp_path):
+    timing = {"train_seconds": 1.5, "eval_seconds_during": 0.25, "steps_run": 2, "sessions": 1}
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    folder = save_checkpoint(tmp_path / "a", 1, model, opt, sched, timing=timing)
+    assert saved_timing(folder) == timing
+    older = save_checkpoint(tmp_path / "b", 1, model, opt, sched)  # as written before timing
+    assert saved_timing(older) is None
+    for bad in ({**timing, "steps_run": -1}, {**timing, "sessions": True}, {"steps_run": 2}, 3):
+        state = json.loads((folder / "state.json").read_text())
+        (folder / "state.json").write_text(json.dumps({**state, "timing": bad}))
+        with pytest.raises(CheckpointError, match="malformed 'timing'"):
+            saved_timing(folder)

@@ -11,7 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attnzoo.train.checkpoint import atomic_write, latest_checkpoint, load_checkpoint
+from attnzoo.train.checkpoint import (
+    atomic_write,
+    latest_checkpoint,
+    load_checkpoint,
+    saved_timing,
+)
 from attnzoo.train.loop import TrainConfig, lr_factor
 
 TINY = [
@@ -138,6 +143,7 @@ def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
     proc.wait()
     saved = json.loads(pointer.read_text())["step"]
     assert saved < 59, "the run finished before it could be killed"
+    before = saved_timing(killed / "checkpoints" / f"step_{saved:08d}")  # what the kill left
     r = cli("train", "--resume", "--out", str(killed), "--no-progress")
     assert r.returncode == 0, r.stderr
     a, b = _weights(full), _weights(killed)
@@ -149,9 +155,13 @@ def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
     assert json.loads((full / "final.json").read_text()) == json.loads(
         (killed / "final.json").read_text()
     )
-    # timing.json describes each process's own share: the resumed one ran only the rest
+    # timing.json covers the whole run: the resumed one adds the time its checkpoint recorded
+    # (the steps after that checkpoint, trained again, count once)
     timing = {d: json.loads((d / "timing.json").read_text()) for d in (full, killed)}
-    assert timing[full]["steps_run"] == 60 and timing[killed]["steps_run"] == 59 - saved
+    assert timing[full]["steps_run"] == timing[killed]["steps_run"] == 60
+    assert (timing[full]["sessions"], timing[killed]["sessions"]) == (1, 2)
+    assert (before["steps_run"], before["sessions"]) == (saved + 1, 1)
+    assert timing[killed]["train_seconds"] > before["train_seconds"] > 0
     assert all(t["train_seconds"] > 0 and t["eval_seconds"] > 0 for t in timing.values())
 
 

@@ -92,12 +92,20 @@ def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(
-    directory: Path, step: int, model, optimizer, scheduler, keep: int = 2, task=None
+    directory: Path,
+    step: int,
+    model,
+    optimizer,
+    scheduler,
+    keep: int = 2,
+    task=None,
+    timing: dict | None = None,
 ):
     """Save everything needed to continue bit-for-bit at step + 1, including the tensors of a
     task that keeps state (`task.state_dict()`, e.g. a REINFORCE baseline policy).
     `optimizer` and `scheduler`: one each, or dicts {name: one} of a model that trains
-    several (`attnzoo.train.loop`), all saved."""
+    several (`attnzoo.train.loop`), all saved. `timing`: the training time up to this step
+    (`saved_timing`), so that a resumed run reports all of it."""
     directory = Path(directory)
     folder = directory / f"step_{step:08d}"
     tensors = {f"model.{k}": v for k, v in model_tensors(model).items()}
@@ -122,6 +130,8 @@ def save_checkpoint(
         "python_rng": _jsonable(random.getstate()),
         "tensors_sha256": hashlib.sha256(data).hexdigest(),
     }
+    if timing is not None:
+        state["timing"] = timing
     atomic_write(folder / TENSORS, data)
     atomic_write_json(folder / STATE, state)
     atomic_write_json(directory / "latest.json", {"step": step, "path": folder.name})
@@ -217,6 +227,26 @@ def _read_state(folder: Path) -> dict:
     if isinstance(state["step"], bool) or not isinstance(state["step"], int):
         _corrupt(path, f"a non-integer step {state['step']!r}")
     return state
+
+
+TIMING = {"train_seconds": float, "eval_seconds_during": float, "steps_run": int, "sessions": int}
+
+
+def saved_timing(folder: Path) -> dict | None:
+    """The training time a checkpoint records up to its step (`TIMING`'s keys: seconds
+    training and evaluating during training, the steps they cover, the processes that trained
+    it), or None for a checkpoint written before it was kept."""
+    path = Path(folder) / STATE
+    timing = _read_state(Path(folder)).get("timing")
+    if timing is None:
+        return None
+
+    def bad(value, kind) -> bool:
+        return isinstance(value, bool) or not isinstance(value, int | kind) or value < 0
+
+    if not isinstance(timing, dict) or any(bad(timing.get(k), t) for k, t in TIMING.items()):
+        _corrupt(path, f"a malformed 'timing' {timing!r} (expected {sorted(TIMING)}, each >= 0)")
+    return {k: kind(timing[k]) for k, kind in TIMING.items()}
 
 
 def _corrupt(path: Path, why: str):

@@ -37,12 +37,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from attnzoo.core.checks import check_fields, fail
 from attnzoo.train.checkpoint import (
+    TIMING,
     atomic_write,
     atomic_write_json,
     checkpoint_step,
     load_checkpoint,
     resume_point,
     save_checkpoint,
+    saved_timing,
 )
 from attnzoo.train.device import check_device, launched_world, resolve_device
 from attnzoo.train.files import note, read_metrics
@@ -176,6 +178,17 @@ def parameter_groups(model: torch.nn.Module, lr: float) -> list[dict]:
     return [{"params": groups[f], "lr": lr * f} for f in ordered]
 
 
+def _timing(earlier: dict, elapsed: float, eval_during: float, steps: int) -> dict:
+    """`earlier` (a checkpoint's `saved_timing`) plus this process's `elapsed` seconds since
+    its loop began, of which `eval_during` evaluating, over its `steps` steps."""
+    return {
+        "train_seconds": earlier["train_seconds"] + elapsed - eval_during,
+        "eval_seconds_during": earlier["eval_seconds_during"] + eval_during,
+        "steps_run": earlier["steps_run"] + steps,
+        "sessions": earlier["sessions"] + 1,
+    }
+
+
 def train(
     task: Task,
     model: torch.nn.Module,
@@ -189,11 +202,14 @@ def train(
     final evaluation metrics and the device they were computed on (`"device"`).
 
     With `run_dir`, writes metrics.jsonl, final.json, timing.json and checkpoints/ there;
-    timing.json holds the seconds this process spent training (`train_seconds`, evaluations
-    during training excluded and counted in `eval_seconds_during`) and in the final evaluation
-    (`eval_seconds`), kept apart from final.json so that a resumed run's final.json still equals
-    an uninterrupted one's. `resume` continues from a checkpoint (True: the newest intact one,
-    `checkpoint.resume_point`; or the folder given) to the same result as an uninterrupted run.
+    timing.json holds the seconds spent training (`train_seconds`, evaluations during training
+    excluded and counted in `eval_seconds_during`) over the `steps_run` steps they cover and
+    the `sessions` processes that trained the run (a resumed run adds the time its checkpoint
+    recorded; one from a checkpoint that recorded none counts this process alone), and the
+    final evaluation's seconds (`eval_seconds`), kept apart from final.json so that a resumed
+    run's final.json still equals an uninterrupted one's. `resume` continues from a checkpoint
+    (True: the newest intact one, `checkpoint.resume_point`; or the folder given) to the same
+    result as an uninterrupted run.
     """
     device = resolve_device(config.device)
     env = setup_distributed(device)
@@ -220,6 +236,7 @@ def train(
         optimizer = {name: opt for name, opt, _, _ in phases}
         scheduler = {name: sched for name, _, sched, _ in phases}
     start = 0
+    earlier = {k: kind(0) for k, kind in TIMING.items()}  # what a fresh run adds to
     ckpt_dir = Path(run_dir) / "checkpoints" if run_dir else None
     metrics_path = Path(run_dir) / "metrics.jsonl" if run_dir else None
     scalars = getattr(model, "log_scalars", None)
@@ -236,6 +253,7 @@ def train(
                 config.steps,
             )
         start = load_checkpoint(folder, model, optimizer, scheduler, task) + 1
+        earlier = saved_timing(folder) or earlier  # none recorded: this process's time alone
         # 2. the log: lines written after that checkpoint are dropped (a torn last line too)
         for path, value in ((metrics_path, "loss"), (scalars_path, None)):
             if env.main and path is not None and path.exists():
@@ -325,17 +343,17 @@ def train(
             and ckpt_dir is not None
             and ((step + 1) % config.checkpoint_every == 0 or last)
         ):
-            save_checkpoint(ckpt_dir, step, model, optimizer, scheduler, task=task)
+            elapsed = time.perf_counter() - loop_start
+            timing = _timing(earlier, elapsed, eval_during, step + 1 - start)
+            save_checkpoint(ckpt_dir, step, model, optimizer, scheduler, task=task, timing=timing)
         if env.world > 1 and (step + 1) % config.checkpoint_every == 0:
             dist.barrier()
     bar.close()
     eval_start = time.perf_counter()
     final = {**_evaluate(task, model), "device": str(device)}
     timing = {
-        "train_seconds": eval_start - loop_start - eval_during,
-        "eval_seconds_during": eval_during,
+        **_timing(earlier, eval_start - loop_start, eval_during, config.steps - start),
         "eval_seconds": time.perf_counter() - eval_start,
-        "steps_run": config.steps - start,
         "threads": torch.get_num_threads(),
         "device": str(device),
     }
