@@ -177,3 +177,34 @@ def test_model_and_task_interfaces_must_match(capsys):
     err = capsys.readouterr().err.strip()
     fitting = err.split("one of ")[1].split("]")[0]
     assert "'MODEL'" in err and "'bahdanau'" in fitting and "transformer-lm" not in fitting
+
+
+def test_eval_set_changes_only_the_evaluation(tmp_path, capsys):
+    """`attnzoo eval --set` scores a finished run on another held-out set (a task field its
+    config lists in HELD_OUT, or an eval.* key) and refuses what would change the training."""
+    out = tmp_path / "run"
+    tiny = ["train.steps=2", "train.batch_size=2", "model.controller_size=8"]
+    tiny += ["task.test_lengths=3", "task.n_test_per_length=2"]
+    argv = ["train", "ntm", "--task", "bit_copy", "--out", str(out), "--no-progress"]
+    assert main([*argv, *(x for item in tiny for x in ("--set", item))]) == 0
+    final = json.loads((out / "final.json").read_text())
+    assert "bit_errors_len3" in final and "bit_errors_len5" not in final
+    report = tmp_path / "len5.json"
+    sets = ["--set", "task.test_lengths=3,5", "--set", "task.n_test_per_length=4"]
+    capsys.readouterr()
+    assert main(["eval", str(out), *sets, "--json", str(report)]) == 0
+    assert "bit_errors_len5" in capsys.readouterr().out
+    written = json.loads(report.read_text())
+    assert written["changes"] == {"task.n_test_per_length": 4, "task.test_lengths": [3, 5]}
+    assert {"bit_errors_len3", "bit_errors_len5"} <= written["metrics"].keys()
+    assert json.loads((out / "final.json").read_text()) == final  # the run is left as it was
+    # refused: a field that shapes the training data, the training loss, an existing --json
+    for item, named in (
+        ("task.max_len=5", "'task.max_len'"),
+        ("eval.label_smoothing=0.1", "'eval.label_smoothing'"),
+    ):
+        assert main(["eval", str(out), "--set", item]) == 2
+        err = capsys.readouterr().err
+        assert named in err and "task.n_test_per_length" in err and err.count("\n") == 1
+    assert main(["eval", str(out), "--json", str(report)]) == 2
+    assert "'--json' expected a new file" in capsys.readouterr().err

@@ -127,11 +127,24 @@ def cmd_explore(args) -> None:
 
 
 def cmd_eval(args) -> None:
+    """Evaluate a run's newest weights under its config, changed by the --set items that
+    change only the evaluation (`runs.evaluation_keys`: e.g. a larger test set, a beam); with
+    --json, also write the metrics and the changes to that new file."""
     from attnzoo import runs
+    from attnzoo.core.checks import fail
 
-    config, task, model = runs.load_run(Path(args.dir), device=args.device)
+    out = Path(args.json) if args.json else None
+    if out is not None and (out.exists() or not out.parent.is_dir()):
+        why = "exists" if out.exists() else "no such folder"
+        fail("attnzoo eval", "--json", "a new file in an existing folder", f"{out} ({why})")
+    config, task, model = runs.load_run(Path(args.dir), device=args.device, sets=args.set)
     metrics = task.evaluate(model)
     console.print(_table(f"{config['model_name']} on {config['task_name']}", metrics))
+    if out is not None:
+        changes = runs.differences(runs.read_config(Path(args.dir)), config)
+        found = {"run": str(args.dir), "changes": {k: new for k, _, new in changes}}
+        runs.atomic_write_json(out, {**found, "metrics": metrics})
+        console.print(str(out))
 
 
 def cmd_plot(args) -> None:
@@ -192,6 +205,16 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("dir")
         sp.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
         sp.set_defaults(func=func)
+        if name == "eval":
+            sp.add_argument(
+                "--set",
+                action="append",
+                default=[],
+                metavar="KEY=VALUE",
+                help="a key that changes only the evaluation: eval.* (not label_smoothing) or "
+                "a task field its config lists in HELD_OUT, e.g. task.n_test=5000",
+            )
+            sp.add_argument("--json", default=None, help="also write the metrics to this new file")
     explore = sub.add_parser(
         "explore", help="write a run's attention explorer (one self-contained HTML page)"
     )

@@ -50,6 +50,12 @@ RESUMABLE = (
     "eval.batch_size",
 )
 
+# The keys `attnzoo eval --set` may change in a finished run's config: how it is evaluated
+# (RESUMABLE's eval keys; label smoothing enters the training loss) and the task fields its
+# config class names in `HELD_OUT`, which change what is scored and never what was trained
+# (e.g. how many test images are drawn from the official test digits): `evaluation_keys`.
+EVALUATION = tuple(key for key in RESUMABLE if key.startswith("eval."))
+
 EXPLORER = "explore.html"  # the explorer page's default name in a run (`attnzoo explore`)
 # What a run writes in its directory (`overwrite` clears these, and refuses anything else)
 RUN_FILES = (
@@ -200,6 +206,31 @@ def resume_config(
             if value is not None:
                 given[key] = value
     check_resumable(saved, given)
+    return given
+
+
+def evaluation_keys(task: str) -> tuple[str, ...]:
+    """The config keys `evaluation_config` may change for a run of `task` (`EVALUATION`)."""
+    held_out = getattr(TASKS[task].config_type(), "HELD_OUT", ())
+    return EVALUATION + tuple(f"task.{name}" for name in held_out)
+
+
+def evaluation_config(run_dir: Path, sets: list[str] = ()) -> dict:
+    """A finished run's config (`read_config`) with the `--set` items of `attnzoo eval`
+    applied: a key outside `evaluation_keys` set to another value is an error listing every
+    such change, before any data is built (the weights were trained under the saved values)."""
+    saved = read_config(run_dir)
+    given = apply_overrides(copy.deepcopy(saved), list(sets))
+    allowed = evaluation_keys(saved["task_name"])
+    refused = [c for c in differences(saved, given) if c[0] not in allowed]
+    if refused:
+        fail(
+            "attnzoo eval",
+            ", ".join(key for key, _, _ in refused),
+            f"a key that changes only the evaluation (one of {', '.join(allowed)}; "
+            "train a new run for the rest)",
+            listing(refused),
+        )
     return given
 
 

@@ -25,6 +25,9 @@ from attnzoo.rundir import (  # noqa: F401  (the config half of this module's pu
     clear,
     configs,
     default_config,
+    differences,
+    evaluation_config,
+    evaluation_keys,
     listing,
     main_process,
     read_config,
@@ -134,12 +137,13 @@ def attach_runs(task) -> None:
         task.use_run(field, run_config, model)
 
 
-def load_run(run_dir: Path, device: str = "auto"):
-    """(config, task, model) of a run, the newest weights on `device` (as `train.device`).
-    A damaged newest checkpoint is an error naming its file (`--resume` falls back to an
-    older one; evaluating one would report another run's result)."""
+def load_run(run_dir: Path, device: str = "auto", sets: list[str] = ()):
+    """(config, task, model) of a run, the newest weights on `device` (as `train.device`),
+    its config changed by the `sets` items that change only the evaluation
+    (`evaluation_config`). A damaged newest checkpoint is an error naming its file (`--resume`
+    falls back to an older one; evaluating one would report another run's result)."""
     run_dir = Path(run_dir)
-    config = read_config(run_dir)
+    config = evaluation_config(run_dir, sets)
     folder = latest_checkpoint(run_dir / "checkpoints")
     if folder is None:
         fail("attnzoo", "DIR", "a run with a checkpoint", f"none under {run_dir}/checkpoints")

@@ -63,6 +63,8 @@ class BanditsConfig:
     seed: draws the held-out episodes and the held-out sampling.
     """
 
+    HELD_OUT = ("test_episodes",)  # only scoring reads them (attnzoo eval --set)
+
     arms: int = 5
     pulls: int = 10
     test_episodes: int = 1000

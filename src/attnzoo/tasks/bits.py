@@ -56,6 +56,8 @@ class BitsConfig:
         seed: the held-out set (the training batches follow `train.seed`).
     """
 
+    HELD_OUT = ("test_lengths", "n_test_per_length")  # only scoring reads them (attnzoo eval --set)
+
     kind: str = "copy"
     bits: int = 8
     min_len: int = 1

@@ -81,6 +81,8 @@ class DigitCaptionsConfig:
     seed: composes the held-out images.
     """
 
+    HELD_OUT = ("n_test",)  # only scoring reads them (attnzoo eval --set)
+
     canvas: int = 64
     min_digits: int = 1
     max_digits: int = 4

@@ -123,6 +123,8 @@ class GlyphsConfig:
     seed: draws the held-out episodes (training episodes use the run's seed).
     """
 
+    HELD_OUT = ("eval_queries", "test_episodes")  # only scoring reads them (attnzoo eval --set)
+
     ways: int = 5
     shots: int = 1
     queries: int = 5

@@ -73,6 +73,8 @@ class MnistConfig:
         `sat-encoder` learns the digits at the sizes `digit_captions` draws them.
     """
 
+    HELD_OUT = ("n_test",)  # only scoring reads them (attnzoo eval --set)
+
     kind: str = "mnist"
     canvas: int = 0
     clutter: int = 4

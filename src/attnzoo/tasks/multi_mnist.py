@@ -47,6 +47,8 @@ class MultiMnistConfig:
     seed: composes the held-out images.
     """
 
+    HELD_OUT = ("n_test",)  # only scoring reads them (attnzoo eval --set)
+
     kind: str = "multi"
     digits: int = 2
     canvas: int = 64

@@ -42,6 +42,8 @@ MAX_EXACT_TSP = 12  # Held-Karp sizes: exact tours for training labels and the o
 
 @dataclass(frozen=True)
 class PointingConfig:
+    HELD_OUT = ("test_sizes", "n_test")  # only scoring reads them (attnzoo eval --set)
+
     kind: str = "tsp"  # sort_numbers | convex_hull | tsp
     n_min: int = 10  # inputs per training instance: uniform in [n_min, n_max], one n per batch
     n_max: int = 10
