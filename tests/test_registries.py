@@ -69,7 +69,7 @@ def test_list_prints_every_name(capsys):
 SIZES = {"channels": 1, "classes": 10, "labels": 3, "vocab": 20, "max_len": 8, "ways": 5}
 SIZES |= {"shots": 1, "source_vocab": 20, "target_vocab": 20, "max_source_len": 12}
 SIZES |= {"max_target_len": 12, "input_dim": 2, "input_size": 8, "output_size": 8}
-SIZES |= {"arms": 5, "pulls": 10, "image_size": (32, 32), "end_token": True}
+SIZES |= {"arms": 5, "pulls": 10, "inputs": 7, "image_size": (32, 32), "end_token": True}
 BAD = {"image_size": [32, (32,), (32, 0), (32.0, 32.0), (True, 32), "32x32"]}
 BAD["end_token"] = [1, "yes", None]
 CASES = [

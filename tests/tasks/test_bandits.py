@@ -44,6 +44,59 @@ def test_inputs_hold_the_previous_pull_and_its_reward():
     assert torch.equal(x, expected)
 
 
+def test_the_outcome_encoding_shows_each_pull_at_its_arm_and_outcome():
+    """`arm_outcome`: a success of arm a at channel a, a failure at N + a, then the reward and
+    the start flag, so summing the inputs so far counts each arm's successes and failures."""
+    actions, rewards = torch.tensor([[2, 0, 2]]), torch.tensor([[1.0, 0.0, 0.0]])
+    x = B.inputs_of(actions, rewards, 3, "arm_outcome")
+    assert x.shape == (1, 4, B.input_width(3, "arm_outcome")) == (1, 4, 8)
+    expected = torch.zeros(1, 4, 8)
+    expected[0, 0, 7] = 1  # the start flag
+    expected[0, 1, 2] = expected[0, 1, 6] = 1  # arm 2 paid 1
+    expected[0, 2, 3] = 1  # arm 0 paid 0
+    expected[0, 3, 5] = 1  # arm 2 paid 0
+    assert torch.equal(x, expected)
+    counts = x[0, 1:, :6].sum(0).reshape(2, 3)  # (successes, failures) per arm
+    assert counts.tolist() == [[0, 0, 1], [1, 0, 1]]
+
+
+@pytest.mark.parametrize(("field", "value"), [("encoding", "onehot"), ("value", "mean")])
+def test_unknown_options_are_named(field, value):
+    options = {"encoding": B.ENCODINGS, "value": B.VALUES}[field]
+    with pytest.raises(ValueError) as error:
+        replace(CONFIG, **{field: value})
+    assert f"'{field}' expected one of {list(options)}, got {value!r}" in str(error.value)
+
+
+@pytest.mark.parametrize("encoding", B.ENCODINGS)
+def test_the_model_reads_the_encodings_width_and_plays_it(encoding):
+    config = replace(CONFIG, encoding=encoding)
+    task = B.BanditsTask(config, seed=1, eval_config=EvalConfig(limit=0))
+    torch.manual_seed(0)
+    dims = task.model_dims()
+    assert dims["inputs"] == B.input_width(CONFIG.arms, encoding)
+    model = SnailPolicy(snail_bandit(filters=4, key_size=4, value_size=3), **dims)
+    loss, _ = task.loss(model, task.batch(0, 4, "cpu"))
+    assert loss.isfinite()
+    assert task.evaluate(model)["n"] == CONFIG.test_episodes
+    with pytest.raises(ValueError, match="'inputs'"):
+        model(torch.zeros(1, 2, dims["inputs"] + 1))
+
+
+@pytest.mark.parametrize("discount", [1.0, 0.9])
+def test_a_per_pull_value_is_scaled_by_the_pulls_left(discount):
+    """`value="per_pull"`: the baseline at step t is the output times the discounted count of
+    the pulls from t on (K - t undiscounted), computed here by a loop."""
+    task = B.BanditsTask(replace(CONFIG, value="per_pull", discount=discount), seed=1,
+                         eval_config=EvalConfig())  # fmt: skip
+    value = torch.rand(2, CONFIG.pulls, dtype=torch.float64)
+    left = [sum(discount**k for k in range(CONFIG.pulls - t)) for t in range(CONFIG.pulls)]
+    expected = value * torch.tensor(left, dtype=torch.float64)
+    torch.testing.assert_close(task.baseline(value), expected, rtol=1e-12, atol=0)
+    total = B.BanditsTask(replace(CONFIG, discount=discount), seed=1, eval_config=EvalConfig())
+    assert torch.equal(total.baseline(value), value)
+
+
 def test_ucb1_against_a_loop():
     rng = np.random.default_rng(0)
     payoff = (rng.random((5, 9, 3)) < 0.5).astype(float)

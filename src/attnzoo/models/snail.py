@@ -399,15 +399,18 @@ class PolicyTape:
 
 class SnailPolicy(nn.Module):
     """SNAIL as a recurrent policy over a bandit episode ("bandit" interface,
-    `attnzoo.tasks.bandits`): inputs (b, t, arms + 2) -> logits (b, t, arms), value (b, t)."""
+    `attnzoo.tasks.bandits`): inputs (b, t, inputs) -> logits (b, t, arms), value (b, t);
+    `inputs` channels a step (default arms + 2, the paper's arm and reward and a start flag)."""
 
-    def __init__(self, config: SnailPolicyConfig, arms: int, pulls: int):
+    def __init__(self, config: SnailPolicyConfig, arms: int, pulls: int, inputs: int | None = None):
         super().__init__()
         check_size("SnailPolicy", "arms", arms)
         check_size("SnailPolicy", "pulls", pulls)
+        self.width = arms + 2 if inputs is None else inputs
+        check_size("SnailPolicy", "inputs", self.width)
         self.arms, self.pulls = arms, pulls
         self.detach_value = config.detach_value
-        width = arms + 2
+        width = self.width
         self.tc = nn.ModuleList()
         for _ in range(config.layers):
             self.tc.append(TCBlock(width, pulls, config.filters))
@@ -428,11 +431,11 @@ class SnailPolicy(nn.Module):
         return PolicyOutput(self.policy(x), value, named)
 
     def _check_inputs(self, inputs: torch.Tensor, shape: str):
-        if inputs.dim() != shape.count(",") + 1 or inputs.shape[-1] != self.arms + 2:
-            fail("SnailPolicy", "inputs", shape.format(self.arms + 2), tuple(inputs.shape))
+        if inputs.dim() != shape.count(",") + 1 or inputs.shape[-1] != self.width:
+            fail("SnailPolicy", "inputs", shape.format(self.width), tuple(inputs.shape))
 
     def start(self, inputs: torch.Tensor) -> PolicyTape:
-        """An empty tape for `step` over a batch like `inputs` (b, arms + 2): its device, dtype
+        """An empty tape for `step` over a batch like `inputs` (b, width): its device, dtype
         and batch size."""
         self._check_inputs(inputs, "(batch, {})")
         b, width = inputs.shape[0], self.attend.out_channels
@@ -443,7 +446,7 @@ class SnailPolicy(nn.Module):
 
     @torch.no_grad()
     def step(self, tape: PolicyTape, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One more position of an episode, without gradient: `inputs` (b, arms + 2) at step
+        """One more position of an episode, without gradient: `inputs` (b, width) at step
         `tape.t` -> (logits (b, arms), value (b,)), equal to `forward`'s outputs at that step
         on all the inputs so far (tested). Each block computes only the new position: a dense
         block reads its inputs at t and t - R from the tape, the attention block's key and

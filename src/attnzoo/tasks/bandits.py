@@ -14,15 +14,17 @@ Training episodes are drawn from the run's seed and the step; the held-out episo
 `BanditsConfig.seed`. The agent is trained by REINFORCE with a learned value baseline
 (`attnzoo.core.hard.reinforce_loss`) on the rewards to go.
 
-"bandit" interface (`attnzoo.models.registry`): a model is built with `(config, arms, pulls)`
-and called as `model(inputs (batch, steps, arms + 2))`, the input at step t being the one-hot
-of the arm pulled at t - 1, its reward and a flag for t = 0 (zeros otherwise), and returns an
+"bandit" interface (`attnzoo.models.registry`): a model is built with `(config, arms, pulls,
+inputs)` and called as `model(inputs (batch, steps, inputs))`, the input at step t describing
+the pull of step t - 1 as `BanditsConfig.encoding` says (`inputs_of`), with a flag for t = 0
+(zeros otherwise), and returns an
 output with `logits` (batch, steps, arms) over the arm to pull at each step, `value`
 (batch, steps) (the baseline) and `attention` ((name, weights (batch, heads, steps, steps))
 per attention block, when asked). It must be causal: the output at t reads inputs <= t.
 Episodes are played one pull at a time through `model.start(inputs (batch, arms + 2))`, an
 empty tape, and `model.step(tape, inputs)` -> (logits (batch, arms), value (batch,)) at the
-tape's next step, equal to the forward pass's outputs there.
+tape's next step, equal to the forward pass's outputs there. The task reads the value as
+`BanditsConfig.value` says.
 """
 
 from __future__ import annotations
@@ -42,6 +44,16 @@ from attnzoo.core.normalisers import sample_hard
 from attnzoo.tasks.base import EvalConfig, check_counts, model_device, sampling_generator
 
 POLICIES = ("agent", "ucb1", "thompson", "bayes", "random", "oracle")
+# How a pull is shown to the agent at the next step (`inputs_of`): "arm_reward", the paper's
+# one-hot of the arm beside the reward; "arm_outcome", one one-hot over the (arm, outcome)
+# pairs (successes of arm a at a, failures at N + a) beside the reward, so each arm's counts
+# of successes and failures are sums of input channels
+ENCODINGS = ("arm_reward", "arm_outcome")
+# What the agent's value output stands for (`BanditsTask.loss`): "total", the returns
+# themselves; "per_pull", the return per pull still to come, scaled by the discounted count of
+# those pulls (the output stays near the mean reward of a pull at every step, where the
+# returns shrink from about K / 2 to 0 over an episode)
+VALUES = ("total", "per_pull")
 # `bayes_optimal`'s bound on the count vectors it may visit, comb(K + 2N, 2N) (N = 5, K = 10:
 # 184,756, a quarter of a second; N = 10, K = 100: ~1.7e22)
 BAYES_STATES = 2_000_000
@@ -60,6 +72,8 @@ class BanditsConfig:
         (`attnzoo.core.hard.lambda_returns`): 1 is the plain rewards to go; below 1 the value's
         estimates of later steps stand in for part of the summed rewards (less variance over a
         long episode, some bias).
+    encoding: one of ENCODINGS, how the agent sees its earlier pulls.
+    value: one of VALUES, what the agent's value output stands for.
     seed: draws the held-out episodes and the held-out sampling.
     """
 
@@ -71,6 +85,8 @@ class BanditsConfig:
     entropy_weight: float = 0.01
     discount: float = 1.0
     gae_lambda: float = 1.0
+    encoding: str = "arm_reward"
+    value: str = "total"
     seed: int = 0
 
     def __post_init__(self):
@@ -90,6 +106,9 @@ class BanditsConfig:
             x = getattr(self, name)
             if isinstance(x, bool) or not isinstance(x, int | float) or not 0 <= x <= 1:
                 fail("BanditsConfig", name, "a number in [0, 1]", repr(x))
+        for name, options in (("encoding", ENCODINGS), ("value", VALUES)):
+            if getattr(self, name) not in options:
+                fail("BanditsConfig", name, f"one of {list(options)}", repr(getattr(self, name)))
 
 
 class BanditBatch(NamedTuple):
@@ -105,27 +124,35 @@ def draw(config: BanditsConfig, count: int, generator: torch.Generator) -> Bandi
     return BanditBatch(probs, (u < probs.unsqueeze(1)).float(), 0, count * config.pulls)
 
 
-def inputs_of(actions: torch.Tensor, rewards: torch.Tensor, arms: int) -> torch.Tensor:
-    """Pulls so far (b, t) and their rewards (b, t) -> the model's inputs (b, t + 1, arms + 2):
-    step 0 is the start flag, step s > 0 the pull of step s - 1 and its reward."""
+def input_width(arms: int, encoding: str = "arm_reward") -> int:
+    """Channels of one step of `inputs_of`."""
+    return (2 * arms if encoding == "arm_outcome" else arms) + 2
+
+
+def inputs_of(
+    actions: torch.Tensor, rewards: torch.Tensor, arms: int, encoding: str = "arm_reward"
+) -> torch.Tensor:
+    """Pulls so far (b, t) and their rewards (b, t) -> the model's inputs (b, t + 1, width),
+    `input_width` channels: step 0 is the start flag (the last channel), step s > 0 the pull of
+    step s - 1 as `encoding` shows it (ENCODINGS) and its reward."""
     b, t = actions.shape
-    start = rewards.new_zeros(b, 1, arms + 2)
+    start = rewards.new_zeros(b, 1, input_width(arms, encoding))
     start[..., -1] = 1
-    past = torch.cat(
-        [torch.nn.functional.one_hot(actions, arms).to(rewards.dtype), rewards.unsqueeze(-1),
-         rewards.new_zeros(b, t, 1)], -1
-    )  # fmt: skip
-    return torch.cat([start, past], 1)  # (b, t + 1, N + 2)
+    arm = torch.nn.functional.one_hot(actions, arms).to(rewards.dtype)  # (b, t, N)
+    reward = rewards.unsqueeze(-1)
+    shown = [arm * reward, arm * (1 - reward)] if encoding == "arm_outcome" else [arm]
+    past = torch.cat([*shown, reward, rewards.new_zeros(b, t, 1)], -1)
+    return torch.cat([start, past], 1)  # (b, t + 1, width)
 
 
-def rollout(model, batch: BanditBatch, generator, greedy: bool = False):
+def rollout(model, batch: BanditBatch, generator, greedy: bool = False, encoding="arm_reward"):
     """Play every episode of `batch` with the model's policy (sampled; `greedy`: its argmax),
-    one position at a time through the model's `step`: (actions (b, K), rewards (b, K)), no
-    gradient."""
+    one position at a time through the model's `step`, each pull shown as `encoding` says:
+    (actions (b, K), rewards (b, K)), no gradient."""
     b, pulls, arms = batch.payoff.shape
     actions = batch.payoff.new_zeros(b, pulls, dtype=torch.long)
     rewards = batch.payoff.new_zeros(b, pulls)
-    inputs = batch.payoff.new_zeros(b, arms + 2)
+    inputs = batch.payoff.new_zeros(b, input_width(arms, encoding))
     inputs[:, -1] = 1  # the start flag
     rows = torch.arange(b, device=inputs.device)
     with torch.no_grad():
@@ -135,7 +162,7 @@ def rollout(model, batch: BanditBatch, generator, greedy: bool = False):
             pick = logits.argmax(-1) if greedy else sample_hard(logits, generator=generator).index
             actions[:, t] = pick
             rewards[:, t] = batch.payoff[rows, t, pick]
-            inputs = inputs_of(actions[:, t : t + 1], rewards[:, t : t + 1], arms)[:, 1]
+            inputs = inputs_of(actions[:, t : t + 1], rewards[:, t : t + 1], arms, encoding)[:, 1]
     return actions, rewards
 
 
@@ -252,7 +279,24 @@ class BanditsTask:
         self.eval_config = eval_config or EvalConfig()
 
     def model_dims(self) -> dict:
-        return {"arms": self.config.arms, "pulls": self.config.pulls}
+        c = self.config
+        return {"arms": c.arms, "pulls": c.pulls, "inputs": input_width(c.arms, c.encoding)}
+
+    def _inputs(self, actions: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+        return inputs_of(actions, rewards, self.config.arms, self.config.encoding)
+
+    def _rollout(self, model, batch: BanditBatch, generator, greedy: bool = False):
+        return rollout(model, batch, generator, greedy, self.config.encoding)
+
+    def baseline(self, value: torch.Tensor) -> torch.Tensor:
+        """The model's value output (b, K) as the expected returns from each step
+        (`BanditsConfig.value`): itself ("total") or times the discounted count of the pulls
+        from that step on ("per_pull")."""
+        if self.config.value == "total":
+            return value
+        left = torch.arange(value.shape[1], 0, -1, dtype=value.dtype, device=value.device)
+        d = self.config.discount
+        return value * (left if d == 1 else (1 - d**left) / (1 - d))  # K - t pulls left
 
     def batch(
         self, step: int, batch_size: int, device: torch.device | str, rank: int = 0, world: int = 1
@@ -266,19 +310,20 @@ class BanditsTask:
         )
 
     def loss(self, model: torch.nn.Module, batch: BanditBatch) -> tuple[torch.Tensor, int]:
-        """REINFORCE with the model's value as a learned baseline, on the TD(lambda) returns
-        (the rewards to go at lambda 1) of episodes played by the model's sampled policy, plus
-        an entropy bonus."""
+        """REINFORCE with the model's value as a learned baseline (`baseline`), on the
+        TD(lambda) returns (the rewards to go at lambda 1) of episodes played by the model's
+        sampled policy, plus an entropy bonus."""
         g = sampling_generator(batch.payoff.device).manual_seed(self.seed * 7 + batch.step)
-        actions, rewards = rollout(model, batch, g)
-        out = model(inputs_of(actions[:, :-1], rewards[:, :-1], self.config.arms))
+        actions, rewards = self._rollout(model, batch, g)
+        out = model(self._inputs(actions[:, :-1], rewards[:, :-1]))
+        value = self.baseline(out.value)
         log_p = torch.log_softmax(out.logits, -1)  # (b, K, N)
         log_pi = log_p.gather(-1, actions.unsqueeze(-1)).squeeze(-1)  # (b, K)
         entropy = -(log_p.exp() * log_p).sum(-1)  # (b, K)
         terms = reinforce_loss(
             log_pi,
-            lambda_returns(rewards, out.value, self.config.discount, self.config.gae_lambda),
-            out.value,
+            lambda_returns(rewards, value, self.config.discount, self.config.gae_lambda),
+            value,
             entropy=entropy,
             entropy_weight=self.config.entropy_weight,
         )
@@ -297,7 +342,7 @@ class BanditsTask:
             device = model_device(model)
             g = sampling_generator(device).manual_seed(self.config.seed + 17)
             on = BanditBatch(batch.probs.to(device), batch.payoff.to(device), 0, batch.items)
-            found["agent"] = rollout(model, on, g)[1].double().cpu().numpy()
+            found["agent"] = self._rollout(model, on, g)[1].double().cpu().numpy()
         payoff = batch.payoff.double().numpy()
         found["ucb1"] = ucb1(payoff)
         found["thompson"] = thompson(payoff, self.config.seed + 23)
@@ -343,10 +388,8 @@ class BanditsTask:
         batch = self.held_out(count)
         device = model_device(model)
         on = BanditBatch(batch.probs.to(device), batch.payoff.to(device), 0, batch.items)
-        actions, rewards = rollout(model, on, None, greedy=True)
-        out = model(
-            inputs_of(actions[:, :-1], rewards[:, :-1], self.config.arms), return_weights=True
-        )
+        actions, rewards = self._rollout(model, on, None, greedy=True)
+        out = model(self._inputs(actions[:, :-1], rewards[:, :-1]), return_weights=True)
         examples = []
         for k in range(count):
             pulls = [
