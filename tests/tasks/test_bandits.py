@@ -170,10 +170,14 @@ def test_rollout_plays_what_the_policy_picks_on_every_prefix(task):
     assert torch.equal(actions, played) and torch.equal(rewards, paid)
 
 
-def test_rollout_and_loss_run_on_the_device(task, device):
-    model = tiny_policy().to(device)
+@pytest.mark.parametrize("options", [{}, {"encoding": "arm_outcome", "value": "per_pull"}])
+def test_rollout_and_loss_run_on_the_device(options, device):
+    task = B.BanditsTask(replace(CONFIG, **options), seed=1, eval_config=EvalConfig())
+    torch.manual_seed(0)
+    config = snail_bandit(filters=4, key_size=4, value_size=3)
+    model = SnailPolicy(config, **task.model_dims()).to(device)
     batch = task.batch(0, 4, device)
-    actions, rewards = B.rollout(model, batch, None)
+    actions, rewards = task._rollout(model, batch, None)
     assert actions.device.type == device.type and rewards.shape == (4, CONFIG.pulls)
     loss, _ = task.loss(model, batch)
     loss.backward()
