@@ -21,7 +21,7 @@ the pull of step t - 1 as `BanditsConfig.encoding` says (`inputs_of`), with a fl
 output with `logits` (batch, steps, arms) over the arm to pull at each step, `value`
 (batch, steps) (the baseline) and `attention` ((name, weights (batch, heads, steps, steps))
 per attention block, when asked). It must be causal: the output at t reads inputs <= t.
-Episodes are played one pull at a time through `model.start(inputs (batch, arms + 2))`, an
+Episodes are played one pull at a time through `model.start(inputs (batch, inputs))`, an
 empty tape, and `model.step(tape, inputs)` -> (logits (batch, arms), value (batch,)) at the
 tape's next step, equal to the forward pass's outputs there. The task reads the value as
 `BanditsConfig.value` says.
