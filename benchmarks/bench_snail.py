@@ -79,9 +79,9 @@ BANDITS = {
     # the same budget with the options a probe found the agent learns with at K = 100: each
     # pull shown by its (arm, outcome), the value read per pull to come, TD(0.5) returns (a
     # 1,000-step probe, 300 held-out episodes: 58.1 per episode; 56.7 at lambda 0.8, 53.6 at 1,
-    # 51.4 with the paper's inputs and value, whose value head had learned the returns to go
-    # while its policy's entropy at the first pull was 0.12 of log 10 = 2.30: it had collapsed
-    # onto arms regardless of their payoffs; the random policy 49.4)
+    # 51.4 with either change alone, 50.9 with neither: the paper's setting, whose value head
+    # had learned the returns to go while its policy's entropy at the first pull was 0.12 of
+    # log 10 = 2.30, collapsed onto arms regardless of their payoffs; the random policy 49.4)
     "bandits-n10-k100-outcome": (
         "bandits_n10_k100",
         [
