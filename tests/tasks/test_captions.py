@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from attnzoo.models.show_attend_tell import ShowAttendTell, hard, soft
+from attnzoo.models.show_attend_tell import CREDITS, ShowAttendTell, hard, soft
 from attnzoo.tasks import captions
 from attnzoo.tasks.base import EvalConfig
 from attnzoo.tasks.captions import (
@@ -169,6 +169,46 @@ def test_the_loss_adds_the_penalty_and_counts_real_tokens(task):
     assert batch.step == 0 and not bool(warm.reward_baseline.started)
     task.loss(warm, task.batch(10, 4, "cpu"))
     assert bool(warm.reward_baseline.started)
+
+
+def test_to_go_credit_is_the_words_from_each_step_on_against_reading_by_expectation(task):
+    """credit="to_go": the policy term of step t weighs log pi_t by the log-likelihood of the
+    words from t on minus theirs when every step reads by expectation (a float64 reference
+    with a reversed cumulative sum), in place of the caption credit's whole-caption reward and
+    moving average."""
+    torch.manual_seed(0)
+    small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8, dropout=0.0)
+    config = hard(**small, expectation_rate=0.0, entropy_weight=0.0, credit="to_go")
+    model = ShowAttendTell(config, **task.model_dims()).double()
+    assert not hasattr(model, "reward_baseline")
+    batch = task.batch(3, 6, "cpu")
+    batch = batch._replace(images=batch.images.double())
+    loss, _ = task.loss(model, batch)
+    g = torch.Generator().manual_seed(task.seed * 7 + batch.step)  # the loss's own draws
+    inputs = (batch.images, batch.tokens_in, batch.lengths)
+    out = model(*inputs, sample=True, generator=g, step=batch.step)
+    ref = model(*inputs, sample=False, expectation=True)
+    real = batch.tokens_out != 0
+
+    def words(log_probs):
+        return log_probs.gather(-1, batch.tokens_out.unsqueeze(-1)).squeeze(-1) * real
+
+    to_go = lambda x: x.flip(1).cumsum(1).flip(1)  # noqa: E731
+    advantage = to_go(words(out.log_probs)) - to_go(words(ref.log_probs))
+    expected = -words(out.log_probs).sum() - (advantage * out.log_pi * real).sum()
+    assert out.expected is None  # expectation_rate 0: every image samples
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-9)
+    assert advantage.abs().max() > 1e-3  # the samples did change the words' likelihood
+
+
+@pytest.mark.parametrize("credit", CREDITS)
+def test_hard_loss_runs_on_the_device(task, credit, device):
+    small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8, credit=credit)
+    model = ShowAttendTell(hard(**small), **task.model_dims()).to(device)
+    loss, _ = task.loss(model, task.batch(0, 4, device))
+    loss.backward()
+    assert loss.device.type == device.type
+    assert all(p.grad.device.type == device.type for p in model.parameters() if p.grad is not None)
 
 
 def test_evaluate_reports_bleu_with_its_signature_and_correctness(task):

@@ -69,6 +69,8 @@ from attnzoo.core.types import PreparedKey
 from attnzoo.models.image_baselines import ClassifierOutput, pool_then_relu
 
 VARIANTS = ("soft", "hard", "none")
+# How REINFORCE credits a sampled location (hard only; ShowAttendTellConfig.credit)
+CREDITS = ("caption", "to_go")
 CHANNELS = (16, 32, 64, 64)  # the encoder's default convolutions
 
 
@@ -92,6 +94,15 @@ class ShowAttendTellConfig:
     expectation_warmup: hard only: training steps over which that probability falls linearly
         from 1 (every caption by expectation: soft attention without beta) to
         `expectation_rate`; 0: `expectation_rate` from the first step (the paper).
+    credit: hard only, one of CREDITS: what REINFORCE credits a sampled location with.
+        "caption" (Xu 2015 eq. 12): every step gets the whole caption's log-likelihood minus
+        a moving average of it (`baseline_momentum`). "to_go": step t gets the
+        log-likelihood of the words from t on, minus that of the same words when the same
+        image is read by expectation at every step (a second pass without gradient): a
+        baseline per image and step, as self-critical sequence training (Rennie et al. 2017)
+        takes its greedy caption's score. Neither baseline depends on the samples, so both
+        estimates are unbiased; "to_go" removes what the moving average cannot, the spread of
+        log-likelihoods between captions of one to four digits.
     """
 
     variant: str = "soft"
@@ -106,11 +117,14 @@ class ShowAttendTellConfig:
     baseline_momentum: float = 0.9
     expectation_rate: float = 0.5
     expectation_warmup: int = 0
+    credit: str = "caption"
 
     def __post_init__(self):
         check_fields(self)
         if self.variant not in VARIANTS:
             fail("ShowAttendTellConfig", "variant", f"one of {list(VARIANTS)}", repr(self.variant))
+        if self.credit not in CREDITS:
+            fail("ShowAttendTellConfig", "credit", f"one of {list(CREDITS)}", repr(self.credit))
         _check_channels("ShowAttendTellConfig", self.channels)
         for name in ("embed_dim", "hidden", "attn_hidden"):
             check_size("ShowAttendTellConfig", name, getattr(self, name))
@@ -359,7 +373,7 @@ class ShowAttendTell(nn.Module):
         self.out_h = nn.Linear(c.hidden, c.embed_dim)  # L_h
         self.out_z = nn.Linear(d, c.embed_dim, bias=False)  # L_z
         self.out = nn.Linear(c.embed_dim, vocab)  # L_o
-        if c.variant == "hard":
+        if c.variant == "hard" and c.credit == "caption":
             self.reward_baseline = MovingAverageBaseline(c.baseline_momentum)
 
     # ----- encoder and start -----
@@ -439,12 +453,14 @@ class ShowAttendTell(nn.Module):
         sample: bool = True,
         generator: torch.Generator | None = None,
         step: int | None = None,
+        expectation: bool = False,
     ) -> CaptionOutput:
         """Teacher forcing. images (b, C, H, W); tokens_in (b, t) <bos> + words, padded;
         lengths (b,) real steps (words + <end>). Returns `CaptionOutput`; `penalty` is the
         doubly stochastic term lambda * sum_b sum_i (1 - sum_{t < length_b} alpha_bti)^2.
         A hard model in training mode draws, from `generator`, which images attend by
-        expectation (`expectation_rate_at(step)`; `CaptionOutput.expected`)."""
+        expectation (`expectation_rate_at(step)`; `CaptionOutput.expected`); with
+        `expectation` every image does (as `start`'s)."""
         if tokens_in.dim() != 2 or tokens_in.shape[0] != images.shape[0]:
             fail(
                 "ShowAttendTell",
@@ -452,9 +468,9 @@ class ShowAttendTell(nn.Module):
                 f"(batch = {images.shape[0]}, steps) token ids",
                 tuple(tokens_in.shape),
             )
-        state = self.start(images, generator)
+        state = self.start(images, generator, expectation=expectation)
         rate = self.expectation_rate_at(step)
-        if self.config.variant == "hard" and sample and self.training and rate:
+        if self.config.variant == "hard" and sample and self.training and rate and not expectation:
             draw = torch.rand(images.shape[0], generator=generator, device=images.device)
             state.expected = draw < rate  # (b,)
         steps = tokens_in.shape[1]

@@ -25,13 +25,15 @@ test split. Training batches are a pure function of (seed, step); held-out image
 "caption" interface (`attnzoo.models.registry`): a model is built with `(config, vocab,
 max_len, image_size, channels)` and offers
 
-- `forward(images, tokens_in, lengths, sample=..., generator=..., step=...)` (step: the
-  training step, or None outside training) -> an output with
+- `forward(images, tokens_in, lengths, sample=..., generator=..., step=..., expectation=...)`
+  (step: the training step, or None outside training; expectation: a hard model reads every
+  image by expectation) -> an output with
   `log_probs` (batch, steps, vocab), `penalty` (a summed regulariser, e.g. the doubly
   stochastic term, over the `lengths` real steps), `weights` (batch, steps, L) over the
   feature map's L = `grid[0] * grid[1]` cells or None (no attention), `grid`; a hard-attention
-  model also `log_pi`, `entropy` and `locations` (batch, steps) and `reward_baseline` (a
-  `attnzoo.core.hard.MovingAverageBaseline` module on the model);
+  model also `log_pi`, `entropy` and `locations` (batch, steps), and with `config.credit`
+  "caption" `reward_baseline` (a `attnzoo.core.hard.MovingAverageBaseline` module on the
+  model);
 - `start(images, generator=None)` and `decode_step(tokens, state)` for the decoding engine
   (`attnzoo.decoding`), whose state has `weights` (batch, L): the last step's attention (the
   sampled location, one-hot, for hard attention).
@@ -47,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.core.checks import check_fields, fail
-from attnzoo.core.hard import hybrid_loss, reinforce_loss
+from attnzoo.core.hard import hybrid_loss, reinforce_loss, rewards_to_go
 from attnzoo.decoding import decode
 from attnzoo.tasks.base import (
     EvalConfig,
@@ -367,31 +369,40 @@ class DigitCaptionsTask:
 
     def loss(self, model: torch.nn.Module, batch: CaptionBatch) -> tuple[torch.Tensor, int]:
         """Summed cross-entropy over the real target tokens (<end> included) plus the model's
-        penalty (the doubly stochastic term); with hard attention, plus REINFORCE (Xu 2015
-        eq. 12): reward log p(y | s, a) of the whole caption for every sampled location,
-        minus a moving-average baseline, with an entropy bonus, counted on real steps of the
-        images that sampled (not those that attended by expectation, `out.expected`)."""
+        penalty (the doubly stochastic term); with hard attention, plus REINFORCE with an
+        entropy bonus, counted on real steps of the images that sampled (not those that
+        attended by expectation, `out.expected`), crediting each sampled location as
+        `ShowAttendTellConfig.credit` says: "caption", Xu 2015 eq. 12, the whole caption's
+        log p(y | s, a) minus a moving-average baseline; "to_go", the log-likelihood of the
+        words from its step on minus that of the same words read by expectation."""
         g = sampling_generator(batch.images.device).manual_seed(self.seed * 7 + batch.step)
-        out = model(
-            batch.images, batch.tokens_in, batch.lengths, sample=True, generator=g, step=batch.step
-        )
+        inputs = (batch.images, batch.tokens_in, batch.lengths)
+        out = model(*inputs, sample=True, generator=g, step=batch.step)
         real = batch.tokens_out != PAD  # (b, t)
-        token_ll = out.log_probs.gather(-1, batch.tokens_out.unsqueeze(-1)).squeeze(-1)
-        token_ll = token_ll * real  # (b, t)
-        nll = -token_ll.sum()
-        supervised = nll + out.penalty
+
+        def read(log_probs: torch.Tensor) -> torch.Tensor:  # (b, t) log p of each real word
+            return log_probs.gather(-1, batch.tokens_out.unsqueeze(-1)).squeeze(-1) * real
+
+        token_ll = read(out.log_probs)
+        supervised = -token_ll.sum() + out.penalty
         log_pi = getattr(out, "log_pi", None)
         if log_pi is None:
             return supervised, batch.tokens
-        reward = token_ll.detach().sum(-1, keepdim=True)  # (b, 1) log p(y | s, a)
         # images that attended by expectation sampled nothing: no policy term, no baseline
         expected = getattr(out, "expected", None)
         sampled = torch.ones_like(real[:, 0]) if expected is None else ~expected  # (b,)
-        tracker = model.reward_baseline
-        # before the first update the tracker holds 0, not a log-likelihood: that one step
-        # uses its sampled images' mean instead (a baseline of one batch, once)
-        first = (reward.squeeze(-1) * sampled).sum() / sampled.sum().clamp(min=1)
-        baseline = torch.where(tracker.started, tracker(), first.expand_as(tracker()))
+        if model.config.credit == "to_go":
+            with torch.no_grad():
+                by_expectation = read(model(*inputs, sample=False, expectation=True).log_probs)
+            reward, baseline = rewards_to_go(token_ll.detach()), rewards_to_go(by_expectation)
+        else:
+            reward = token_ll.detach().sum(-1, keepdim=True)  # (b, 1) log p(y | s, a)
+            tracker = model.reward_baseline
+            # before the first update the tracker holds 0, not a log-likelihood: that one step
+            # uses its sampled images' mean instead (a baseline of one batch, once)
+            first = (reward.squeeze(-1) * sampled).sum() / sampled.sum().clamp(min=1)
+            baseline = torch.where(tracker.started, tracker(), first.expand_as(tracker()))
+            tracker.update(reward.squeeze(-1), sampled)
         policy = reinforce_loss(
             log_pi,
             reward,
@@ -400,7 +411,6 @@ class DigitCaptionsTask:
             entropy_weight=model.config.entropy_weight,
             mask=real & sampled.unsqueeze(-1),
         )
-        tracker.update(reward.squeeze(-1), sampled)
         return hybrid_loss(supervised, policy, weight=model.config.reinforce_weight), batch.tokens
 
     def held_out(self, split: str) -> tuple[CaptionBatch, list[str]]:
