@@ -22,6 +22,10 @@ beside the uniform baseline (box area / canvas area):
   a global max over its last map, then a linear layer), as the paper starts from a classifier;
 - *-pretrained: a row above whose encoder starts from the `encoder` row's weights
   (`train.init_from`) and trains on with the captioner, at the same steps and batch;
+- hard-togo: hard attention from scratch, the paper's recipe except that REINFORCE credits each
+  sampled location with the log-likelihood of the words from its step on minus that of the same
+  words read by expectation (`model.credit=to_go`), where the paper credits every step with the
+  whole caption's minus a moving average;
 - hard-warmup: hard attention from scratch whose share of captions read by expectation starts
   at 1 and falls linearly to the paper's 0.5 over `WARMUP_STEPS` of its steps
   (`model.expectation_warmup`): can captions read by expectation learn where to look before
@@ -81,6 +85,10 @@ FROM_SOFT_SETS = ["model.expectation_rate=0", "model.entropy_weight=0"]
 FROM_SOFT = {"hard-from-soft": "soft-lambda0"}  # id: the soft row it starts from
 FROM_SOFT["hard-from-soft-pretrained"] = "soft-lambda0-pretrained"
 ANNEAL_STEPS = 3000  # hard-anneal-pretrained: from all captions by expectation to none
+# hard-togo: the paper's hard model and budget, each sampled location credited with the words
+# from its step on against the same words read by expectation (a 6,000-step probe on seed 0,
+# scored on the validation images: 78.8 % exact, 8.0 times uniform in the box)
+TO_GO = ["model.credit=to_go"]
 EXPECTED = "exact_match_expected_pct"  # a hard model's captions decoded by expectation
 SEEDS = 3  # the project's rule for a trained comparison (not every row has them yet)
 SMOKE = ["train.steps=3", "train.batch_size=4", "task.n_test=8", "task.n_valid=8"]
@@ -125,6 +133,8 @@ def experiments(budget: str) -> list[Experiment]:
         params = {"model": MODELS["hard"], "sets": [*(sets if smoke else own), *FROM_SOFT_SETS]}
         params["init_from"] = source
         found.append(Experiment(id, "captions", params, seeds, minutes, needs=(source,)))
+    params = {"model": MODELS["hard"], "sets": [*sets, *TO_GO]}
+    found.append(Experiment("hard-togo", "captions", params, seeds, minutes))
     anneal = f"model.expectation_warmup={2 if smoke else ANNEAL_STEPS}"
     params = {"model": MODELS["hard"], "sets": [*sets, anneal, *FROM_SOFT_SETS]}
     params["init_from"] = "encoder"
@@ -182,6 +192,12 @@ def derive(summary: dict) -> dict:
         ),
         "warmup_hard_minus_hard_exact_match": C.paired(
             summary, "exact_match_pct", "hard-warmup", "hard"
+        ),
+        "togo_hard_minus_soft_exact_match": C.paired(
+            summary, "exact_match_pct", "hard-togo", "soft"
+        ),
+        "togo_hard_minus_soft_lambda0_exact_match": C.paired(
+            summary, "exact_match_pct", "hard-togo", "soft-lambda0"
         ),
         **{
             f"{id.removeprefix('hard-').replace('-', '_')}_hard_minus_soft_exact_match": C.paired(
@@ -266,6 +282,8 @@ TARGETS = targets(
      ">=", -5),
     ("hard-warmup: exact match within five points of soft", "compare",
      "warmup_hard_minus_soft_exact_match", ">=", -5),
+    ("hard-togo: exact match within five points of soft", "compare",
+     "togo_hard_minus_soft_exact_match", ">=", -5),
     ("hard-pretrained: exact match within five points of soft-lambda0-pretrained", "compare",
      "pretrained_hard_minus_soft_exact_match", ">=", -5),
     ("hard-from-soft-pretrained (its soft row's steps, then its own): exact match within five "
