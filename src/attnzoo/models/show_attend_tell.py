@@ -44,6 +44,11 @@ Note:
       over W steps, so the expectation's gradient can find the digits before sampled cells
       have to pay for themselves; in the benchmark it does on some seeds only
       (docs/show_attend_tell.md, row hard-warmup).
+    - The paper's credit (`credit="caption"`) gives every step of a caption the same
+      advantage, the whole caption's log-likelihood minus a moving average, and on
+      `digit_captions` that is mostly how many digits the caption names, whatever each step
+      looked at. `credit="to_go"` gives step t the words from t on against the same words read
+      by expectation (docs/show_attend_tell.md, row hard-togo).
     - lambda defaults to 0.1, not the paper's 1: with T ~ 12 words and L = 64 cells, the term
       (summed per caption, as the log-likelihood is) pushes attention to spread over every
       cell, and at 1 it outweighs the caption's log-likelihood once that is learned.
