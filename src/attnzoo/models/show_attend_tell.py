@@ -37,8 +37,9 @@ Note:
       scores and figures are those of the locations it actually used; `start(...,
       expectation=True)` decodes by the expectation instead, as the authors' released code
       generates captions from hard models by default (the task reports both).
-    - From scratch, a sampled cell tells the decoder little, so REINFORCE learns to look where
-      the annotations vary least, the background, and the policy never finds the digits.
+    - From scratch, with the paper's credit, a sampled cell tells the decoder little, so
+      REINFORCE learns to look where the annotations vary least, the background, and the
+      policy never finds the digits.
       `expectation_warmup` W (0 by default: the paper's constant mix) reads every caption by
       expectation at the first step and lowers that share linearly to `expectation_rate`
       over W steps, so the expectation's gradient can find the digits before sampled cells
@@ -48,7 +49,8 @@ Note:
       advantage, the whole caption's log-likelihood minus a moving average, and on
       `digit_captions` that is mostly how many digits the caption names, whatever each step
       looked at. `credit="to_go"` gives step t the words from t on against the same words read
-      by expectation (docs/show_attend_tell.md, row hard-togo).
+      by expectation; with it the policy finds the digits from scratch on every seed of the
+      benchmark (docs/show_attend_tell.md, row hard-togo).
     - lambda defaults to 0.1, not the paper's 1: with T ~ 12 words and L = 64 cells, the term
       (summed per caption, as the log-likelihood is) pushes attention to spread over every
       cell, and at 1 it outweighs the caption's log-likelihood once that is learned.
