@@ -280,7 +280,7 @@ TARGETS = targets(
             ("N=10, K=100, discount 0.9", "bandits-n10-k100-discount0.9"),
             ("N=10, K=100, outcome inputs, per-pull value, TD(0.5)", "bandits-n10-k100-outcome"),
             (
-                "N=10, K=100, outcome inputs, per-pull value, TD(0.5), learning rate 3e-3",
+                "N=10, K=100, outcome inputs, per-pull value, TD(0.5), higher learning rate",
                 "bandits-n10-k100-outcome-lr3e-3",
             ),
             ("N=5, K=10, reduced budget", "reduced-bandits-n5-k10"),
