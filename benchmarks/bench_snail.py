@@ -104,6 +104,17 @@ BANDITS = {
         20.0,
         3,
     ),
+    # the row above at twice its steps (so twice the training episodes; the cosine schedule
+    # decays over all of them): whether the shortfall at 2,000 steps is training left undone
+    "bandits-n10-k100-outcome-lr3e-3-4k": (
+        "bandits_n10_k100",
+        [
+            *("train.steps=4000", "train.batch_size=32", "task.encoding=arm_outcome"),
+            *("task.value=per_pull", "task.gae_lambda=0.5", "train.lr=3e-3"),
+        ],
+        40.0,
+        3,
+    ),
     "reduced-bandits-n5-k10": ("bandits", ["train.steps=3000"], 3.0, 1),
     "bandits-n5-k10-policies": ("bandits", [], 0.1, 1),  # no agent: see the module docstring
 }
@@ -282,6 +293,11 @@ TARGETS = targets(
             (
                 "N=10, K=100, outcome inputs, per-pull value, TD(0.5), higher learning rate",
                 "bandits-n10-k100-outcome-lr3e-3",
+            ),
+            (
+                "N=10, K=100, outcome inputs, per-pull value, TD(0.5), higher learning rate, "
+                "twice the steps",
+                "bandits-n10-k100-outcome-lr3e-3-4k",
             ),
             ("N=5, K=10, reduced budget", "reduced-bandits-n5-k10"),
         )
