@@ -78,7 +78,7 @@ def figures(data: dict, folder: Path) -> list[Path]:
     exist."""
     shown = {
         f"dram_{i}_glimpses.png": C.bench_run_dir("dram", i) / "figures/glimpses.png"
-        for i in ("multi-dram", "addition-dram")
+        for i in ("multi-dram", "addition-dram", "addition-dram-g6")
     }
     return C.copy_run_figures(shown, folder)
 
