@@ -998,7 +998,8 @@ def train_worker(
        run's earlier processes too, `attnzoo.train.loop.train`), seconds per step, steps,
        batch, parameter count, the
        defaults' stamp (`defaults_stamp`: a row is stale once a default changes) and, with
-       `curve`, that metric's learning curve from metrics.jsonl (per evaluation step).
+       `curve`, that metric's learning curve from metrics.jsonl (per evaluation step, or per
+       logged step for the training "loss").
     """
     from attnzoo import runs
 
@@ -1050,7 +1051,8 @@ def train_worker(
     if curve:
         logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         points = [(r["step"] + 1, r[curve]) for r in logged if curve in r]
-        points.append((config["train"]["steps"], metrics[curve]))
+        if curve in metrics:  # an evaluation metric: its final value too (not the loss)
+            points.append((config["train"]["steps"], metrics[curve]))
         metrics["curve"] = [{"step": s, curve: v} for s, v in points]
     return metrics, config, built_task, built_model
 

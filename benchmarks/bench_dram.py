@@ -23,7 +23,7 @@ from pathlib import Path
 
 import _common as C
 from _common import Bench, Experiment, Table, columns, drive, targets
-from bench_ram import worker
+from bench_ram import pixels_read
 
 # train steps and batch at the full budget, per task (the convnet at its task's), and the
 # CPU-minutes one DRAM seed takes: one thread, batch 64, ~70-100 ms a DRAM step on
@@ -41,7 +41,7 @@ ADDITION_G6 = ["model.glimpses=6"]
 ADDITION_G6_MINUTES = 30.0
 SEEDS = 3
 SMOKE = {"steps": 10, "batch_size": 16}
-SMOKE_SETS = ["task.n_test=64", "model.hidden=32"]
+SMOKE_SETS = ["task.n_test=64", "model.hidden=32", "train.log_every=5"]
 
 
 def experiments(budget: str) -> list[Experiment]:
@@ -64,6 +64,14 @@ def experiments(budget: str) -> list[Experiment]:
     return out
 
 
+def worker(params, ctx) -> dict:
+    """bench_ram's worker for these tasks, with the training loss curve (every logged step)."""
+    metrics, _, task, model = C.train_worker(
+        params["sets"], params["model"], params["task"], ctx, curve="loss", figures=3
+    )
+    return {**metrics, **pixels_read(task, model)}
+
+
 COLUMNS = columns("row=id; error % (any label)=error; label error %=label_error")
 COLUMNS += columns("values read / image pixels=pixels_read_ratio")
 COLUMNS += columns("minutes=train_minutes", 1)
@@ -74,13 +82,49 @@ TABLES = [
 
 
 def figures(data: dict, folder: Path) -> list[Path]:
-    """The glimpse paths of seed 0 of the DRAM runs, copied from their run dirs where they
+    """The training loss of every seed of the addition rows that kept it (from the JSON), and
+    the glimpse paths of seed 0 of the DRAM runs, copied from their run dirs where they
     exist."""
     shown = {
         f"dram_{i}_glimpses.png": C.bench_run_dir("dram", i) / "figures/glimpses.png"
         for i in ("multi-dram", "addition-dram", "addition-dram-g6")
     }
-    return C.copy_run_figures(shown, folder)
+    curves = [r for r in data["rows"] if r["id"] in LOSS_ROWS and "curve" in r["metrics"]]
+    return ([_loss_figure(curves, Path(folder) / LOSS_FIGURE)] if curves else []) + (
+        C.copy_run_figures(shown, folder)
+    )
+
+
+LOSS_ROWS = ("addition-dram", "addition-dram-g6", "addition-convnet-multi")
+LOSS_FIGURE = "dram_addition_loss.png"
+
+
+def _loss_figure(rows: list[dict], path: Path) -> Path:
+    """One thin line per seed, a colour per row: the training loss against the step (800 px)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4), dpi=100)
+    ax = fig.add_subplot()
+    colours = dict(zip(LOSS_ROWS, ("tab:blue", "tab:orange", "tab:green"), strict=True))
+    labelled = set()
+    for row in sorted(rows, key=lambda r: (r["id"], r["seed"])):
+        curve = row["metrics"]["curve"]
+        label = None if row["id"] in labelled else row["id"]
+        labelled.add(row["id"])
+        ax.plot(
+            [c["step"] for c in curve],
+            [c["loss"] for c in curve],
+            color=colours[row["id"]],
+            linewidth=1,
+            label=label,
+        )
+    ax.set(xlabel="step", ylabel="training loss (the hybrid loss, per image)")
+    ax.set_title("the sum of two digits: training loss, one line per seed")
+    ax.grid(alpha=0.3)
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
 
 
 TARGETS = targets(

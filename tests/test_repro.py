@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 import subprocess
 import sys
@@ -77,6 +78,10 @@ def _dram(data: dict) -> None:  # the retinas take in fewer values than the imag
     ratio = {i: e["metrics"]["pixels_read_ratio"]["mean"] for i, e in data["summary"].items()}
     assert ratio["multi-dram"] < 1 and ratio["multi-convnet-multi"] == 1
     assert {"error", "label_error"} <= set(data["summary"]["multi-dram"]["metrics"])
+    for row in data["rows"]:  # the training loss of every logged step, for the loss figure
+        steps = [c["step"] for c in row["metrics"]["curve"]]
+        assert steps and steps == sorted(steps) and steps[-1] <= row["metrics"]["steps"], row["id"]
+        assert all(math.isfinite(c["loss"]) for c in row["metrics"]["curve"]), row["id"]
 
 
 def _sagan(data: dict) -> None:  # every row ran in order; the baseline has no gammas
