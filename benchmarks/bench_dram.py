@@ -19,6 +19,7 @@ column stands beside ours.
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import _common as C
@@ -65,11 +66,27 @@ def experiments(budget: str) -> list[Experiment]:
 
 
 def worker(params, ctx) -> dict:
-    """bench_ram's worker for these tasks, with the training loss curve (every logged step)."""
+    """bench_ram's worker for these tasks, with the training loss curve (every logged step) and
+    the step at which that loss starts to fall (`loss_falls_at`)."""
     metrics, _, task, model = C.train_worker(
         params["sets"], params["model"], params["task"], ctx, curve="loss", figures=3
     )
-    return {**metrics, **pixels_read(task, model)}
+    falls = loss_falls_at(metrics["curve"])
+    return {**metrics, **pixels_read(task, model), **({"loss_falls_at": falls} if falls else {})}
+
+
+def loss_falls_at(curve: list[dict], drop: float = 0.1, window: int = 5) -> int | None:
+    """The first logged step at which the mean of the last `window` logged losses is `drop`
+    below the mean of the first 2 * `window` (the start of training); None if it never is, or
+    the curve is too short to tell."""
+    losses = [c["loss"] for c in curve]
+    if len(losses) < 2 * window:
+        return None
+    start = statistics.fmean(losses[: 2 * window])
+    for i in range(window, len(losses) + 1):
+        if statistics.fmean(losses[i - window : i]) < (1 - drop) * start:
+            return curve[i - 1]["step"]
+    return None
 
 
 COLUMNS = columns("row=id; error % (any label)=error; label error %=label_error")

@@ -257,3 +257,20 @@ def test_the_captions_sampling_error_is_the_binomial_one_of_each_rows_mean():
     n = found["n_for_half_point"]
     assert 100 * (0.86 * 0.14 / n) ** 0.5 <= 0.5 < 100 * (0.86 * 0.14 / (n - 1)) ** 0.5
     assert bench_show_attend_tell._sampling({"hard": summary["hard"]}) == {}  # no soft row
+
+
+def test_dram_loss_falls_at_the_first_window_a_tenth_below_the_start():
+    """`bench_dram.loss_falls_at`: the step that ends the first window of logged losses whose
+    mean is 10% below the mean of the first ten; None for a flat or too short curve."""
+    import bench_dram
+
+    def curve(losses):
+        return [{"step": 100 * (i + 1), "loss": x} for i, x in enumerate(losses)]
+
+    flat = [3.0] * 30
+    assert bench_dram.loss_falls_at(curve(flat)) is None
+    assert bench_dram.loss_falls_at(curve(flat[:9])) is None
+    # the mean of a window of five reaches 2.7 (a tenth below 3.0) once it holds four 2.6s:
+    # (3.0 + 4 * 2.6) / 5 = 2.68
+    falls = bench_dram.loss_falls_at(curve(flat[:20] + [2.6] * 10))
+    assert falls == 100 * 24
