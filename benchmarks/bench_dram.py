@@ -123,7 +123,7 @@ def _loss_figure(rows: list[dict], path: Path) -> Path:
     """One thin line per seed, a colour per row: the training loss against the step (800 px)."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 4), dpi=100)
+    fig = Figure(figsize=(8, 4.5), dpi=100)
     ax = fig.add_subplot()
     colours = dict(zip(LOSS_ROWS, ("tab:blue", "tab:orange", "tab:green"), strict=True))
     labelled = set()
@@ -138,10 +138,10 @@ def _loss_figure(rows: list[dict], path: Path) -> Path:
             linewidth=1,
             label=label,
         )
-    ax.set(xlabel="step", ylabel="training loss (the hybrid loss, per image)")
+    ax.set(xlabel="step", ylabel="training loss (per image)")
     ax.set_title("the sum of two digits: training loss, one line per seed")
     ax.grid(alpha=0.3)
-    ax.legend(frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=len(labelled), frameon=False)
     fig.tight_layout()
     fig.savefig(path)
     return path
