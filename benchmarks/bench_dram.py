@@ -40,7 +40,9 @@ MINUTES = {"multi_mnist": 50.0, "mnist_addition": 24.0}  # measured: 19.5 at 10,
 # step, 200 steps measured
 # (a probe, 2026-11-27, seeds 0 and 1 at the default three glimpses, 3,000 steps of a
 # 5,000-step run: the location policy's std at 0.25 instead of 0.1 did not end the loss's
-# plateau sooner, 3.05 and 2.97 at step 3,000 against 2.97 and 2.93; so not a row)
+# plateau sooner, 3.05 and 2.97 at step 3,000 against 2.97 and 2.93; nor did the "where"
+# pathway at the run's full learning rate, `model.where_lr=1`: 3.04 and 3.04 at step 3,000,
+# 2.95 and 3.05 at 5,000; so neither is a row)
 ADDITION_G6 = ["model.glimpses=6"]
 ADDITION_G6_MINUTES = 30.0
 SEEDS = 3
