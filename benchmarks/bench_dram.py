@@ -62,10 +62,9 @@ def experiments(budget: str) -> list[Experiment]:
             params = {"model": model, "task": task, "sets": sets}
             minutes = 0.2 if smoke else MINUTES[task]
             out.append(Experiment(f"{kind}-{model}", kind, params, 1 if smoke else SEEDS, minutes))
-    if not smoke:
-        params = {"model": "dram", "task": "mnist_addition"}
-        params["sets"] = [f"train.{k}={v}" for k, v in FULL["mnist_addition"].items()]
-        params["sets"] += ADDITION_G6
+    if not smoke:  # addition-dram with six glimpses
+        base = next(e for e in out if e.id == "addition-dram")
+        params = {**base.params, "sets": base.params["sets"] + ADDITION_G6}
         out.append(Experiment("addition-dram-g6", "addition", params, SEEDS, ADDITION_G6_MINUTES))
     return out
 
