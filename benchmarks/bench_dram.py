@@ -45,13 +45,14 @@ MINUTES = {"multi_mnist": 50.0, "mnist_addition": 24.0}  # measured: 19.5 at 10,
 # 2.95 and 3.05 at 5,000; so neither is a row)
 ADDITION_G6 = ["model.glimpses=6"]
 ADDITION_G6_MINUTES = 30.0
-# (probes, 2026-11-27, 20,000-step runs: the reward of the paper's lower-bound learning rule,
-# `task.reward=log_prob`, seeds 0 and 1 at the default three glimpses: 89.5 and 88.8 % error
-# on 2,000 validation images at step 9,000, every glimpse on the right-hand digit (mean x 0.40
-# to 0.57), so stopped; a third scale, `model.scales=3` (a 48 x 48 view that takes in both
-# digits), seeds 0 and 2: below chance by step 3,000 (78.4 and 82.7 % on the same images), but
-# 20.6 and 12.55 % test error at step 20,000)
-# six glimpses with the third scale: a fourth setting, tried after the others missed the target
+# (probes, 2026-11-27, 20,000-step runs. The reward of the paper's lower-bound learning rule,
+# log p(y | l, x) in place of 1[correct] (a task option tried in commit e04d4ce and removed: a
+# new task field marks every trained row stale), seeds 0 and 1 at the default three glimpses:
+# 89.5 and 88.8 % error on 2,000 validation images at step 9,000, every glimpse on the
+# right-hand digit (mean x 0.40 to 0.57), so stopped. A third scale, `model.scales=3` (a
+# 48 x 48 view that takes in both digits), seeds 0 and 2: below chance by step 3,000 (78.4 and
+# 82.7 % on the same images), but 20.6 and 12.55 % test error at step 20,000.)
+# Six glimpses with the third scale: a third row, tried after the other two missed the target.
 ADDITION_G6_S3 = [*ADDITION_G6, "model.scales=3"]
 SEEDS = 3
 SMOKE = {"steps": 10, "batch_size": 16}
@@ -120,7 +121,7 @@ def figures(data: dict, folder: Path) -> list[Path]:
     exist."""
     shown = {
         f"dram_{i}_glimpses.png": C.bench_run_dir("dram", i) / "figures/glimpses.png"
-        for i in ("multi-dram", "addition-dram", "addition-dram-g6")
+        for i in ("multi-dram", "addition-dram", "addition-dram-g6", "addition-dram-g6-s3")
     }
     curves = [r for r in data["rows"] if r["id"] in LOSS_ROWS and "curve" in r["metrics"]]
     return ([_loss_figure(curves, Path(folder) / LOSS_FIGURE)] if curves else []) + (

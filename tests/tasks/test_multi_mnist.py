@@ -69,25 +69,7 @@ def test_evaluate_and_figures(digits, tmp_path):
     assert t.figures(base, tmp_path) == []
 
 
-@pytest.mark.parametrize(
-    ("field", "value"), [("kind", "x"), ("canvas", 40), ("digits", 0), ("reward", "bleu")]
-)
+@pytest.mark.parametrize(("field", "value"), [("kind", "x"), ("canvas", 40), ("digits", 0)])
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"MultiMnistConfig: argument '{field}' expected"):
         dataclasses.replace(multi_mnist.MultiMnistConfig(), **{field: value})
-
-
-def test_log_prob_reward_is_the_labels_log_probability(digits):
-    t = task("addition", reward="log_prob")
-    torch.manual_seed(0)
-    model = DRAM(dram(glimpses=2, hidden=16, glimpse_hidden=8), (64, 64), 1, 19, 1)
-    batch = t.batch(0, 4, "cpu")
-    loss, _ = t.loss(model, batch)
-    out = model(batch.images, generator=torch.Generator().manual_seed(0))
-    picked = out.log_probs.gather(-1, batch.targets.unsqueeze(-1))  # (4, 1, 1)
-    rewards = torch.zeros(4, 2)
-    rewards[:, 1] = picked[:, 0, 0].detach()
-    policy = reinforce_loss(out.log_pi, rewards_to_go(rewards), out.baseline)
-    torch.testing.assert_close(loss, hybrid_loss(-picked.sum(), policy))
-    correct = task("addition").loss(model, batch)[0]
-    assert not torch.allclose(loss, correct)  # the reward is not 1[correct]

@@ -32,7 +32,6 @@ from attnzoo.tasks.base import EvalConfig, check_counts, model_device, sampling_
 from attnzoo.tasks.mnist import DIGIT, TRAIN_DIGITS, explore_glimpses, load_digits
 
 KINDS = ("multi", "addition")
-REWARDS = ("correct", "log_prob")  # a label's reward: 1[correct], or log p(y | l, x)
 END = 10  # the end-of-sequence class of `multi`
 
 
@@ -45,11 +44,6 @@ class MultiMnistConfig:
     n_valid: training digits held out for validation (the last ones).
     n_test: test images, each from `digits` official test digits.
     mc_samples: evaluation: sampled paths averaged, reported beside the mean pass (0: none).
-    reward: hard attention's reward for a label, at its last glimpse: "correct" (1 if the
-        label is right, RAM's reward) or "log_prob" (log p(y | l, x), detached: the weight of
-        the score in the learning rule Ba 2014 sec. 3 derives from its lower bound), which
-        ranks paths by how much they raise the label's probability even before the
-        classifier beats chance.
     seed: composes the held-out images.
     """
 
@@ -61,15 +55,12 @@ class MultiMnistConfig:
     n_valid: int = 10_000
     n_test: int = 10_000
     mc_samples: int = 0
-    reward: str = "correct"
     seed: int = 0
 
     def __post_init__(self):
         check_fields(self)
         if self.kind not in KINDS:
             fail("MultiMnistConfig", "kind", f"one of {list(KINDS)}", repr(self.kind))
-        if self.reward not in REWARDS:
-            fail("MultiMnistConfig", "reward", f"one of {list(REWARDS)}", repr(self.reward))
         check_counts(
             "MultiMnistConfig",
             self,
@@ -157,8 +148,7 @@ class MultiMnistTask:
 
     def loss(self, model: torch.nn.Module, batch: MultiBatch) -> tuple[torch.Tensor, int]:
         """Summed cross-entropy over the labels; with hard attention, plus REINFORCE with the
-        reward of each label (`config.reward`) at its last glimpse, rewards-to-go, and the
-        baseline."""
+        reward of each label at its last glimpse, rewards-to-go, and the baseline."""
         g = sampling_generator(batch.images.device).manual_seed(self.seed * 7 + batch.step)
         out = model(batch.images, sample=True, generator=g)
         nll = -out.log_probs.gather(-1, batch.targets.unsqueeze(-1)).sum()
@@ -166,13 +156,9 @@ class MultiMnistTask:
         if log_pi is None:
             return nll, batch.items
         b, labels = batch.targets.shape
-        log_probs = out.log_probs.detach()
-        if self.config.reward == "log_prob":
-            earned = log_probs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
-        else:
-            earned = (log_probs.argmax(-1) == batch.targets).to(log_pi.dtype)
+        correct = (out.log_probs.detach().argmax(-1) == batch.targets).to(log_pi.dtype)
         rewards = torch.zeros_like(log_pi).view(b, labels, -1)  # (b, labels, glimpses)
-        rewards[:, :, -1] = earned
+        rewards[:, :, -1] = correct
         policy = reinforce_loss(log_pi, rewards_to_go(rewards.view(b, -1)), out.baseline)
         return hybrid_loss(nll, policy), batch.items
 
