@@ -83,13 +83,36 @@ def experiments(budget: str) -> list[Experiment]:
 
 
 def worker(params, ctx) -> dict:
-    """bench_ram's worker for these tasks, with the training loss curve (every logged step) and
-    the step at which that loss starts to fall (`loss_falls_at`)."""
+    """bench_ram's worker for these tasks, with the training loss curve (every logged step),
+    the step at which that loss starts to fall (`loss_falls_at`) and, for DRAM, where its
+    glimpses go (`every_band`)."""
     metrics, _, task, model = C.train_worker(
         params["sets"], params["model"], params["task"], ctx, curve="loss", figures=3
     )
     falls = loss_falls_at(metrics["curve"])
-    return {**metrics, **pixels_read(task, model), **({"loss_falls_at": falls} if falls else {})}
+    return {
+        **metrics,
+        **pixels_read(task, model),
+        **every_band(task, model),
+        **({"loss_falls_at": falls} if falls else {}),
+    }
+
+
+def every_band(task, model, count: int = 1000) -> dict:
+    """`every_band`: % of the first `count` test images on which the mean-location pass puts a
+    glimpse's centre in every digit's band (the canvas's columns [i w, (i + 1) w), w = canvas
+    / digits, where digit i lies); {} for a model without glimpses (a sum needs both digits)."""
+    import torch
+
+    if not hasattr(model, "glimpse"):
+        return {}
+    images = task.held_out("test")[0][:count]
+    with torch.no_grad():
+        x = model(images, sample=False).locations[..., 0]  # (n, steps): -1 left, 1 right edge
+    k = task.config.digits
+    band = ((x + 1) * (task.config.canvas / 2) // (task.config.canvas // k)).clamp(0, k - 1)
+    seen = torch.zeros(len(x), k).scatter_(1, band.long(), 1.0)  # (n, k): band visited
+    return {"every_band": 100.0 * seen.all(-1).float().mean().item()}
 
 
 def loss_falls_at(curve: list[dict], drop: float = 0.1, window: int = 5) -> int | None:

@@ -274,3 +274,30 @@ def test_dram_loss_falls_at_the_first_window_a_tenth_below_the_start():
     # (3.0 + 4 * 2.6) / 5 = 2.68
     falls = bench_dram.loss_falls_at(curve(flat[:20] + [2.6] * 10))
     assert falls == 100 * 24
+
+
+def test_dram_every_band_counts_the_images_whose_glimpses_visit_each_digits_band():
+    """`bench_dram.every_band`: a glimpse's centre (x + 1) * canvas / 2 falls in band
+    floor(centre / (canvas / digits)), the edges clamped in; a model without glimpses has none."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import bench_dram
+
+    x = torch.tensor([[-0.9, 0.5], [0.2, 0.9], [-0.01, 0.0], [-1.0, 1.0]])  # (images, steps)
+
+    class Glimpsing:
+        glimpse = None
+
+        def __call__(self, images, sample):
+            assert not sample and len(images) == len(x)
+            return SimpleNamespace(locations=torch.stack([x, torch.zeros_like(x)], -1))
+
+    task = SimpleNamespace(
+        config=SimpleNamespace(digits=2, canvas=64),
+        held_out=lambda split: (torch.zeros(len(x), 1, 64, 64), None),
+    )
+    # only the second image keeps to one band (the right): -0.01 is column 31.68, 0.0 is 32
+    assert bench_dram.every_band(task, Glimpsing()) == {"every_band": 75.0}
+    assert bench_dram.every_band(task, object()) == {}
