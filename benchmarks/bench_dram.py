@@ -112,7 +112,7 @@ def every_band(task, model, count: int = 1000) -> dict:
     k = task.config.digits
     band = ((x + 1) * (task.config.canvas / 2) // (task.config.canvas // k)).clamp(0, k - 1)
     seen = torch.zeros(len(x), k).scatter_(1, band.long(), 1.0)  # (n, k): band visited
-    return {"every_band": 100.0 * seen.all(-1).float().mean().item()}
+    return {"every_band": 100.0 * seen.all(-1).float().mean().item(), "every_band_n": len(x)}
 
 
 def loss_falls_at(curve: list[dict], drop: float = 0.1, window: int = 5) -> int | None:

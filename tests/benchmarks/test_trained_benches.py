@@ -299,5 +299,5 @@ def test_dram_every_band_counts_the_images_whose_glimpses_visit_each_digits_band
         held_out=lambda split: (torch.zeros(len(x), 1, 64, 64), None),
     )
     # only the second image keeps to one band (the right): -0.01 is column 31.68, 0.0 is 32
-    assert bench_dram.every_band(task, Glimpsing()) == {"every_band": 75.0}
+    assert bench_dram.every_band(task, Glimpsing()) == {"every_band": 75.0, "every_band_n": 4}
     assert bench_dram.every_band(task, object()) == {}
