@@ -102,7 +102,7 @@ def worker(params, ctx) -> dict:
 def every_band(task, model, count: int = 1000) -> dict:
     """`every_band`: % of the first `count` test images on which the mean-location pass puts a
     glimpse's centre in every digit's band (the canvas's columns [i w, (i + 1) w), w = canvas
-    / digits, where digit i lies); {} for a model without glimpses (a sum needs both digits)."""
+    / digits, where digit i lies: a sum needs both digits); {} for a model without glimpses."""
     import torch
 
     if not hasattr(model, "glimpse"):
