@@ -8,7 +8,7 @@ time.
    (short runs of both sides, interleaved); scored on `GlyphsConfig.test_episodes` episodes of
    the held-out scripts with a 95% interval.
 2. "reduced": the 5-way 1-shot unit at a budget that fits a shared 2-core CPU next to other
-   jobs (one seed, a few minutes a side), run while the full budget has not been; with a third
+   jobs (a few minutes a side, three seeds like every trained comparison); with a third
    side, SNAIL with PyTorch's own start of its query and key maps (`qk_init="independent"`,
    the ablation of the library's "similarity" start), a fourth, SNAIL trained on one query
    per episode (`task.queries=1`, the ablation of the task's several), and a fifth, SNAIL with
@@ -41,7 +41,8 @@ SETTINGS = {
 }
 MODELS = ("snail", "protonet")
 FULL_MINUTES = 20  # per side and seed, of the matched units
-REDUCED_MINUTES = 9  # per side, of the reduced unit
+REDUCED_MINUTES = 9  # per side and seed, of the reduced unit
+SEEDS = 3  # of every glyphs unit
 CALIBRATION = {"steps": 10, "rounds": 2}  # steps per calibration run, timed rounds
 SMOKE = ["model.embed_dim=8", "task.test_episodes=50", "train.batch_size=4", "train.warmup=2"]
 SMOKE_SNAIL = ["model.filters=8", "model.keys=8,8,8", "model.values=8,4,4"]
@@ -115,7 +116,7 @@ BANDITS = {
         40.0,
         3,
     ),
-    "reduced-bandits-n5-k10": ("bandits", ["train.steps=3000"], 3.0, 1),
+    "reduced-bandits-n5-k10": ("bandits", ["train.steps=3000"], 3.0, 5),  # <= 5 min: 5 seeds
     "bandits-n5-k10-policies": ("bandits", [], 0.1, 1),  # no agent: see the module docstring
 }
 BANDIT_SMOKE = ["train.steps=3", "train.batch_size=4", "task.test_episodes=20", "model.filters=4"]
@@ -136,18 +137,19 @@ def experiments(budget: str) -> list[Experiment]:
     found = []
     for unit, model, task, minutes, sets in rows:
         id = f"{unit}-{model}" + "".join(f"-{k}" for k, s in ABLATIONS.items() if s in sets)
-        group, seeds = unit.split("-")[0], 3 if unit.startswith("matched") else 1
+        group = unit.split("-")[0]
         if budget == "smoke":
             if group != "reduced" or task != "glyphs":
                 continue
             sets, minutes = [*sets, *SMOKE, *SMOKE_SNAIL * (model == "snail")], 0.05
         params = {"model": model, "task": task, "sets": sets, "budget_minutes": minutes}
+        seeds = 1 if budget == "smoke" else SEEDS
         found.append(Experiment(id, group, params, seeds, minutes + 1, unit))
     for id, (task, sets, minutes, seeds) in BANDITS.items():
         if budget == "smoke":
             if not id.startswith("reduced") and not id.endswith("-policies"):
                 continue
-            sets, minutes = BANDIT_SMOKE, 0.1
+            sets, minutes, seeds = BANDIT_SMOKE, 0.1, 1
         group = "reduced-bandits" if id.startswith("reduced") else "bandits"
         params = {"model": "snail-bandit", "task": task, "sets": sets}
         if id.endswith("-policies"):
