@@ -1,7 +1,8 @@
-"""The trained benchmarks' declarations (bench_ntm, bench_pointer, bench_seq2seq) and the
-worker helper they share (`_common.train_worker`): the headline experiments keep the ids and
-overrides their run dirs were trained with, every trained comparison has enough seeds, a
-matched comparison is one unit, and a finished run is adopted, not trained again."""
+"""The trained benchmarks' declarations and the worker helper they share
+(`_common.train_worker`): every bench a docs page lists has enough seeds on every trained
+comparison; the headline experiments (bench_ntm, bench_pointer, bench_seq2seq) keep the ids and
+overrides their run dirs were trained with, a matched comparison is one unit, and a finished
+run is adopted, not trained again."""
 
 import json
 import sys
@@ -16,8 +17,10 @@ import bench_ntm
 import bench_pointer
 import bench_seq2seq
 import bench_show_attend_tell
+import report
 
 BENCHES = (bench_ntm, bench_pointer, bench_seq2seq, bench_show_attend_tell)
+EVERY_BENCH = {report.bench_module(b) for b in set().union(*report.PAGES.values())}
 HEADLINE = {  # (bench, id) -> overrides: the CLI runs adopted as they are
     ("ntm", "bit_copy-ntm"): [
         "task.test_lengths=10,20,30,40,50,60,80",
@@ -29,16 +32,18 @@ HEADLINE = {  # (bench, id) -> overrides: the CLI runs adopted as they are
 }
 
 
-@pytest.mark.parametrize("module", BENCHES, ids=lambda m: m.BENCH.name)
+@pytest.mark.parametrize("module", sorted(EVERY_BENCH, key=lambda m: m.BENCH.name))
 @pytest.mark.parametrize("budget", _common.BUDGETS)
 def test_experiments_are_unique_and_seeded(module, budget):
     found = module.BENCH.experiments(budget)
     assert found and len({e.id for e in found}) == len(found)
-    # a row other rows start from (its seed 0: `init_from`) is a step of theirs, not a result
-    steps = {e.params.get("init_from") for e in found}
+    # a row other rows start from (its seed 0: `init_from`) or build on (`needs`: a classifier
+    # that scores them) is a step of theirs, not a result; a row with no model trains nothing
+    steps = {e.params.get("init_from") for e in found} | {n for e in found for n in e.needs}
     for e in found:
         json.dumps(e.params)  # params go to the worker and the JSON as they are
-        if budget == "full" and "sets" in e.params and e.id not in steps:
+        trained = "sets" in e.params and "model" in e.params
+        if budget == "full" and trained and e.id not in steps:
             assert e.seeds >= (5 if e.minutes <= 5 else 3), e.id
             assert e.minutes > 0, e.id
 
