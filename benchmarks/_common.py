@@ -560,12 +560,14 @@ def _with_needs(bench, experiments, todo, override, runs: Path) -> list[tuple[Ex
 
 
 def _listing(bench: Bench, experiments: list[Experiment], args: Any) -> dict[str, Any]:
-    """CPU-minutes of each experiment: declared, else timed by its current rows, else untimed."""
+    """CPU-minutes of each experiment: declared, else timed by its current rows (those that
+    trained: a row re-read from its finished run took seconds), else untimed."""
     path = (args.results or ROOT / "benchmarks/results") / f"{bench.name}.json"
     rows = json.loads(path.read_text()).get("rows", []) if path.exists() else []
+    rows = [r for r in rows if r.get("seconds") and not r.get("metrics", {}).get("reused_run")]
     listing = []
     for e in experiments:
-        timed = [r["seconds"] for r in rows if r.get("seconds") and _current(r, e, args.budget)]
+        timed = [r["seconds"] for r in rows if _current(r, e, args.budget)]
         each = e.minutes or (statistics.fmean(timed) * bench.threads / 60 if timed else None)
         listing.append({**asdict(e), "seeds": _seeds(e, args.seeds), "minutes": each})
     minutes = sum(x["minutes"] * x["seeds"] for x in listing if x["minutes"] is not None)
