@@ -86,7 +86,8 @@ def experiments(budget: str) -> list[Experiment]:
 def worker(params, ctx) -> dict:
     """bench_ram's worker for these tasks, with the training loss curve (every logged step),
     the step at which that loss starts to fall (`loss_falls_at`) and, for DRAM, where its
-    glimpses go (`every_band`)."""
+    glimpses go (`every_band`) and the error of the label probabilities averaged over sampled
+    paths (`sampled_paths`)."""
     metrics, _, task, model = C.train_worker(
         params["sets"], params["model"], params["task"], ctx, curve="loss", figures=3
     )
@@ -95,8 +96,24 @@ def worker(params, ctx) -> dict:
         **metrics,
         **pixels_read(task, model),
         **every_band(task, model),
+        **sampled_paths(ctx.run_dir, model),
         **({"loss_falls_at": falls} if falls else {}),
     }
+
+
+def sampled_paths(run_dir, model) -> dict:
+    """`error_mc`: the test error of the label probabilities averaged over as many sampled
+    glimpse paths as RAM's rows average (`MnistConfig.mc_samples`), scored after training as
+    `attnzoo eval RUN --set task.mc_samples=M` does (the training is the run's); {} for a
+    model without glimpses. Beside `error`, never in its place: the targets read the mean pass."""
+    from attnzoo import runs
+    from attnzoo.tasks.mnist import MnistConfig
+
+    if not hasattr(model, "glimpse"):
+        return {}
+    m = MnistConfig().mc_samples
+    _, task, model = runs.load_run(Path(run_dir), "cpu", [f"task.mc_samples={m}"])
+    return {"error_mc": task.evaluate(model)["error_mc"], "mc_samples": m}
 
 
 def every_band(task, model, count: int = 1000) -> dict:
@@ -131,6 +148,7 @@ def loss_falls_at(curve: list[dict], drop: float = 0.1, window: int = 5) -> int 
 
 
 COLUMNS = columns("row=id; error % (any label)=error; label error %=label_error")
+COLUMNS += columns("error %, sampled paths averaged=error_mc")
 COLUMNS += columns("values read / image pixels=pixels_read_ratio")
 COLUMNS += columns("minutes=train_minutes", 1)
 TABLES = [

@@ -78,6 +78,9 @@ def _dram(data: dict) -> None:  # the retinas take in fewer values than the imag
     ratio = {i: e["metrics"]["pixels_read_ratio"]["mean"] for i, e in data["summary"].items()}
     assert ratio["multi-dram"] < 1 and ratio["multi-convnet-multi"] == 1
     assert {"error", "label_error"} <= set(data["summary"]["multi-dram"]["metrics"])
+    sampled = data["summary"]["multi-dram"]["metrics"]  # paths averaged: DRAM's, not the convnet's
+    assert 0 <= sampled["error_mc"]["mean"] <= 100 and sampled["mc_samples"]["mean"] > 1
+    assert "error_mc" not in data["summary"]["multi-convnet-multi"]["metrics"]
     for row in data["rows"]:  # the training loss of every logged step, for the loss figure
         steps = [c["step"] for c in row["metrics"]["curve"]]
         assert steps and steps == sorted(steps) and steps[-1] <= row["metrics"]["steps"], row["id"]

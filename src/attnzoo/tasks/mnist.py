@@ -73,7 +73,7 @@ class MnistConfig:
         `sat-encoder` learns the digits at the sizes `digit_captions` draws them.
     """
 
-    HELD_OUT = ("n_test",)  # only scoring reads them (attnzoo eval --set)
+    HELD_OUT = ("n_test", "mc_samples")  # only scoring reads them (attnzoo eval --set)
 
     kind: str = "mnist"
     canvas: int = 0

@@ -47,7 +47,7 @@ class MultiMnistConfig:
     seed: composes the held-out images.
     """
 
-    HELD_OUT = ("n_test",)  # only scoring reads them (attnzoo eval --set)
+    HELD_OUT = ("n_test", "mc_samples")  # only scoring reads them (attnzoo eval --set)
 
     kind: str = "multi"
     digits: int = 2
