@@ -10,7 +10,9 @@ torch thread) and reports on the test images `error` (% of images with any label
 
 Every trained row also reports `pixels_read`: the values the model takes in per image (DRAM:
 its retinas, glimpses x scales x patch^2; the convnet: every pixel) and `pixels_read_ratio`,
-that over the image's pixels (what the convnet processes). The targets are issue 12's; the
+that over the image's pixels (what the convnet processes). DRAM rows add `error_mc`, the error
+of the label probabilities averaged over sampled glimpse paths (`sampled_paths`), beside
+`error`, which the targets read. The targets are issue 12's; the
 paper's numbers for these tasks are not confirmed from any copy here (PAPERS.md), so no paper
 column stands beside ours.
 
