@@ -114,8 +114,8 @@ def sampled_paths(run_dir, model) -> dict:
     if not hasattr(model, "glimpse"):
         return {}
     m = MnistConfig().mc_samples
-    _, task, model = runs.load_run(Path(run_dir), "cpu", [f"task.mc_samples={m}"])
-    return {"error_mc": task.evaluate(model)["error_mc"], "mc_samples": m}
+    _, sampled, trained = runs.load_run(Path(run_dir), "cpu", [f"task.mc_samples={m}"])
+    return {"error_mc": sampled.evaluate(trained)["error_mc"], "mc_samples": m}
 
 
 def every_band(task, model, count: int = 1000) -> dict:
