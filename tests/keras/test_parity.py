@@ -183,6 +183,31 @@ def test_mha_parity_cross(causal, use_bias):
         torch.testing.assert_close(w, w_k, **TOL)
 
 
+@pytest.mark.parametrize("garbage", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_mha_padding_garbage_reaches_no_output_or_gradient(garbage):
+    """Keras's own layer projects the padded memory rows (a NaN there made its output and its
+    kernels' gradients non-finite when tried); ours clears them first: the output and every
+    gradient equal the clean ones."""
+    layer = ak.MultiHeadAttention(num_heads=2, key_dim=4)
+    q, memory = torch.randn(B, TQ, D), torch.randn(B, TV, D)
+    value_mask = torch.ones(B, TV, dtype=torch.bool)
+    value_mask[1, 5:] = False
+    layer(q, memory)  # builds the weights
+
+    def run(memory):
+        leaves = [q.clone().requires_grad_(), memory.clone().requires_grad_()]
+        out = layer(*leaves, value_mask=value_mask)
+        return out, _grads_with(out, [*leaves, *(w.value for w in layer.trainable_weights)])
+
+    clean, clean_grads = run(memory)
+    dirty = memory.clone()
+    dirty[1, 5:] = garbage
+    out, grads = run(dirty)
+    assert torch.equal(out, clean)
+    for got, want in zip(grads, clean_grads, strict=True):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_mha_parity_self_attention_and_set_weights(causal):
     """Self-attention takes the fused projection; set_weights takes Keras's list as it is."""

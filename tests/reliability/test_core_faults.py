@@ -282,12 +282,27 @@ PATHS = {
 }
 
 
+def _gradients(outputs, leaves):
+    """d(sum of each output times a fixed random tensor) / d(each leaf); None where unused."""
+    g = torch.Generator().manual_seed(1)
+    loss = sum((o * torch.randn(o.shape, generator=g)).sum() for o in outputs if o is not None)
+    return torch.autograd.grad(loss, leaves, allow_unused=True)
+
+
+def _assert_same_gradients(got, want):
+    for a, b in zip(got, want, strict=True):
+        assert (a is None) == (b is None)
+        assert a is None or torch.equal(a, b)
+
+
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("garbage", list(GARBAGE))
 @pytest.mark.parametrize("mask_rank", [1, 3], ids=["1d", "padding"])
+@pytest.mark.parametrize("prepared", [False, True], ids=["keys", "prepared"])
 def test_garbage_in_masked_keys_and_values_never_reaches_an_output(
-    monkeypatch, path, garbage, mask_rank
+    monkeypatch, path, garbage, mask_rank, prepared
 ):
+    """Nor a gradient: not the inputs', not the score's parameters' (U_a's reads the keys)."""
     name, kwargs, block = PATHS[path]
     if block is not None:
         monkeypatch.setattr(additive, "BLOCK_ELEMENTS", block)
@@ -297,12 +312,22 @@ def test_garbage_in_masked_keys_and_values_never_reaches_an_output(
     mask = padding_mask(torch.tensor(lengths), J)
     if mask_rank == 1:
         mask = mask[0, 0]  # (key_len,)
-    clean = attention(q, k, v, score=score, mask=mask, **kwargs)
-    k2, v2 = _garbage_in_padding([k, v], lengths, GARBAGE[garbage])
-    out = attention(q, k2, v2, score=score, mask=mask, **kwargs)
+
+    def run(k, v):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        q_, k_, v_ = leaves
+        if prepared:
+            k_ = prepare_key(score, k_, value=v_, mask=mask)
+            v_ = k_.value
+        out = attention(q_, k_, v_, score=score, mask=mask, **kwargs)
+        return out, _gradients(out, [*leaves, *score.parameters()])
+
+    clean, clean_gradients = run(k, v)
+    out, gradients = run(*_garbage_in_padding([k, v], lengths, GARBAGE[garbage]))
     assert torch.equal(out.context, clean.context)
     if kwargs.get("return_weights"):
         assert torch.equal(out.weights, clean.weights)
+    _assert_same_gradients(gradients, clean_gradients)
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -354,18 +379,47 @@ def test_garbage_in_padding_of_multi_head_attention(garbage):
     assert torch.equal(got.context, want.context) and torch.equal(got.weights, want.weights)
 
 
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+@pytest.mark.parametrize("mask_rank", [3, 4], ids=["shared", "per-head"])
+def test_garbage_in_padded_memory_never_reaches_a_gradient(garbage, mask_rank):
+    """Cross-attention: the padded memory rows are cleared before W_k and W_v project them,
+    so their gradients (and the memory's own) are those of the clean memory."""
+    mha = MultiHeadAttention(8, 2)
+    x, memory = torch.randn(2, 7, 8), torch.randn(2, 6, 8)
+    mask = padding_mask(torch.tensor([6, 3]), 6)  # (b, 1, j)
+    if mask_rank == 4:
+        mask = mask[:, None].expand(2, 2, 7, 6)  # (b, h, i, j)
+
+    def run(memory):
+        leaves = [x.clone().requires_grad_(), memory.clone().requires_grad_()]
+        out = mha(*leaves, mask=mask)
+        return out, _gradients(out, [*leaves, *mha.parameters()])
+
+    clean, clean_gradients = run(memory)
+    out, gradients = run(*_garbage_in_padding([memory], [6, 3], GARBAGE[garbage]))
+    assert torch.equal(out.context, clean.context)
+    _assert_same_gradients(gradients, clean_gradients)
+
+
 @pytest.mark.parametrize("predictive", [False, True], ids=["local-m", "local-p"])
 @pytest.mark.parametrize("garbage", list(GARBAGE))
-def test_garbage_in_padding_of_local_attention(predictive, garbage):
-    local = LocalAttention(scores.Dot(), window=2, d_query=D if predictive else None)
+@pytest.mark.parametrize("name", ["dot", "additive"])
+def test_garbage_in_padding_of_local_attention(predictive, garbage, name):
+    local = LocalAttention(make_score(name), window=2, d_query=D if predictive else None)
     q, k, v = _inputs()
     lengths = torch.tensor(LENGTHS)
     mask = padding_mask(lengths, J)
     kwargs = {"lengths": lengths} if predictive else {}
-    clean = local(q, k, v, mask=mask, **kwargs)
-    k2, v2 = _garbage_in_padding([k, v], LENGTHS, GARBAGE[garbage])
-    out = local(q, k2, v2, mask=mask, **kwargs)
+
+    def run(k, v):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = local(*leaves, mask=mask, **kwargs)
+        return out, _gradients(out, [*leaves, *local.parameters()])
+
+    clean, clean_gradients = run(k, v)
+    out, gradients = run(*_garbage_in_padding([k, v], LENGTHS, GARBAGE[garbage]))
     assert torch.equal(out.context, clean.context) and torch.equal(out.weights, clean.weights)
+    _assert_same_gradients(gradients, clean_gradients)
 
 
 @pytest.mark.parametrize("predictive", [False, True], ids=["local-m", "local-p"])

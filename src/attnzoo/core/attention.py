@@ -16,8 +16,8 @@ Non-finite values (DESIGN.md: nothing silently wrong), by construction, with no 
   see `normalisers.propagate_nonfinite`). A non-finite query row is non-finite also when it
   has no allowed key; a finite one with no allowed key gets zeros;
 - a key or value position that the mask excludes for every query (padding) is set to 0 by
-  selection before use on every path (`masks.clear_unattended`), so what it holds never
-  reaches an output;
+  selection before use on every path, before the score projects the keys
+  (`masks.clear_unattended`), so what it holds never reaches an output or a gradient;
 - a position excluded for some queries only (causal, window, a per-query mask) is attended
   input: its key never reaches an excluded query's logits on the plain paths (filled, not
   added), but a non-finite value there can reach an excluded query of the same row through
@@ -60,12 +60,11 @@ def prepare_key(
     prepared.value, mask=prepared.mask)` then skips that work at every step.
     """
     score = resolve_score(score)
-    tensor = score.prepare_key(key)
     if mask is not None:
         if value is None:
             fail("prepare_key", "value", "the values to clear with the mask", None)
-        tensor, value = clear_unattended(mask, tensor, value)
-    return PreparedKey(tensor, score, value, mask)
+        key, value = clear_unattended(mask, key, value)  # before the score's projection
+    return PreparedKey(score.prepare_key(key), score, value, mask)
 
 
 def attention(
@@ -128,6 +127,12 @@ def attention(
     if window is not None:
         check_window("attention", window)
     if not prepared:
+        if mask is not None:
+            # cleared before the score's projection (U_a k), whose weight's gradient would
+            # otherwise read the padding (0 * NaN); once here for the paths below unless a
+            # causal or window mask leaves more keys to clear there
+            key, value = clear_unattended(mask, key, value)
+            cleared = not causal and window is None
         key = score.prepare_key(key)
     return _attend(query, key, value, score, mask, causal, window, dropout, return_weights, cleared)
 

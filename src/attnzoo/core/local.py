@@ -86,6 +86,9 @@ class LocalAttention(nn.Module):
             key_len)).
         """
         key_len = key.shape[-2]
+        if prepared_key is None and mask is not None:
+            # padding cleared before the score's projection, whose gradient reads it
+            key, value = clear_unattended(mask, key, value)
         prepared = self.score.prepare_key(key) if prepared_key is None else prepared_key
         p = self.centers(query, key_len, lengths, positions)  # (batch, query_len)
         allowed = window_mask(query.shape[-2], key_len, self.window, centers=p.detach())

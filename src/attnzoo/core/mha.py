@@ -25,7 +25,7 @@ from attnzoo.core.checks import (
     check_window,
     fail,
 )
-from attnzoo.core.masks import combine_masks, geometry_mask
+from attnzoo.core.masks import clear_unattended, combine_masks, geometry_mask
 from attnzoo.core.scores import Score, make_score, resolve_score
 from attnzoo.core.types import AttentionOutput
 
@@ -296,7 +296,7 @@ class MultiHeadAttention(nn.Module):
             shape = (b, self.num_heads, i, j) if mask.dim() == 4 else (b, i, j)
             check_mask("MultiHeadAttention", mask, shape, query.device)
 
-        past = 0
+        past, cleared = 0, False
         if memory is None:
             q, k, v = self._project_self(query)  # (b, h, t, d_head) each
             if cache is not None:
@@ -307,6 +307,11 @@ class MultiHeadAttention(nn.Module):
                 cache.key, cache.value, cache.owner = k, v, weakref.ref(self)
         else:
             static = cache is not None and cache.key is not None  # checked: a cross cache
+            if mask is not None and not static:
+                # padding cleared before the projection (W_k and W_v's gradients read it);
+                # the projected rows there are finite and get weight 0: not cleared again
+                (memory,) = clear_unattended(mask.any(1) if mask.dim() == 4 else mask, memory)
+                cleared = not causal and window is None
             q, k, v = self._project_cross(query, None if static else memory)  # (b, h, *, d_head)
             if static:
                 k, v = cache.key, cache.value
@@ -335,6 +340,7 @@ class MultiHeadAttention(nn.Module):
             window,
             self.dropout if self.training else 0.0,
             return_weights,
+            cleared,
         )
         b, _, i, _ = out.context.shape
         context = out.context.transpose(1, 2).reshape(b, i, self.d_model)  # (b, i, d_model)

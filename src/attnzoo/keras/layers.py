@@ -31,6 +31,7 @@ from torch import nn
 import keras
 from attnzoo.core import attention, scores
 from attnzoo.core.checks import fail
+from attnzoo.core.masks import clear_unattended
 from attnzoo.core.types import AttentionOutput
 
 PACKAGE = "attnzoo"
@@ -578,8 +579,12 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask=False,
     ):
         key = value if key is None else key
-        q, k, v = self._project(query, value, key)  # (b, n, len, d_head)
         mask = self._mask(query, query_mask, value_mask, key_mask, attention_mask)
+        if mask is not None and not (query is value and key is value):
+            # padding cleared before the projections, whose kernels' gradients read it
+            rows = mask.any(1) if mask.dim() == 4 else mask  # (b, i, j) or (i, j)
+            key, value = clear_unattended(rows, key, value)
+        q, k, v = self._project(query, value, key)  # (b, n, len, d_head)
         out = attention(
             q,
             k,
