@@ -742,7 +742,27 @@ BAD_CALLS = {
             "Additive: argument 'key' expected dtype torch.float32",
         ),
     ],
-    "prepare_key": [(lambda: prepare_key(3, k3), TypeError, "'score'")],
+    "prepare_key": [
+        (lambda: prepare_key(3, k3), TypeError, "'score'"),
+        (lambda: prepare_key("dot", k3[0]), ValueError, "'key' expected a tensor of rank 3"),
+        (
+            lambda: prepare_key("dot", k3, mask=torch.ones(5, dtype=torch.bool)),
+            ValueError,
+            "'value' expected the values to clear with the mask",
+        ),
+        (lambda: prepare_key("dot", k3, value=v3[:, :4]), ValueError, "'value'.*key_len = 5"),
+        (lambda: prepare_key("dot", k3, value=v3.double()), TypeError, "'value'.*float32"),
+        (
+            lambda: prepare_key("dot", k3, value=v3, mask=torch.ones(2, 1, 5)),
+            TypeError,
+            "'mask' expected dtype torch.bool",
+        ),
+        (
+            lambda: prepare_key("dot", k3, value=v3, mask=torch.ones(2, 1, 4, dtype=torch.bool)),
+            ValueError,
+            r"'mask' expected a shape broadcastable to the weights \(2, 1, 5\)",
+        ),
+    ],
     "additive_attention": [],
     "additive_logits": [],
     "MultiHeadAttention": [

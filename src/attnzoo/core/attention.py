@@ -60,11 +60,34 @@ def prepare_key(
     prepared.value, mask=prepared.mask)` then skips that work at every step.
     """
     score = resolve_score(score)
+    _check_prepare_inputs(key, value, mask)
     if mask is not None:
-        if value is None:
-            fail("prepare_key", "value", "the values to clear with the mask", None)
         key, value = clear_unattended(mask, key, value)  # before the score's projection
     return PreparedKey(score.prepare_key(key), score, value, mask)
+
+
+def _check_prepare_inputs(key, value, mask) -> None:
+    """`prepare_key`'s key, value and mask, checked as `attention()` checks them; the query
+    length is not known yet, so a mask's query dim may be any."""
+    name = "prepare_key"
+    check_tensor(name, "key", key, _RANKS)
+    if value is None:
+        if mask is not None:
+            fail(name, "value", "the values to clear with the mask", None)
+        return
+    check_tensor(name, "value", value, _RANKS)
+    check_same_kind(name, "key", key, {"value": value})
+    if value.dim() != key.dim():
+        fail(name, "value", f"the rank of 'key' ({key.dim()})", value.dim())
+    if value.shape[-2] != key.shape[-2]:
+        fail(name, "value", f"key_len = {key.shape[-2]} positions", value.shape[-2])
+    lead = broadcast_shape(key.shape[:-2], value.shape[:-2])
+    if lead is None:
+        expected = f"leading dims compatible with key {tuple(key.shape[:-2])}"
+        fail(name, "value", expected, tuple(value.shape[:-2]))
+    if mask is not None:
+        rows = mask.shape[-2] if isinstance(mask, torch.Tensor) and mask.dim() > 1 else 1
+        check_mask(name, mask, (*lead, rows, key.shape[-2]), key.device)
 
 
 def attention(
