@@ -121,9 +121,9 @@ def test_additive_attention_fused_path_is_taken(monkeypatch):
     """Without weights and dropout the layer runs the fused kernel (never the (b, i, j, d)
     broadcast), which is what its memory depends on."""
     calls = []
-    fused = attnzoo.scores.additive_attention  # what scores.Additive.fused calls
+    fused = attnzoo.scores._additive_attention  # what scores.Additive.fused calls
     monkeypatch.setattr(
-        attnzoo.scores, "additive_attention", lambda *a, **k: calls.append(1) or fused(*a, **k)
+        attnzoo.scores, "_additive_attention", lambda *a, **k: calls.append(1) or fused(*a, **k)
     )
     layer = ak.AdditiveAttention()
     layer(list(_inputs()))

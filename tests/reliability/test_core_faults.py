@@ -763,8 +763,22 @@ BAD_CALLS = {
             r"'mask' expected a shape broadcastable to the weights \(2, 1, 5\)",
         ),
     ],
-    "additive_attention": [],
-    "additive_logits": [],
+    "additive_attention": [
+        (lambda: additive_attention(q3, k3, torch.randn(3), v3), ValueError, "'v' expected shape"),
+        (lambda: additive_attention(q3, k3[..., :3], torch.randn(4), v3), ValueError, "'key'"),
+        (lambda: additive_attention(q3, k3, torch.randn(4), v3[:, :4]), ValueError, "'value'"),
+        (
+            lambda: additive_attention(q3, k3, torch.randn(4), v3, mask=torch.ones(2, 3, 5)),
+            TypeError,
+            "'mask' expected dtype torch.bool",
+        ),
+        (lambda: additive_attention(q3, k3, torch.randn(4), v3, window=0), ValueError, "'window'"),
+    ],
+    "additive_logits": [
+        (lambda: additive_logits(q3, k3, torch.randn(3)), ValueError, "'v' expected shape"),
+        (lambda: additive_logits(q3, k3.double(), torch.randn(4)), TypeError, "'key'.*float32"),
+        (lambda: additive_logits(q3[0], k3, torch.randn(4)), ValueError, "'query'.*rank"),
+    ],
     "MultiHeadAttention": [
         (lambda: MultiHeadAttention(8, 2.0), ValueError, "'num_heads' expected a positive int"),
         (lambda: MultiHeadAttention(0, 2), ValueError, "'d_model' expected a positive int"),
@@ -795,11 +809,40 @@ BAD_CALLS = {
         (lambda: LocalAttention(scores.Dot(), 2, d_query=0), ValueError, "'d_query'"),
         (lambda: LocalAttention(scores.Dot(), 2, 4, d_hidden=-1), ValueError, "'d_hidden'"),
     ],
-    "padding_mask": [(lambda: padding_mask([1, 2]), TypeError, "'lengths'")],
-    "causal_mask": [],
-    "window_mask": [],
-    "combine_masks": [],
-    "masked_softmax": [],
+    "padding_mask": [
+        (lambda: padding_mask([1, 2]), TypeError, "'lengths'"),
+        (lambda: padding_mask(torch.tensor([-1, 2])), ValueError, "'lengths' expected values >= 0"),
+        (lambda: padding_mask(torch.tensor([4, 2]), 3), ValueError, "<= max_len = 3, got 2 to 4"),
+        (lambda: padding_mask(torch.tensor([1, 2]), 2.0), ValueError, "'max_len'"),
+    ],
+    "causal_mask": [
+        (lambda: causal_mask(-1), ValueError, "'query_len' expected a non-negative int"),
+        (lambda: causal_mask(3, 2.5), ValueError, "'key_len'"),
+        (lambda: causal_mask(3, offset=-2), ValueError, "'offset'"),
+    ],
+    "window_mask": [
+        (lambda: window_mask(3, 3, 0), ValueError, "'window' expected a positive int"),
+        (lambda: window_mask(3, 3, None), ValueError, "'window'.*got None"),
+        (lambda: window_mask(3, -3, 1), ValueError, "'key_len'"),
+        (lambda: window_mask(3, 4, 1, centers=torch.zeros(2, 4)), ValueError, "'centers'"),
+    ],
+    "combine_masks": [
+        (lambda: combine_masks(torch.ones(3, 3)), TypeError, r"'masks\[0\]' expected a bool"),
+        (
+            lambda: combine_masks(torch.ones(3, 3, dtype=torch.bool), torch.ones(4, 4) > 0),
+            ValueError,
+            "'masks' expected shapes that broadcast together",
+        ),
+    ],
+    "masked_softmax": [
+        (lambda: masked_softmax(torch.ones(2, 3, dtype=torch.long)), TypeError, "'logits'"),
+        (lambda: masked_softmax(torch.randn(2, 3), torch.ones(2, 3)), TypeError, "'mask'"),
+        (
+            lambda: masked_softmax(torch.randn(2, 3), torch.ones(2, 4, dtype=torch.bool)),
+            ValueError,
+            "'mask' expected a shape broadcastable to the weights",
+        ),
+    ],
     "hard_argmax": [
         (
             lambda: hard_argmax(torch.randn(2, 3, 0)),

@@ -24,7 +24,14 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from attnzoo.core.checks import broadcast_shape
+from attnzoo.core.checks import (
+    broadcast_shape,
+    check_mask,
+    check_same_kind,
+    check_tensor,
+    check_window,
+    fail,
+)
 from attnzoo.core.masks import clear_unattended, combine_masks, geometry_mask
 from attnzoo.core.normalisers import masked_softmax
 
@@ -228,6 +235,41 @@ def additive_logits(query: torch.Tensor, key: torch.Tensor, v: torch.Tensor) -> 
     Returns:
         logits (batch, [heads,] query_len, key_len).
     """
+    _check_inputs("additive_logits", query, key, v)
+    return _additive_logits(query, key, v)
+
+
+def _check_inputs(name, query, key, v, value=None) -> tuple[int, ...]:
+    """The checks of the public kernels' tensors, each error naming its argument; returns the
+    broadcast leading dims. `attention()` checks its own inputs and calls the kernels unchecked
+    (`_additive_logits`, `_additive_attention`)."""
+    ranks = (3, 4)
+    check_tensor(name, "query", query, ranks)
+    check_tensor(name, "key", key, ranks)
+    check_tensor(name, "v", v, (1,))
+    others = {"key": key, "v": v}
+    if value is not None:
+        check_tensor(name, "value", value, ranks)
+        others["value"] = value
+    check_same_kind(name, "query", query, others)
+    d = query.shape[-1]
+    if key.shape[-1] != d:
+        fail(name, "key", f"last dimension d_hidden = {d} (that of 'query')", key.shape[-1])
+    if v.shape[0] != d:
+        fail(name, "v", f"shape ({d},) (d_hidden of 'query')", tuple(v.shape))
+    shapes = [query.shape[:-2], key.shape[:-2]]
+    if value is not None:
+        if value.shape[-2] != key.shape[-2]:
+            fail(name, "value", f"key_len = {key.shape[-2]} positions", value.shape[-2])
+        shapes.append(value.shape[:-2])
+    lead = broadcast_shape(*shapes)
+    if lead is None:
+        expected = f"leading dims compatible with query {tuple(query.shape[:-2])}"
+        fail(name, "key/value", expected, [tuple(s) for s in shapes[1:]])
+    return lead
+
+
+def _additive_logits(query, key, v):
     lead = broadcast_shape(query.shape[:-2], key.shape[:-2])
     if _fits_one_block(lead, query, key):
         return _broadcast_logits(query, key, v)
@@ -266,6 +308,13 @@ def additive_attention(
         Keys and values at positions the mask excludes for every query are not read (set to
         0 by selection first): NaN or Inf in padding never reaches the context or a gradient.
     """
+    lead = _check_inputs("additive_attention", query, key, v, value)
+    check_mask("additive_attention", mask, (*lead, query.shape[-2], key.shape[-2]), query.device)
+    check_window("additive_attention", window)
+    return _additive_attention(query, key, v, value, mask, causal, window, cleared)
+
+
+def _additive_attention(query, key, v, value, mask, causal, window, cleared):
     if mask is not None and not cleared:
         key, value = clear_unattended(mask, key, value)
     lead = broadcast_shape(query.shape[:-2], key.shape[:-2], value.shape[:-2])

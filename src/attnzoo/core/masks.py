@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from attnzoo.core.checks import _broadcasts_to, fail
+from attnzoo.core.checks import _broadcasts_to, broadcast_shape, check_window, fail
 
 
 def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
@@ -25,12 +25,27 @@ def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Ten
             else (f"{lengths.dtype} of shape {tuple(lengths.shape)}")
         )
         fail("padding_mask", "lengths", "a 1-D integer tensor (batch,)", got, TypeError)
-    if max_len is None:
-        if lengths.device.type == "meta":  # the one value this module reads
+    _check_count("padding_mask", "max_len", max_len, optional=True)
+    if lengths.device.type == "meta":  # values cannot be read there
+        if max_len is None:
             fail("padding_mask", "max_len", "an int for lengths on the meta device", None)
-        max_len = int(lengths.max()) if lengths.numel() else 0
+    elif lengths.numel():
+        low, high = (int(x) for x in torch.aminmax(lengths))  # the values this module reads
+        if low < 0 or (max_len is not None and high > max_len):
+            bound = "" if max_len is None else f" and <= max_len = {max_len}"
+            fail("padding_mask", "lengths", f"values >= 0{bound}", f"{low} to {high}")
+        max_len = high if max_len is None else max_len
+    max_len = 0 if max_len is None else max_len  # no lengths: no keys
     positions = torch.arange(max_len, device=lengths.device)  # (key_len,)
     return (positions[None, :] < lengths[:, None]).unsqueeze(1)  # (batch, 1, key_len)
+
+
+def _check_count(function: str, argument: str, value: object, optional: bool = False) -> None:
+    """A count (a length, an offset) is a non-negative int; `optional`: None too."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        fail(function, argument, "a non-negative int" + " or None" * optional, repr(value))
 
 
 def geometry_mask(
@@ -84,6 +99,9 @@ def causal_mask(
     With offset 0 the diagonal starts at the top left, like PyTorch's `is_causal`, also when
     query_len != key_len; incremental decoding with a cache of P keys uses offset=P.
     """
+    _check_count("causal_mask", "query_len", query_len)
+    _check_count("causal_mask", "key_len", key_len, optional=True)
+    _check_count("causal_mask", "offset", offset)
     key_len = query_len if key_len is None else key_len
     return _geometry(query_len, key_len, True, None, offset, device)
 
@@ -105,8 +123,16 @@ def window_mask(
     Returns:
         (query_len, key_len), or (batch, query_len, key_len) when centres are given.
     """
+    _check_count("window_mask", "query_len", query_len)
+    _check_count("window_mask", "key_len", key_len)
+    if window is None:  # check_window takes None as "no window": not here
+        fail("window_mask", "window", "a positive int (keys within D positions)", None)
+    check_window("window_mask", window)
     if centers is None:
         return _geometry(query_len, key_len, False, window, 0, device)
+    if not isinstance(centers, torch.Tensor) or centers.shape[-1:] != (query_len,):
+        got = centers if not isinstance(centers, torch.Tensor) else tuple(centers.shape)
+        fail("window_mask", "centers", f"a tensor (batch, query_len = {query_len})", got)
     j = torch.arange(key_len, device=centers.device)  # (key_len,)
     return (j[None, None, :] - centers[..., None]).abs() <= window  # (batch, query_len, key_len)
 
@@ -116,6 +142,14 @@ def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
     present = [m for m in masks if m is not None]
     if not present:
         return None
+    for k, m in enumerate(present):
+        if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
+            got = m.dtype if isinstance(m, torch.Tensor) else type(m).__name__
+            expected = "a bool torch.Tensor (True = may attend)"
+            fail("combine_masks", f"masks[{k}]", expected, got, TypeError)
+    if len(present) > 1 and broadcast_shape(*(m.shape for m in present)) is None:
+        shapes = [tuple(m.shape) for m in present]
+        fail("combine_masks", "masks", "shapes that broadcast together", shapes)
     out = present[0]
     for m in present[1:]:
         out = out & m

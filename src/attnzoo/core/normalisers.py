@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_mask, fail
 
 
 def masked_fill_lowest(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -30,6 +30,10 @@ def masked_softmax(logits: torch.Tensor, mask: torch.Tensor | None = None) -> to
 
     A row with no allowed key gets all-zero weights and zero (finite) gradients, never NaN.
     """
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        got = logits.dtype if isinstance(logits, torch.Tensor) else type(logits).__name__
+        fail("masked_softmax", "logits", "a floating-point torch.Tensor", got, TypeError)
+    check_mask("masked_softmax", mask, logits.shape, logits.device)
     weights = torch.softmax(masked_fill_lowest(logits, mask), dim=-1)
     return weights if mask is None else weights.masked_fill(~mask, 0.0)
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnzoo.core.additive import additive_attention, additive_logits
+from attnzoo.core.additive import _additive_attention, _additive_logits
 from attnzoo.core.checks import check_like_parameter, check_size, fail
 from attnzoo.core.masks import clear_unattended, combine_masks, geometry_mask
 from attnzoo.core.normalisers import masked_softmax, propagate_nonfinite
@@ -317,7 +317,7 @@ class Additive(Score):
         return self.query_proj(query)  # (b, [h,] i, d_hidden)
 
     def logits(self, query, prepared_key):
-        return additive_logits(self.prepare_query(query), prepared_key, self.v)
+        return _additive_logits(self.prepare_query(query), prepared_key, self.v)
 
     def fused(
         self,
@@ -336,15 +336,9 @@ class Additive(Score):
         and without dropout (it never holds the weights to return or drop)."""
         if return_weights or dropout > 0:
             return None
-        context = additive_attention(
-            self.prepare_query(query),
-            prepared_key,
-            self.v,
-            value,
-            mask=mask,
-            causal=causal,
-            window=window,
-            cleared=cleared,
+        projected = self.prepare_query(query)  # attention() checked the inputs
+        context = _additive_attention(
+            projected, prepared_key, self.v, value, mask, causal, window, cleared
         )
         # tanh saturates: a query with an infinite feature gives finite logits; it propagates
         return AttentionOutput(propagate_nonfinite(context, query), None)
