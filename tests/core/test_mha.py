@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -168,3 +170,68 @@ def test_bad_mask_is_refused_in_the_callers_shape_before_the_cache_grows():
     with pytest.raises(ValueError, match=r"'mask'.*\(2, 1, 4\).*\(2, 1, 5\)"):
         mha(torch.randn(2, 1, 16), mask=torch.ones(2, 1, 5, dtype=torch.bool), cache=cache)
     assert cache.length == 3
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_incremental_cache_grows_past_its_capacity(grad):
+    """40 one-token steps: without autograd the cache's buffers fill and grow (16, then
+    doubled); with it, the steps' graph stays intact and gives the full pass's gradients."""
+    mha = MultiHeadAttention(8, 2).eval()
+    x = torch.randn(2, 40, 8, requires_grad=grad)
+    full = mha(x, causal=True).context
+    cache = KVCache()
+    with torch.set_grad_enabled(grad):
+        steps = torch.cat(
+            [mha(x[:, t : t + 1], causal=True, cache=cache).context for t in range(40)], 1
+        )
+    torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
+    if grad:
+        (expected,) = torch.autograd.grad(full.square().sum(), x)
+        (got,) = torch.autograd.grad(steps.square().sum(), x)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_cache_copies_extended_apart_never_share_positions():
+    """Beam search copies a state and extends each copy with its own token: neither may see
+    the other's key or value, nor change a view given out before."""
+    mha = MultiHeadAttention(8, 2).eval()
+    x, other = torch.randn(2, 5, 8), torch.randn(2, 1, 8)
+
+    def fresh(tokens):
+        cache = KVCache()
+        mha(tokens, causal=True, cache=cache)
+        return cache
+
+    with torch.no_grad():
+        a = KVCache()
+        mha(x[:, :3], causal=True, cache=a)
+        mha(x[:, 3:4], causal=True, cache=a)  # now on buffers with spare capacity
+        b = dataclasses.replace(a)
+        view, saved = a.key, a.key.clone()
+        mha(x[:, 4:5], causal=True, cache=a)
+        mha(other, causal=True, cache=b)
+        for cache, tokens in ((a, x), (b, torch.cat([x[:, :4], other], 1))):
+            expected = fresh(tokens)
+            assert torch.equal(cache.key, expected.key)
+            assert torch.equal(cache.value, expected.value)
+        assert torch.equal(view, saved)
+
+
+def test_cross_cache_clears_again_under_another_or_changed_mask():
+    """The cached memory was cleared under the first call's mask: a later call with another
+    mask, or with that mask changed in place, must not let a position it excludes through."""
+    mha = MultiHeadAttention(8, 2).eval()
+    memory, x = torch.randn(2, 5, 8), torch.randn(2, 1, 8)
+    memory[0, 4] = float("nan")
+    mask = torch.ones(2, 1, 5, dtype=torch.bool)
+    with torch.no_grad():
+        cache = KVCache()
+        first = mha(x, memory, mask=mask, cache=cache).context
+        assert first[0].isnan().all() and first[1].isfinite().all()  # position 4 attended
+        pad = mask.clone()
+        pad[0, :, 4] = False
+        expected = mha(x, memory, mask=pad).context
+        assert expected.isfinite().all()
+        torch.testing.assert_close(mha(x, memory, mask=pad, cache=cache).context, expected)
+        mask[0, :, 4] = False  # the same mask object, changed in place
+        torch.testing.assert_close(mha(x, memory, mask=mask, cache=cache).context, expected)
