@@ -152,7 +152,9 @@ def canonical_tour(tours: torch.Tensor) -> torch.Tensor:
 
 
 @cache
-def _held_karp_plan(m: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+def _held_karp_plan(
+    m: int,
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], ...]:
     """Index tables of the Held-Karp recursion over the m = n - 1 nodes other than node 0.
 
     A state is (S, j): a path that starts at node 0, visits exactly the set S of non-start
@@ -176,7 +178,7 @@ def _held_karp_plan(m: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tens
         subset = subsets.repeat_interleave(s)  # (Q * s,)
         before = subset ^ (1 << end)  # (Q * s,): S - {j}
         plan.append((subset * m + end, before[:, None] * m + k, k * m + end[:, None], k))
-    return plan
+    return tuple(plan)
 
 
 def _held_karp_chunk(dist: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -44,9 +44,11 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
@@ -184,14 +186,15 @@ def font_dir() -> Path:
 
 
 @lru_cache(maxsize=1)
-def coverage() -> dict[int, tuple[int, ...]]:
-    """Code point -> the indices in FACES of the faces whose character map has it."""
+def coverage() -> Mapping[int, tuple[int, ...]]:
+    """Code point -> the indices in FACES of the faces whose character map has it (read-only:
+    it is shared by every caller in the process)."""
     ttlib = require("fontTools.ttLib")
     found: dict[int, list[int]] = {}
     for index, face in enumerate(FACES):
         for point in ttlib.TTFont(font_dir() / face, lazy=True).getBestCmap():
             found.setdefault(point, []).append(index)
-    return {p: tuple(f) for p, f in found.items()}
+    return MappingProxyType({p: tuple(f) for p, f in found.items()})
 
 
 def group_of(point: int) -> str | None:
@@ -217,10 +220,15 @@ def _font(face: int, size: int):
     return image_font.truetype(str(font_dir() / FACES[face]), size)
 
 
-@cache
 def render(point: int, face: int) -> torch.Tensor:
     """The character in FACES[face], fitted (aspect kept) into a FIT box at the centre of a
-    CANVAS x CANVAS canvas: uint8 (CANVAS, CANVAS), ink 255. Cached per process."""
+    CANVAS x CANVAS canvas: uint8 (CANVAS, CANVAS), ink 255; the caller's own copy of the
+    drawing, which is cached per process."""
+    return _render(point, face).clone()
+
+
+@cache
+def _render(point: int, face: int) -> torch.Tensor:
     image = require("PIL.Image")
     draw = require("PIL.ImageDraw")
     font = _font(face, FONT_SIZE)

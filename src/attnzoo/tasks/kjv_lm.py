@@ -22,9 +22,11 @@ from __future__ import annotations
 import math
 import random
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
@@ -75,9 +77,10 @@ def normalise(text: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def verses() -> dict[int, str]:
-    """Verse id (pythonbible's BBCCCVVV) -> normalised KJV text, in canonical order."""
-    return {verse: normalise(kjv) for verse, kjv, _ in verse_pairs()}
+def verses() -> Mapping[int, str]:
+    """Verse id (pythonbible's BBCCCVVV) -> normalised KJV text, in canonical order (read-only:
+    it is shared by every caller in the process)."""
+    return MappingProxyType({verse: normalise(kjv) for verse, kjv, _ in verse_pairs()})
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
@@ -84,9 +85,9 @@ class KjvWordsLmConfig:
 
 
 @lru_cache(maxsize=2)
-def split_tokens(config: KjvWordsLmConfig) -> dict[str, tuple[str, ...]]:
+def split_tokens(config: KjvWordsLmConfig) -> Mapping[str, tuple[str, ...]]:
     """split -> the tokens of its books' verses in canonical order, `<eos>` after each
-    (cached per config: every task built with it shares them; tuples, not to be changed)."""
+    (cached per config and shared by every task built with it: read-only)."""
     out: dict[str, list[str]] = {"train": [], "valid": [], "test": []}
     for verse, text in verses().items():
         book = verse // 1_000_000
@@ -98,7 +99,7 @@ def split_tokens(config: KjvWordsLmConfig) -> dict[str, tuple[str, ...]]:
             else "train"
         )
         out[split] += [*words(text), EOS]
-    return {split: tuple(tokens) for split, tokens in out.items()}
+    return MappingProxyType({split: tuple(tokens) for split, tokens in out.items()})
 
 
 def held_out_verses(config: KjvWordsLmConfig, split: str = "test") -> list[list[str]]:
