@@ -268,6 +268,29 @@ def test_a_key_prepared_with_its_mask_is_cleared_once_and_gives_the_same_result(
     torch.testing.assert_close(out.context, expected.context[rows])
 
 
+@pytest.mark.parametrize("name", ["scaled_dot", "additive"])
+def test_a_mask_changed_in_place_after_prepare_key_is_cleared_again(name):
+    """The keys were cleared under the mask prepare_key saw: when the caller narrows that same
+    mask object in place, a key it now excludes (NaN here) must still not reach the output."""
+    torch.manual_seed(0)
+    score = scores.make_score(name, 6, 6, d_hidden=5)
+    k, v, q = torch.randn(2, 5, 6), torch.randn(2, 5, 6), torch.randn(2, 3, 6)
+    k[0, 4], v[0, 4] = float("nan"), float("nan")
+    mask = torch.ones(2, 1, 5, dtype=torch.bool)
+    prepared = attnzoo.prepare_key(score, k, value=v, mask=mask)
+    assert (
+        attnzoo.attention(q, prepared, prepared.value, score=score, mask=mask)
+        .context[0]
+        .isnan()
+        .all()
+    )
+    mask[0, :, 4] = False
+    expected = attnzoo.attention(q, k, v, score=score, mask=mask).context
+    assert expected.isfinite().all()
+    got = attnzoo.attention(q, prepared, prepared.value, score=score, mask=mask).context
+    torch.testing.assert_close(got, expected)
+
+
 def test_prepare_key_with_a_mask_needs_the_values():
     with pytest.raises(ValueError, match="'value'"):
         attnzoo.prepare_key("dot", torch.randn(1, 3, 4), mask=torch.ones(1, 1, 3, dtype=torch.bool))

@@ -235,3 +235,17 @@ def test_cross_cache_clears_again_under_another_or_changed_mask():
         torch.testing.assert_close(mha(x, memory, mask=pad, cache=cache).context, expected)
         mask[0, :, 4] = False  # the same mask object, changed in place
         torch.testing.assert_close(mha(x, memory, mask=mask, cache=cache).context, expected)
+
+
+def test_cached_cross_attention_under_inference_mode():
+    """An inference tensor has no version counter: a mask made under `torch.inference_mode`
+    still gives the uncached result, step after step."""
+    mha = MultiHeadAttention(8, 2).eval()
+    memory, x = torch.randn(2, 5, 8), torch.randn(2, 3, 8)
+    with torch.inference_mode():
+        mask = torch.arange(5) < torch.tensor([[5], [2]])  # (2, 5): lengths 5 and 2
+        mask = mask[:, None, :]
+        expected = mha(x, memory, mask=mask).context
+        cache = KVCache()
+        steps = [mha(x[:, t : t + 1], memory, mask=mask, cache=cache).context for t in range(3)]
+    torch.testing.assert_close(torch.cat(steps, 1), expected)

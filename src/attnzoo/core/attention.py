@@ -38,10 +38,15 @@ from attnzoo.core.checks import (
     check_window,
     fail,
 )
-from attnzoo.core.masks import clear_unattended, combine_masks, geometry_mask
+from attnzoo.core.masks import (
+    clear_unattended,
+    combine_masks,
+    geometry_mask,
+    same_mask,
+)
 from attnzoo.core.normalisers import masked_softmax, propagate_nonfinite
 from attnzoo.core.scores import Score, resolve_score
-from attnzoo.core.types import AttentionOutput, PreparedKey
+from attnzoo.core.types import AttentionOutput, PreparedKey, mask_version
 
 __all__ = ["AttentionOutput", "PreparedKey", "attention", "prepare_key"]
 
@@ -61,9 +66,10 @@ def prepare_key(
     """
     score = resolve_score(score)
     _check_prepare_inputs(key, value, mask)
-    if mask is not None:
-        key, value = clear_unattended(mask, key, value)  # before the score's projection
-    return PreparedKey(score.prepare_key(key), score, value, mask)
+    if mask is None:
+        return PreparedKey(score.prepare_key(key), score, value)
+    key, value = clear_unattended(mask, key, value)  # before the score's projection
+    return PreparedKey(score.prepare_key(key), score, value, mask, mask_version(mask))
 
 
 def _check_prepare_inputs(key, value, mask) -> None:
@@ -123,11 +129,11 @@ def attention(
     cleared = False
     if isinstance(key, PreparedKey):
         _check_prepared(key, score)
-        # cleared once by prepare_key under this very mask, for these values: not again
-        # (geometry may leave other keys unattended, so only without it)
+        # cleared once by prepare_key under this very mask, unchanged since, for these values:
+        # not again (geometry may leave other keys unattended, so only without it)
         cleared = (
             mask is not None
-            and key.mask is mask
+            and same_mask(mask, (key.mask, key.mask_version))
             and key.value is value
             and not causal
             and window is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from attnzoo.core.checks import _broadcasts_to, broadcast_shape, check_window, fail
+from attnzoo.core.types import mask_version
 
 
 def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
@@ -162,6 +163,14 @@ def attended_keys(mask: torch.Tensor) -> torch.Tensor:
     if mask.dim() >= 2:
         mask = mask.squeeze(-2) if mask.shape[-2] == 1 else mask.any(-2)  # (..., key_len)
     return mask.unsqueeze(-1)  # (..., key_len, 1)
+
+
+def same_mask(mask: torch.Tensor | None, under: tuple[torch.Tensor, int | None] | None) -> bool:
+    """`under` is (a mask, `mask_version` of it) recorded when keys were cleared under it: is
+    `mask` that mask, unchanged since? The same object at the same version counter, which every
+    in-place change advances; an inference tensor has no counter, and only identity is
+    checked (it can be changed in place only inside `torch.inference_mode`)."""
+    return under is not None and under[0] is mask and under[1] == mask_version(mask)
 
 
 def clear_unattended(mask: torch.Tensor, *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -25,9 +25,14 @@ from attnzoo.core.checks import (
     check_window,
     fail,
 )
-from attnzoo.core.masks import clear_unattended, combine_masks, geometry_mask
+from attnzoo.core.masks import (
+    clear_unattended,
+    combine_masks,
+    geometry_mask,
+    same_mask,
+)
 from attnzoo.core.scores import Score, make_score, resolve_score
-from attnzoo.core.types import AttentionOutput
+from attnzoo.core.types import AttentionOutput, mask_version
 
 
 class CacheError(ValueError):
@@ -64,7 +69,9 @@ class KVCache:
     owner: weakref.ref | None = field(default=None, repr=False, compare=False)
     _tape: _Tape | None = field(default=None, repr=False, compare=False)
     # cross-attention: (mask, its version) the memory was cleared under before its projection
-    _cleared_under: tuple[torch.Tensor, int] | None = field(default=None, repr=False, compare=False)
+    _cleared_under: tuple[torch.Tensor, int | None] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @property
     def length(self) -> int:
@@ -103,12 +110,6 @@ class KVCache:
                 CacheError,
             )
         self.key, self.value, self._tape, self._cleared_under = key, value, None, None
-
-    def _cleared(self, mask: torch.Tensor | None) -> bool:
-        """The static keys and values were made from a memory cleared under this very mask,
-        unchanged since (the same object at the same version): no need to clear them again."""
-        under = self._cleared_under
-        return under is not None and under[0] is mask and under[1] == mask._version
 
     def _append(self, key: torch.Tensor, value: torch.Tensor) -> None:
         """Extend the cache by `key`, `value` (batch, heads, new_len, d_head), checked by
@@ -373,11 +374,11 @@ class MultiHeadAttention(nn.Module):
                 cleared = True
             q, k, v = self._project_cross(query, None if static else memory)  # (b, h, *, d_head)
             if static:
-                k, v, cleared = cache.key, cache.value, cache._cleared(mask)
+                k, v, cleared = cache.key, cache.value, same_mask(mask, cache._cleared_under)
             elif cache is not None:
                 cache.key, cache.value, cache.static = k, v, True
                 cache.owner = weakref.ref(self)
-                cache._cleared_under = (mask, mask._version) if cleared else None
+                cache._cleared_under = (mask, mask_version(mask)) if cleared else None
             cleared = cleared and not causal and window is None
 
         if mask is not None and mask.dim() == 3:

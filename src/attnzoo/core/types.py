@@ -28,12 +28,21 @@ class PreparedKey(NamedTuple):
     score: nn.Module  # the `attnzoo.core.scores.Score` that prepared it
     value: torch.Tensor | None = None  # the values, cleared under `mask`
     mask: torch.Tensor | None = None  # the mask `tensor` and `value` were cleared under
+    mask_version: int | None = None  # `mask`'s version counter then (`masks.same_mask`)
 
     def index_select(self, index: torch.Tensor) -> PreparedKey:
         """Batch rows `index` (beam search), every tensor alike."""
+        mask = None if self.mask is None else self.mask.index_select(0, index)
         return PreparedKey(
             self.tensor.index_select(0, index),
             self.score,
             None if self.value is None else self.value.index_select(0, index),
-            None if self.mask is None else self.mask.index_select(0, index),
+            mask,
+            None if mask is None else mask_version(mask),
         )
+
+
+def mask_version(mask: torch.Tensor) -> int | None:
+    """The version counter of a tensor (every in-place change advances it), or None for an
+    inference tensor, which has none."""
+    return None if mask.is_inference() else mask._version
