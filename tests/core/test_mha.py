@@ -249,3 +249,20 @@ def test_cached_cross_attention_under_inference_mode():
         cache = KVCache()
         steps = [mha(x[:, t : t + 1], memory, mask=mask, cache=cache).context for t in range(3)]
     torch.testing.assert_close(torch.cat(steps, 1), expected)
+
+
+@pytest.mark.parametrize("modes", [("inference", "no_grad"), ("no_grad", "inference")])
+def test_self_attention_cache_across_inference_mode_and_no_grad(modes):
+    """Three steps in one mode, three in the other: the cache's buffers made under
+    `torch.inference_mode` cannot be written outside it, and the steps still give the full
+    pass's context."""
+    mha = MultiHeadAttention(8, 2).eval()
+    x = torch.randn(2, 6, 8)
+    with torch.no_grad():
+        full = mha(x, causal=True).context
+    cache, steps = KVCache(), []
+    for t in range(6):
+        inference = modes[t // 3] == "inference"
+        with torch.inference_mode() if inference else torch.no_grad():
+            steps.append(mha(x[:, t : t + 1], causal=True, cache=cache).context.clone())
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)

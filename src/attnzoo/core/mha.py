@@ -132,6 +132,8 @@ class KVCache:
             or end > tape.capacity
             or key.dtype != self.key.dtype  # (autocast: concatenation would promote)
             or value.dtype != self.value.dtype
+            # made under torch.inference_mode, written only there
+            or (tape.key_buffer.is_inference() and not torch.is_inference_mode_enabled())
         ):
             tape = _Tape(self.key, self.value, capacity=max(2 * end, 16))
         tape.extend(past, key, value)
