@@ -266,3 +266,24 @@ def test_self_attention_cache_across_inference_mode_and_no_grad(modes):
         with torch.inference_mode() if inference else torch.no_grad():
             steps.append(mha(x[:, t : t + 1], causal=True, cache=cache).context.clone())
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_self_attention_cache_reordered_then_extended():
+    """Beam search: a reordered copy (rows repeated and dropped) extended by a step equals a
+    cache built from the reordered inputs, and the cache it was copied from is unchanged."""
+    mha = MultiHeadAttention(8, 2).eval()
+    x = torch.randn(3, 6, 8)
+    rows = torch.tensor([2, 2, 0])
+    with torch.no_grad():
+        cache = KVCache()
+        for t in range(5):
+            mha(x[:, t : t + 1], causal=True, cache=cache)
+        saved = cache.key.clone(), cache.value.clone()
+        copy = dataclasses.replace(cache)
+        copy.reorder(rows)
+        got = mha(x[rows, 5:6], causal=True, cache=copy).context
+        fresh = KVCache()
+        expected = mha(x[rows], causal=True, cache=fresh).context[:, -1:]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(copy.key, fresh.key, rtol=1e-5, atol=1e-6)
+    assert torch.equal(cache.key, saved[0]) and torch.equal(cache.value, saved[1])

@@ -99,8 +99,17 @@ class KVCache:
             fail("KVCache.reorder", "index", "a 1-D integer tensor (new_batch,)", got, CacheError)
         if index.device != self.key.device:
             fail("KVCache.reorder", "index", f"device {self.key.device}", index.device, CacheError)
+        tape = self._writable_tape()
         try:  # an index out of range is found by the kernel, not by reading values here
-            key, value = self.key.index_select(0, index), self.value.index_select(0, index)
+            if tape is None:
+                key, value = self.key.index_select(0, index), self.value.index_select(0, index)
+            else:  # the rows of the whole buffers, spare capacity included: a tape again
+                tape = _Tape(
+                    tape.key_buffer.index_select(0, index),
+                    tape.value_buffer.index_select(0, index),
+                    self.key.shape[-2],
+                )
+                key, value = tape.key, tape.value
         except (IndexError, RuntimeError) as error:
             fail(
                 "KVCache.reorder",
@@ -109,7 +118,22 @@ class KVCache:
                 f"an index out of range ({error})".splitlines()[0],
                 CacheError,
             )
-        self.key, self.value, self._tape, self._cleared_under = key, value, None, None
+        self.key, self.value, self._tape, self._cleared_under = key, value, tape, None
+
+    def _writable_tape(self) -> _Tape | None:
+        """The buffers behind `key` and `value` where new positions may be written in place:
+        the views they gave out last are this cache's (not a reordered, replaced or
+        left-behind copy's), and a buffer made under torch.inference_mode is written only
+        there."""
+        tape = self._tape
+        if (
+            tape is None
+            or tape.key is not self.key
+            or tape.value is not self.value
+            or (tape.key_buffer.is_inference() and not torch.is_inference_mode_enabled())
+        ):
+            return None
+        return tape
 
     def _append(self, key: torch.Tensor, value: torch.Tensor) -> None:
         """Extend the cache by `key`, `value` (batch, heads, new_len, d_head), checked by
@@ -123,39 +147,45 @@ class KVCache:
             self.value = torch.cat([self.value, value], dim=-2)
             self._tape = None
             return
-        past, end = self.key.shape[-2], self.key.shape[-2] + key.shape[-2]
-        tape = self._tape
+        end = self.key.shape[-2] + key.shape[-2]
+        tape = self._writable_tape()
         if (
             tape is None
-            or tape.key is not self.key  # the views it gave out last (not a reordered or
-            or tape.value is not self.value  # replaced cache, nor a copy left behind)
-            or end > tape.capacity
+            or end > tape.key_buffer.shape[-2]
             or key.dtype != self.key.dtype  # (autocast: concatenation would promote)
             or value.dtype != self.value.dtype
-            # made under torch.inference_mode, written only there
-            or (tape.key_buffer.is_inference() and not torch.is_inference_mode_enabled())
         ):
-            tape = _Tape(self.key, self.value, capacity=max(2 * end, 16))
-        tape.extend(past, key, value)
-        self.key, self.value, self._tape = tape.key, tape.value, tape
+            tape = _Tape.holding(self.key, self.value, capacity=max(2 * end, 16))
+        self._tape = tape.extend(key, value)
+        self.key, self.value = tape.key, tape.value
 
 
 class _Tape:
-    """The buffers behind a self-attention `KVCache`: (batch, heads, capacity, d_head) each,
-    and the views of the filled part last handed out (`key`, `value`)."""
+    """The buffers behind a self-attention `KVCache`, (batch, heads, capacity, d_head) each,
+    and the views of their first `length` positions last handed out (`key`, `value`)."""
 
-    def __init__(self, key: torch.Tensor, value: torch.Tensor, capacity: int):
-        past, self.capacity = key.shape[-2], capacity
-        self.key_buffer = key.new_empty(*key.shape[:-2], capacity, key.shape[-1])
-        self.value_buffer = value.new_empty(*value.shape[:-2], capacity, value.shape[-1])
-        self.key_buffer[..., :past, :].copy_(key)
-        self.value_buffer[..., :past, :].copy_(value)
+    def __init__(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor, length: int):
+        self.key_buffer, self.value_buffer = key_buffer, value_buffer
+        self.key, self.value = key_buffer[..., :length, :], value_buffer[..., :length, :]
 
-    def extend(self, past: int, key: torch.Tensor, value: torch.Tensor) -> None:
+    @classmethod
+    def holding(cls, key: torch.Tensor, value: torch.Tensor, capacity: int) -> _Tape:
+        """New buffers of `capacity` positions starting with `key` and `value`."""
+        key_buffer = key.new_empty(*key.shape[:-2], capacity, key.shape[-1])
+        value_buffer = value.new_empty(*value.shape[:-2], capacity, value.shape[-1])
+        past = key.shape[-2]
+        key_buffer[..., :past, :].copy_(key)
+        value_buffer[..., :past, :].copy_(value)
+        return cls(key_buffer, value_buffer, past)
+
+    def extend(self, key: torch.Tensor, value: torch.Tensor) -> _Tape:
+        """Write the new positions after the filled ones (in place) and return self."""
+        past = self.key.shape[-2]
         end = past + key.shape[-2]
         self.key_buffer[..., past:end, :].copy_(key)
         self.value_buffer[..., past:end, :].copy_(value)
         self.key, self.value = self.key_buffer[..., :end, :], self.value_buffer[..., :end, :]
+        return self
 
 
 def _per_head_score(score: Score | str, d_head: int) -> Score:
