@@ -46,8 +46,9 @@ def propagate_nonfinite(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
 
     SDPA's CPU kernel turns a query row of NaN logits into a finite context row at some sizes
     (measured with torch 2.13 on an AVX-512 Xeon: every key_len from 1 to 15, float32 and
-    bfloat16, none from 16 to 69; with or without a mask; its math backend gives NaN), and tanh turns an infinite query into finite additive logits: numbers made from
-    garbage. The product with zero propagates without reading a value (no device sync). It
+    bfloat16, none from 16 to 69; with or without a mask; its math backend gives NaN), and
+    tanh turns an infinite query into finite additive logits: numbers made from garbage.
+    The product with zero propagates without reading a value (no device sync). It
     applies to every row, also one with no allowed key: a query that is garbage gets a
     garbage row, never a number (a finite query with no allowed key gets zeros, DESIGN.md).
     Half precision sums in float32 so that a finite query never sums to inf.
