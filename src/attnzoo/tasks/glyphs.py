@@ -229,6 +229,7 @@ def render(point: int, face: int) -> torch.Tensor:
 
 @cache
 def _render(point: int, face: int) -> torch.Tensor:
+    """`render` without the copy, for callers here that stack the drawings at once (a copy)."""
     image = require("PIL.Image")
     draw = require("PIL.ImageDraw")
     font = _font(face, FONT_SIZE)
@@ -274,7 +275,7 @@ def inventory(test_scripts: tuple[str, ...], min_distance: float, min_classes: i
     # 1. background scripts first, so that a look-alike is dropped from the evaluation set
     candidates.sort(key=lambda pg: (pg[1] in held_out, pg[1], pg[0]))
     # 2. each candidate at 28 x 28 in its first face, as the distance sees it
-    images = torch.stack([render(p, cover[p][0]) for p, _ in candidates]).float() / 255
+    images = torch.stack([_render(p, cover[p][0]) for p, _ in candidates]).float() / 255
     small = F.avg_pool2d(images.unsqueeze(1), 2).flatten(1)  # (n, SIDE SIDE)
     inked = small.sum(-1) > 4.0  # a glyph with next to no ink (a space-like mark) is no class
     # 3. greedy: keep a candidate unless it is within min_distance of a kept earlier one
@@ -358,7 +359,7 @@ def draw(
     glyphs = []
     for c, u in zip(classes.tolist(), picks.tolist(), strict=True):
         faces = inv.faces[c]
-        glyphs.append(render(inv.points[c], faces[min(len(faces) - 1, int(u * len(faces)))]))
+        glyphs.append(_render(inv.points[c], faces[min(len(faces) - 1, int(u * len(faces)))]))
     return warp(config, torch.stack(glyphs), generator)
 
 
