@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 import attnzoo
 from attnzoo import PreparedKey, attention, prepare_key, scores
-from attnzoo.core.scores import _PAD_MAX_DIM
+from attnzoo.core.scores import _PAD_MAX_DIM, _UPCAST_MAX_KEYS
 from tests.core.reference import ref_attention, ref_logits
 from tests.core.test_scores import make
 
@@ -227,20 +227,31 @@ def test_bad_input_names_argument_expected_and_received(override, error, pattern
         attention(args.pop("query"), args.pop("key"), args.pop("value"), **args)
 
 
-@pytest.mark.parametrize("j", [17, 143])  # short keys take SDPA's math path in bf16, long flash
+# in bf16 on CPU, short keys with a backward run the kernel in float32 (`_slow_half`), long
+# keys or no backward in bf16: every branch, with bf16 inputs and with fp32 ones under autocast
+@pytest.mark.parametrize("j", [17, 143, _UPCAST_MAX_KEYS + 1])
 @pytest.mark.parametrize("causal", [False, True])
-def test_bf16_dot_family_follows_the_float64_reference(j, causal):
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_bf16_dot_family_follows_the_float64_reference(j, causal, grad, autocast):
     g = torch.Generator().manual_seed(j)
-    q, k, v = (torch.randn(2, 3, n, 16, generator=g) for n in (7, j, j))
+    q, k, v = (torch.randn(2, 3, n, 16, generator=g, dtype=torch.float64) for n in (7, j, j))
     mask = torch.rand(2, 1, 7, j, generator=g) > 0.2
     mask[..., 0] = True
     full = mask & torch.ones(7, j, dtype=torch.bool).tril() if causal else mask
+    inputs = [t.float() if autocast else t.bfloat16() for t in (q, k, v)]
+    for t in (q, k, v, *inputs):
+        t.requires_grad_(grad)
     want, _ = ref_attention(ref_logits("scaled_dot", q, k), v, full)
-    got = attention(
-        q.bfloat16(), k.bfloat16(), v.bfloat16(), score="scaled_dot", mask=mask, causal=causal
-    ).context
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        got = attention(*inputs, score="scaled_dot", mask=mask, causal=causal).context
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=3e-2)
+    if grad:
+        seed = torch.randn(want.shape, generator=g, dtype=torch.float64)
+        wanted = torch.autograd.grad(want, (q, k, v), seed)
+        for a, b in zip(torch.autograd.grad(got, inputs, seed.bfloat16()), wanted, strict=True):
+            torch.testing.assert_close(a.double(), b, atol=5e-2, rtol=5e-2)
 
 
 @pytest.mark.parametrize("name", ["scaled_dot", "additive", "general", "location"])

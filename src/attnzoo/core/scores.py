@@ -27,7 +27,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnzoo.core.additive import _additive_attention, _additive_logits
 from attnzoo.core.checks import check_like_parameter, check_size, fail
@@ -127,7 +126,7 @@ class DotFamily(Score):
 
 
 _HALF = (torch.bfloat16, torch.float16)
-_MATH_MAX_KEYS = 128
+_UPCAST_MAX_KEYS = 256  # `_slow_half`: from 512 keys on the bf16 backward is faster
 _PAD_MAX_DIM = 32  # pad d_key or d_value to the other up to this width (`_sdpa`)
 
 
@@ -141,23 +140,40 @@ def _sdpa(q, k, value, mask, is_causal, dropout, scale):
             mask = mask.unsqueeze(1)  # (b, 1, i, j)
     if mask is not None and mask.dim() == 1:
         mask = mask.unsqueeze(0)  # (1, j): the CPU kernel indexes a mask's dim -2
-    if q.dtype in _HALF and k.shape[-2] <= _MATH_MAX_KEYS and q.device.type == "cpu":
-        # In bf16/fp16 on CPU the flash kernel's backward is slow on short keys: the math
-        # path measured 2-3x faster at key_len 64-128 (fwd+bwd), slower from 256 on.
-        with sdpa_kernel(SDPBackend.MATH):
+    d_value = half = None  # the output's width where the value is padded; its dtype if upcast
+    if q.is_cpu:
+        if k.shape[-2] <= _UPCAST_MAX_KEYS and (half := _slow_half(q, k, value)) is not None:
+            q, k, value = q.float(), k.float(), value.float()
+        q, k, value, d_value = _kernel_ready(q, k, value)
+    if half is None:
+        context = F.scaled_dot_product_attention(q, k, value, mask, dropout, is_causal, scale=scale)
+    else:
+        with torch.autocast("cpu", enabled=False):  # else autocast casts it back to `half`
             context = F.scaled_dot_product_attention(
                 q, k, value, mask, dropout, is_causal, scale=scale
-            )
-    else:
-        d_value = None  # the output's width, where the value is padded
-        if q.device.type == "cpu":
-            q, k, value, d_value = _kernel_ready(q, k, value)
-        context = F.scaled_dot_product_attention(
-            q, k, value, mask, dropout, is_causal, scale=scale
-        )  # (b, h|1, i, d)
-        if d_value is not None:
-            context = context[..., :d_value]
+            ).to(half)
+    if d_value is not None:
+        context = context[..., :d_value]  # (b, h|1, i, d)
     return context.squeeze(1) if squeeze else context
+
+
+def _slow_half(q, k, value) -> torch.dtype | None:
+    """The half dtype the CPU kernel would run in when its backward will run, else None.
+
+    In bf16 (fp16 alike) the CPU flash kernel's backward is slow on short keys: at
+    (batch, 4 heads, len, 64), one thread, forward and backward took 13.1 / 29.8 / 25.6 /
+    30.7 ms at len 16 / 64 / 256 / 512 in bf16 against 2.2 / 11.6 / 24.3 / 40.5 ms cast to
+    float32 and back (the math backend in bf16, used here before: 2.7 / 16.3 / 33.8 / 74.6).
+    Without a backward the bf16 kernel is the fastest (1.1 ms at len 64; math 5.9)."""
+    if not torch.is_grad_enabled() or not (
+        q.requires_grad or k.requires_grad or value.requires_grad
+    ):
+        return None
+    if q.dtype in _HALF:
+        return q.dtype
+    if q.dtype is torch.float32 and torch.is_autocast_enabled("cpu"):
+        return torch.get_autocast_dtype("cpu")  # the dtype autocast would run the kernel in
+    return None
 
 
 def _kernel_ready(q, k, value):
