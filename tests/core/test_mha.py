@@ -5,6 +5,8 @@ import torch
 from torch import nn
 
 from attnzoo import KVCache, MultiHeadAttention, scores
+from attnzoo.core import scores as scores_module
+from attnzoo.core.mha import CacheError
 from tests.core.reference import ref_attention
 
 
@@ -235,6 +237,78 @@ def test_cross_cache_clears_again_under_another_or_changed_mask():
         torch.testing.assert_close(mha(x, memory, mask=pad, cache=cache).context, expected)
         mask[0, :, 4] = False  # the same mask object, changed in place
         torch.testing.assert_close(mha(x, memory, mask=mask, cache=cache).context, expected)
+
+
+def _padded_memory_and_mask():
+    memory, x = torch.randn(3, 5, 8), torch.randn(3, 1, 8)
+    mask = torch.arange(5) < torch.tensor([[5], [3], [2]])  # lengths 5, 3, 2
+    mask = mask[:, None, :]  # (3, 1, 5)
+    memory[~mask.squeeze(1)] = float("nan")  # padding garbage
+    return memory, x, mask
+
+
+def _counting_clears(monkeypatch) -> list:
+    """The calls of the fused path's `clear_unattended` (a static cache's keys and values)."""
+    calls = []
+    original = scores_module.clear_unattended
+
+    def counted(*args):
+        calls.append(args[0])
+        return original(*args)
+
+    monkeypatch.setattr(scores_module, "clear_unattended", counted)
+    return calls
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_reordered_cross_cache_told_the_reordered_mask_skips_clearing(told, monkeypatch):
+    """Beam search reorders the cache and the mask alike: told `(mask, kept)`, the cache skips
+    clearing its keys and values under `kept` at the next call; not told, it clears them.
+    Either way the context is the uncached one of the reordered rows."""
+    mha = MultiHeadAttention(8, 2).eval()
+    memory, x, mask = _padded_memory_and_mask()
+    index = torch.tensor([2, 2, 0, 1])
+    with torch.no_grad():
+        expected = mha(x[index], memory[index], mask=mask[index]).context
+        assert expected.isfinite().all()
+        cache = KVCache()
+        mha(x, memory, mask=mask, cache=cache)
+        kept = mask.index_select(0, index)
+        cache.reorder(index, masks=(mask, kept) if told else None)
+        calls = _counting_clears(monkeypatch)
+        got = mha(x[index], memory[index], mask=kept, cache=cache).context
+    torch.testing.assert_close(got, expected)
+    assert len(calls) == (0 if told else 1)
+
+
+def test_reordered_cross_cache_told_another_mask_still_clears(monkeypatch):
+    """`masks` naming a mask the cache was not cleared under is ignored: a position the new
+    mask excludes (NaN in the memory) does not reach the output."""
+    mha = MultiHeadAttention(8, 2).eval()
+    memory, x, mask = _padded_memory_and_mask()
+    everything = torch.ones_like(mask)
+    index = torch.tensor([1, 2])  # the rows with padding
+    with torch.no_grad():
+        expected = mha(x[index], memory[index], mask=mask[index]).context
+        cache = KVCache()
+        first = mha(x, memory, mask=everything, cache=cache).context  # cleared under none
+        assert first[index].isnan().all()
+        kept = mask.index_select(0, index)
+        cache.reorder(index, masks=(mask, kept))  # not the mask it was cleared under
+        calls = _counting_clears(monkeypatch)
+        got = mha(x[index], memory[index], mask=kept, cache=cache).context
+    assert got.isfinite().all() and len(calls) == 1
+    torch.testing.assert_close(got, expected)
+
+
+def test_reorder_refuses_a_kept_mask_of_the_wrong_shape():
+    mha = MultiHeadAttention(8, 2).eval()
+    memory, x, mask = _padded_memory_and_mask()
+    cache = KVCache()
+    with torch.no_grad():
+        mha(x, memory, mask=mask, cache=cache)
+    with pytest.raises(CacheError, match=r"'masks'.*shape \(2, 1, 5\).*\(3, 1, 5\)"):
+        cache.reorder(torch.tensor([0, 1]), masks=(mask, mask))
 
 
 def test_cached_cross_attention_under_inference_mode():

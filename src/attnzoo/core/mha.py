@@ -77,10 +77,20 @@ class KVCache:
     def length(self) -> int:
         return 0 if self.key is None else self.key.shape[-2]
 
-    def reorder(self, index: torch.Tensor) -> None:
+    def reorder(
+        self, index: torch.Tensor, *, masks: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> None:
         """Keep batch rows `index` (beam search reordering hypotheses): a 1-D integer tensor
         on the cache's device with values in [0, batch); it may repeat rows or change the
-        batch size (the next call must then bring that batch)."""
+        batch size (the next call must then bring that batch).
+
+        masks: `(mask, kept)` for a cross-attention cache, where `mask` is the padding mask
+            its memory was cleared under and `kept` the caller's `mask.index_select(0, index)`,
+            the mask its next calls pass: rows kept from rows cleared under `mask` are cleared
+            under `kept`, so those calls skip clearing them again (at beam search's every step
+            otherwise). Ignored unless the cache was cleared under that very `mask`, unchanged
+            since; a `kept` changed in place later is cleared under again.
+        """
         if self.key is None:
             return
         batch = self.key.shape[0]
@@ -118,7 +128,15 @@ class KVCache:
                 f"an index out of range ({error})".splitlines()[0],
                 CacheError,
             )
-        self.key, self.value, self._tape, self._cleared_under = key, value, tape, None
+        cleared = None
+        if masks is not None and same_mask(masks[0], self._cleared_under):
+            mask, kept = masks
+            if not isinstance(kept, torch.Tensor) or kept.shape != (len(index), *mask.shape[1:]):
+                expected = f"the rows index of the mask, shape {(len(index), *mask.shape[1:])}"
+                got = tuple(kept.shape) if isinstance(kept, torch.Tensor) else type(kept).__name__
+                fail("KVCache.reorder", "masks", expected, got, CacheError)
+            cleared = (kept, mask_version(kept))
+        self.key, self.value, self._tape, self._cleared_under = key, value, tape, cleared
 
     def _writable_tape(self) -> _Tape | None:
         """The buffers behind `key` and `value` where new positions may be written in place:

@@ -409,11 +409,11 @@ class TransformerOutput:
     cross_weights: tuple[torch.Tensor, ...] | None = None  # per layer (b, h, t, j)
 
 
-def _reorder_cache(cache: KVCache, index: torch.Tensor) -> KVCache:
+def _reorder_cache(cache: KVCache, index: torch.Tensor, masks=None) -> KVCache:
     """A reordered copy (beam search keeps the old state): the same owner and kind, so the
-    cache still refuses another module (`CacheError`)."""
+    cache still refuses another module (`CacheError`). `masks`: `KVCache.reorder`'s."""
     new = replace(cache)
-    new.reorder(index)
+    new.reorder(index, masks=masks)
     return new
 
 
@@ -436,17 +436,21 @@ class TransformerState:
     prefix: torch.Tensor | None = None  # (b, step) without caches
 
     def reorder(self, index: torch.Tensor) -> TransformerState:
-        """Keep batch rows `index` (beam search): a new state, self unchanged."""
+        """Keep batch rows `index` (beam search): a new state, self unchanged. The cross
+        caches learn that the reordered mask is the one their memory is cleared under."""
+        mask = self.memory_mask
+        kept = None if mask is None else mask.index_select(0, index)
+        masks = None if mask is None else (mask, kept)
         return TransformerState(
             self.memory.index_select(0, index),
-            None if self.memory_mask is None else self.memory_mask.index_select(0, index),
+            kept,
             self.step,
             None
             if self.self_caches is None
             else [_reorder_cache(c, index) for c in self.self_caches],
             None
             if self.cross_caches is None
-            else [_reorder_cache(c, index) for c in self.cross_caches],
+            else [_reorder_cache(c, index, masks) for c in self.cross_caches],
             None if self.prefix is None else self.prefix.index_select(0, index),
         )
 
