@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 import attnzoo
 from attnzoo import PreparedKey, attention, prepare_key, scores
-from attnzoo.core.scores import _PAD_MAX_DIM, _UPCAST_MAX_KEYS
+from attnzoo.core.scores import _PAD_MAX_DIM, _PLAIN_WEIGHTS_MAX_KEYS, _UPCAST_MAX_KEYS
 from tests.core.reference import ref_attention, ref_logits
 from tests.core.test_scores import make
 
@@ -87,6 +87,46 @@ def test_strided_views_follow_the_float64_reference_with_gradients(name, d_value
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
     for got, want in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("j", [17, _PLAIN_WEIGHTS_MAX_KEYS + 1])
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_weights_on_either_path_follow_the_float64_reference_with_gradients(
+    monkeypatch, j, grad, causal
+):
+    """Asked for weights, the dot family forms them on the plain path (logits once) unless a
+    backward runs over more than `_PLAIN_WEIGHTS_MAX_KEYS` keys, where SDPA gives the context
+    beside the weights' own graph: both give the reference's context, weights and gradients
+    (a loss of both, so the weights' backward runs too)."""
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch.nn.functional,
+        "scaled_dot_product_attention",
+        lambda *a, **kw: calls.append(1) or real(*a, **kw),
+    )
+    g = torch.Generator().manual_seed(j)
+    q, k, v = (torch.randn(2, 3, n, 8, generator=g) for n in (7, j, j))
+    mask = torch.rand(2, 1, 1, j, generator=g) > 0.3
+    mask[..., 0] = True
+    for t in (q, k, v):
+        t.requires_grad_(grad)
+    with torch.set_grad_enabled(grad):
+        out = attention(q, k, v, score="scaled_dot", mask=mask, causal=causal, return_weights=True)
+    assert len(calls) == (1 if grad and j > _PLAIN_WEIGHTS_MAX_KEYS else 0)
+    q64, k64, v64 = (t.detach().double().requires_grad_(grad) for t in (q, k, v))
+    full = mask & geometric(7, j, causal, None)
+    context, weights = ref_attention(ref_logits("scaled_dot", q64, k64), v64, full)
+    torch.testing.assert_close(out.context.double(), context, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.weights.double(), weights, rtol=1e-4, atol=1e-6)
+    if grad:
+        up, up_w = torch.randn(context.shape, generator=g), torch.randn(weights.shape, generator=g)
+        loss = (out.context * up).sum() + (out.weights * up_w).sum()
+        want = (context * up.double()).sum() + (weights * up_w.double()).sum()
+        grads = torch.autograd.grad(loss, (q, k, v))
+        for got, expected in zip(grads, torch.autograd.grad(want, (q64, k64, v64)), strict=True):
+            torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["dot", "general", "additive", "location"])

@@ -96,7 +96,10 @@ class DotFamily(Score):
         cleared=False,
     ) -> AttentionOutput:
         """scaled_dot_product_attention, with `is_causal` when causality is the only mask
-        (PERF.md: the same mask as a bool tensor cost 1.5-2.2x)."""
+        (PERF.md: the same mask as a bool tensor cost 1.5-2.2x); None (the plain path) where
+        weights are asked for and the plain path is the faster (`_weights_plainly`)."""
+        if return_weights and _weights_plainly(query, prepared_key, value):
+            return None
         q, k, scale = self.as_dot(query, prepared_key)
         only_causal = causal and mask is None and window is None
         full = mask
@@ -126,8 +129,27 @@ class DotFamily(Score):
 
 
 _HALF = (torch.bfloat16, torch.float16)
+_PLAIN_WEIGHTS_MAX_KEYS = 256  # `_weights_plainly`: from 512 keys on SDPA's backward wins
 _UPCAST_MAX_KEYS = 256  # `_slow_half`: from 512 keys on the bf16 backward is faster
 _PAD_MAX_DIM = 32  # pad d_key or d_value to the other up to this width (`_sdpa`)
+
+
+def _weights_plainly(query, key, value) -> bool:
+    """Whether the plain path (logits, softmax, weights @ value) gives context and weights
+    faster than SDPA beside a graph of its own for the weights: it forms the (i, j) logits
+    once, not twice. At (batch, 8 heads, len, 64), one thread, on CPU, median ms, SDPA and
+    weights against plain: forward only 15.7 / 51.8 / 163.7 against 9.4 / 37.0 / 138.0 at
+    len 64 / 256 / 1024; forward and backward 34.9 / 65.1 / 254.5 against 24.6 / 63.8 / 307.8
+    (the flash kernel's backward wins on long keys). Measured on CPU only, so there only; not
+    in half precision, whose logits the fused path forms in float32 (fp16 logits overflow)."""
+    if not query.is_cpu or query.dtype in _HALF:
+        return False
+    return not _backward_runs(query, key, value) or key.shape[-2] <= _PLAIN_WEIGHTS_MAX_KEYS
+
+
+def _backward_runs(*tensors) -> bool:
+    """Whether autograd records an op on `tensors` (a backward may then run through it)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _sdpa(q, k, value, mask, is_causal, dropout, scale):
@@ -165,9 +187,7 @@ def _slow_half(q, k, value) -> torch.dtype | None:
     30.7 ms at len 16 / 64 / 256 / 512 in bf16 against 2.2 / 11.6 / 24.3 / 40.5 ms cast to
     float32 and back (the math backend in bf16, used here before: 2.7 / 16.3 / 33.8 / 74.6).
     Without a backward the bf16 kernel is the fastest (1.1 ms at len 64; math 5.9)."""
-    if not torch.is_grad_enabled() or not (
-        q.requires_grad or k.requires_grad or value.requires_grad
-    ):
+    if not _backward_runs(q, k, value):
         return None
     if q.dtype in _HALF:
         return q.dtype
