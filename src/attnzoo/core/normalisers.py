@@ -48,11 +48,16 @@ def propagate_nonfinite(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     (measured with torch 2.13 on an AVX-512 Xeon: every key_len from 1 to 15, float32 and
     bfloat16, none from 16 to 69; with or without a mask; its math backend gives NaN), and
     tanh turns an infinite query into finite additive logits: numbers made from garbage.
-    The product with zero propagates without reading a value (no device sync). It
-    applies to every row, also one with no allowed key: a query that is garbage gets a
-    garbage row, never a number (a finite query with no allowed key gets zeros, DESIGN.md).
-    Half precision sums in float32 so that a finite query never sums to inf. The result has
-    `out`'s dtype (under autocast a float32 query's context is bf16, as SDPA's is).
+    The product with zero applies to every row, also one with no allowed key: a query that is
+    garbage gets a garbage row, never a number (a finite query with no allowed key gets zeros,
+    DESIGN.md). Half precision sums in float32 so that a finite query never sums to inf. The
+    result has `out`'s dtype (under autocast a float32 query's context is bf16, as SDPA's is).
+
+    On the CPU the query's total is read first (a sync that costs nothing there): when it is
+    finite, so is every row, and `out` is returned as it is: one reduction instead of a row
+    sum and an add over `out` (measured 2.0 / 3.3 / 7.2 us against 5.5 / 11.4 / 59.5 us at
+    (4, 1, len, 64), len 16 / 128 / 512). Elsewhere (a GPU, where the read would stall the
+    queue, or `meta`) the product is formed without reading a value.
 
     Args:
         out: (..., query_len, n), e.g. context or weights.
@@ -60,13 +65,16 @@ def propagate_nonfinite(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     """
     if query.requires_grad:  # the probe's gradient is 0: spare the backward its ops
         query = query.detach()
-    if query.dtype in _HALF:
+    half = query.dtype in _HALF
+    if query.is_cpu and math.isfinite(query.sum(dtype=torch.float32 if half else None).item()):
+        return out
+    if half:
         probe = query.sum(-1, keepdim=True, dtype=torch.float32)  # (..., i, 1)
         return torch.add(out, probe, alpha=0).to(out.dtype)
     probe = query.sum(-1, keepdim=True)  # (..., i, 1); overflows only past the dtype's max
     if out.dtype is not query.dtype:  # a float32 query, bf16 context under autocast: bf16
         return torch.add(out, probe, alpha=0).to(out.dtype)
-    return torch.add(out, probe, alpha=0)  # ~3 us at (4, 16, 64), ~7 us at (4, 128, 64)
+    return torch.add(out, probe, alpha=0)
 
 
 class HardSample(NamedTuple):
