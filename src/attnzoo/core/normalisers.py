@@ -65,16 +65,12 @@ def propagate_nonfinite(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     """
     if query.requires_grad:  # the probe's gradient is 0: spare the backward its ops
         query = query.detach()
-    half = query.dtype in _HALF
-    if query.is_cpu and math.isfinite(query.sum(dtype=torch.float32 if half else None).item()):
+    summed = torch.float32 if query.dtype in _HALF else None  # else the query's own dtype
+    if query.is_cpu and math.isfinite(query.sum(dtype=summed).item()):
         return out
-    if half:
-        probe = query.sum(-1, keepdim=True, dtype=torch.float32)  # (..., i, 1)
-        return torch.add(out, probe, alpha=0).to(out.dtype)
-    probe = query.sum(-1, keepdim=True)  # (..., i, 1); overflows only past the dtype's max
-    if out.dtype is not query.dtype:  # a float32 query, bf16 context under autocast: bf16
-        return torch.add(out, probe, alpha=0).to(out.dtype)
-    return torch.add(out, probe, alpha=0)
+    probe = query.sum(-1, keepdim=True, dtype=summed)  # (..., i, 1); overflows past its max
+    result = torch.add(out, probe, alpha=0)  # promoted where the probe is wider than `out`
+    return result if result.dtype is out.dtype else result.to(out.dtype)
 
 
 class HardSample(NamedTuple):

@@ -164,7 +164,7 @@ def _sdpa(q, k, value, mask, is_causal, dropout, scale):
         mask = mask.unsqueeze(0)  # (1, j): the CPU kernel indexes a mask's dim -2
     d_value = half = None  # the output's width where the value is padded; its dtype if upcast
     if q.is_cpu:
-        if k.shape[-2] <= _UPCAST_MAX_KEYS and (half := _slow_half(q, k, value)) is not None:
+        if (half := _slow_half(q, k, value)) is not None:
             q, k, value = q.float(), k.float(), value.float()
         q, k, value, d_value = _kernel_ready(q, k, value)
     if half is None:
@@ -180,14 +180,15 @@ def _sdpa(q, k, value, mask, is_causal, dropout, scale):
 
 
 def _slow_half(q, k, value) -> torch.dtype | None:
-    """The half dtype the CPU kernel would run in when its backward will run, else None.
+    """The half dtype the CPU kernel would run in when its backward will run over at most
+    `_UPCAST_MAX_KEYS` keys, else None.
 
     In bf16 (fp16 alike) the CPU flash kernel's backward is slow on short keys: at
     (batch, 4 heads, len, 64), one thread, forward and backward took 13.1 / 29.8 / 25.6 /
     30.7 ms at len 16 / 64 / 256 / 512 in bf16 against 2.2 / 11.6 / 24.3 / 40.5 ms cast to
     float32 and back (the math backend in bf16, used here before: 2.7 / 16.3 / 33.8 / 74.6).
     Without a backward the bf16 kernel is the fastest (1.1 ms at len 64; math 5.9)."""
-    if not _backward_runs(q, k, value):
+    if k.shape[-2] > _UPCAST_MAX_KEYS or not _backward_runs(q, k, value):
         return None
     if q.dtype in _HALF:
         return q.dtype
