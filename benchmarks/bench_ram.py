@@ -10,8 +10,9 @@ with the mean locations (`error`) and of the class probabilities averaged over
 - translated: 60 x 60, 4, 6 and 8 glimpses of 12 x 12, 3 scales (Table 1b);
 - cluttered: 60 x 60 with 4 pieces of 8 x 8 clutter, 8 glimpses (Table 2);
 - the FC (2 x 256) and two-layer convnet baselines on each, at the same steps and batch;
-- `ABLATIONS`: mnist-g6 without each regulariser and with a wider policy, and translated-g6 at
-  twice and four times its steps (full budget only).
+- `ABLATIONS`: mnist-g6 without each regulariser and with a wider policy, translated-g6 at
+  twice and four times its steps, and translated-g6 and cluttered-g8 with an LSTM core (full
+  budget only).
 
 `speed` times, in one process and interleaved: the retinas of 6 glimpses (batch 128, 3 scales
 of 12 x 12 on 60 x 60) by the sensor's two samplers (`F.grid_sample`, a gather of clamped
@@ -48,9 +49,16 @@ SMOKE_SETS = ["task.n_test=64", "task.mc_samples=2", "model.hidden=32"]
 TASK_NAMES = {"mnist": "mnist", "translated": "translated_mnist", "cluttered": "cluttered_mnist"}
 # a base row with changes: id -> (base id, sets): the 28 x 28 run without each of its two
 # regularisers (the random first glimpse, weight decay), and with a wider location policy;
-# the 60 x 60 run at twice and four times its steps (how much of its gap to the paper is budget)
+# the 60 x 60 run at twice and four times its steps (how much of its gap to the paper is budget);
+# the 60 x 60 runs with an LSTM core (the paper's RAM core for its dynamic environment, not for
+# classification), a second setting tried after the rectifier core missed the translated and
+# cluttered targets: a 30,000-step probe on the translated validation digits read 2.34 % against
+# the rectifier core's 3.83 % (seed 0), where probes of the policy's std (0.05, 0.2, learned)
+# and a learning rate of 3e-3 read 3.89 to 4.62 %
 STD_ABLATION = 0.17
 TRANSLATED_STEPS = FULL["translated_mnist"]["steps"]
+LSTM = "model.core=lstm"
+LSTM_COST = 1.65  # an LSTM-core step over a rectifier-core step (60 x 60, batch 64, one thread)
 ABLATIONS = {
     "mnist-g6-centre": ("mnist-g6", ["model.start=centre"]),
     "mnist-g6-wd0": ("mnist-g6", ["train.weight_decay=0"]),
@@ -59,6 +67,9 @@ ABLATIONS = {
         f"translated-g6-steps{k}x": ("translated-g6", [f"train.steps={k * TRANSLATED_STEPS}"])
         for k in (2, 4)
     },
+    "translated-g6-lstm": ("translated-g6", [LSTM]),
+    "translated-g6-lstm-steps4x": ("translated-g6", [LSTM, f"train.steps={4 * TRANSLATED_STEPS}"]),
+    "cluttered-g8-lstm": ("cluttered-g8", [LSTM]),
 }
 
 # Mnih et al. 2014 (NIPS version), test error %: Table 1a (28 x 28), 1b (60 x 60), 2 (cluttered),
@@ -92,6 +103,7 @@ def experiments(budget: str) -> list[Experiment]:
         for id_, (of, changes) in ABLATIONS.items():
             params = {**base[of].params, "sets": [*base[of].params["sets"], *changes]}
             minutes = base[of].minutes * _steps(params["sets"]) / _steps(base[of].params["sets"])
+            minutes *= LSTM_COST if LSTM in changes else 1.0
             group = f"{of.split('-')[0]}-ablations"
             out.append(replace(base[of], id=id_, group=group, params=params, minutes=minutes))
     repeats = 3 if smoke else 20
@@ -279,6 +291,10 @@ TARGETS = [
            "issue 12; Mnih 2014 Table 2"),
     Target("translated 6 glimpses: error below the FC baseline's (same steps and batch)",
            "translated-ram-minus-fc", "error", "<", 0.0, "issue 12"),
+    Target("translated 6 glimpses, LSTM core, four times the steps: error <= 1.6%",
+           "translated-g6-lstm-steps4x", "error", "<=", 1.6, "issue 12"),
+    Target("cluttered 8 glimpses, LSTM core: error <= 6%", "cluttered-g8-lstm", "error", "<=",
+           6.0, "issue 12"),
     Target("RAM step >= 5x the per-image loop", "speed", "step_speedup", ">=", 5.0, "issue 12"),
 ]  # fmt: skip
 # in the JSON as "method": the docs list every experiment, run or not, beside the paper
