@@ -963,9 +963,6 @@ def padded_batch(batch, source_len, target_len, source_vocab, target_vocab, seed
 # started with the CLI into exactly those dirs), and reads its timings from timing.json.
 
 
-RUN_IN_PROGRESS_S = 600  # a run dir without final.json written this recently is still training
-
-
 def resolved_config(sets: Sequence[str], model: str, task: str, seed: int) -> dict:
     """`attnzoo train MODEL --task TASK --set ...` for one seed, one thread, on the CPU."""
     from attnzoo import runs
@@ -991,10 +988,10 @@ def train_worker(
 
     1. Resolve the config (`resolved_config`).
     2. A run dir holding final.json and timing.json whose config.json equals it is reused
-       (loaded, not trained). One with that config but no final.json is a run in progress when
-       written in the last RUN_IN_PROGRESS_S (an error: never train into it twice), else an
-       interrupted one, resumed from its checkpoints. Otherwise `run_train` trains from scratch,
-       as it does when the run `train.init_from` names was trained again after this one began.
+       (loaded, not trained). One with that config but no final.json is an interrupted run,
+       resumed from its checkpoints (or a run in progress: `run_train` refuses a run dir another
+       process holds). Otherwise `run_train` trains from scratch, as it does when the run
+       `train.init_from` names was trained again after this one began.
     3. The task's figures are written when the run has none.
     4. Metrics: final.json's, the minutes from timing.json (over `steps_run` steps: a resumed
        run's earlier processes too, `attnzoo.train.loop.train`), seconds per step, steps,
@@ -1021,10 +1018,6 @@ def train_worker(
     ):
         same = False  # the run it started from was trained again since: train this one again
     reused = same and files["final"].exists() and files["timing"].exists()
-    if same and not reused:
-        age = time.time() - max(f.stat().st_mtime for f in out.rglob("*"))
-        if age < RUN_IN_PROGRESS_S:
-            raise RuntimeError(f"{out} was written {age:.0f} s ago: a run in progress?")
     resume = same and not reused and any((out / "checkpoints").glob("step_*"))
     if reused:
         _, built_task, built_model = runs.load_run(out, device="cpu")

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from attnzoo import runs
+from attnzoo import rundir, runs
 
 
 def test_overrides_parse_each_field_type():
@@ -204,18 +204,62 @@ def test_resume_config_takes_the_saved_config(tmp_path):
         runs.resume_config(tmp_path, "bahdanau", "reverse", [])
 
 
+def _checked_out(out, **flags):
+    with runs.check_out(out, **flags) as entries:
+        return entries
+
+
 def test_check_out(tmp_path):
-    assert runs.check_out(tmp_path / "new" / "run") == []
+    assert _checked_out(tmp_path / "new" / "run") == []
     assert (tmp_path / "new" / "run").is_dir()
+    assert _checked_out(tmp_path / "new" / "run") == []  # its lock file alone: still empty
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text("{}")
     with pytest.raises(FileExistsError, match="'--out' expected a new or empty run directory"):
-        runs.check_out(run)
-    assert runs.check_out(run, resume=True) == []
-    assert [p.name for p in runs.check_out(run, overwrite=True)] == ["config.json"]
+        _checked_out(run)
+    assert _checked_out(run, resume=True) == []
+    assert [p.name for p in _checked_out(run, overwrite=True)] == ["config.json"]
     with pytest.raises(ValueError, match="'--overwrite' expected either --resume or"):
-        runs.check_out(run, resume=True, overwrite=True)
+        _checked_out(run, resume=True, overwrite=True)
+
+
+@pytest.mark.skipif(rundir.fcntl is None, reason="no fcntl.flock on this platform")
+def test_a_run_directory_is_claimed_by_one_process_at_a_time(tmp_path):
+    """While one process trains in a run dir, another (here a second `check_out` of the same
+    directory) is refused before any work, with the holder's pid; the claim ends with the
+    block, or with the process (a killed run is resumable at once: see test_trained_benches)."""
+    import os
+
+    run = tmp_path / "run"
+    with runs.check_out(run):
+        with pytest.raises(BlockingIOError, match=f"no other process .* process {os.getpid()}"):
+            _checked_out(run, resume=True)
+        with pytest.raises(BlockingIOError, match="'--out'"):
+            runs.run_train(_tiny(), run, resume=False, overwrite=True, progress=False)
+    assert _checked_out(run, resume=True) == []  # released
+
+
+@pytest.mark.skipif(rundir.fcntl is None, reason="no fcntl.flock on this platform")
+def test_a_killed_process_releases_its_run_directory(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    code = (
+        "import sys, time\nfrom attnzoo import runs\n"
+        f"with runs.check_out({str(run)!r}):\n    print('held', flush=True)\n    time.sleep(600)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(BlockingIOError, match=f"locked by process {holder.pid}"):
+            _checked_out(run, resume=True)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert _checked_out(run, resume=True) == []
 
 
 def test_read_config_fills_a_field_an_older_config_lacks(tmp_path):

@@ -6,7 +6,7 @@ Nothing is silently wrong and nothing is lost:
    `read_config`); a config.json that is not a run's config is an error naming the file.
 2. A run directory that holds anything is never written into unless the run resumes it or
    `overwrite=True` (`--overwrite`) clears it, and then only if it holds nothing but a run's
-   files (`check_out`).
+   files; and never by two processes at once (`check_out`).
 3. Resuming takes the saved config; only the keys of `RESUMABLE` may change (recorded in
    config.json), and any other difference from the saved config is an error listing each one.
    `train.steps` may change (extend a run) only where the schedule does not depend on it, so
@@ -15,12 +15,13 @@ Nothing is silently wrong and nothing is lost:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
 import os
 import shutil
-import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,11 @@ from attnzoo import config as overrides
 from attnzoo.core.checks import fail
 from attnzoo.models.registry import MODELS
 from attnzoo.tasks.registry import TASKS, EvalConfig
+
+try:
+    import fcntl
+except ImportError:  # not POSIX (Windows): `check_out` takes no lock
+    fcntl = None
 from attnzoo.train.files import note, read_json
 from attnzoo.train.loop import TrainConfig
 
@@ -239,22 +245,51 @@ def main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def check_out(out: Path, *, resume: bool = False, overwrite: bool = False) -> list[Path]:
-    """Check before any work that `out` can be the run directory: a directory (made here if
-    need be) that this process can write in, new or empty unless the run resumes it; with
-    `overwrite`, one holding only a run's files (`RUN_FILES`). Returns what `overwrite` will
-    clear."""
+LOCK = ".lock"  # in a run directory: locked by the process training there (`check_out`)
+
+
+@contextlib.contextmanager
+def check_out(out: Path, *, resume: bool = False, overwrite: bool = False) -> Iterator[list[Path]]:
+    """Claim `out` as the run directory for the block, checked before any work: a directory
+    (made here if need be) that this process can write in, new or empty unless the run resumes
+    it; with `overwrite`, one holding only a run's files (`RUN_FILES`). Yields what `overwrite`
+    will clear.
+
+    The claim is an exclusive `fcntl.flock` on the directory's `LOCK` file, held to the end of
+    the block and released by the OS when the process ends, killed or not: a second process
+    training into the directory meanwhile (`--resume` run twice, a benchmark started twice) is
+    an error naming --out, and an interrupted run can be resumed at once."""
     out = Path(out)
     if resume and overwrite:
         fail("attnzoo", "--overwrite", "either --resume or --overwrite", "both")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
+        lock = open(out / LOCK, "a+")  # noqa: SIM115 (held open to the block's end)
     except OSError as err:
         why = err.strerror or str(err)
         fail("attnzoo", "--out", "a directory attnzoo can create and write in", f"{out} ({why})")
-    entries = sorted(out.iterdir())
+    with lock:
+        if fcntl is not None:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.seek(0)
+                holder = lock.read().strip() or "?"
+                fail(
+                    "attnzoo",
+                    "--out",
+                    "a run directory no other process is training in",
+                    f"{out} (locked by process {holder})",
+                    BlockingIOError,
+                )
+            lock.truncate(0)
+            lock.write(str(os.getpid()))
+            lock.flush()
+        yield _replaceable(out, resume, overwrite)
+
+
+def _replaceable(out: Path, resume: bool, overwrite: bool) -> list[Path]:
+    entries = sorted(p for p in out.iterdir() if p.name != LOCK)
     if not entries or resume:
         return []
     names = [p.name for p in entries]

@@ -10,6 +10,7 @@ any work, resumed, never overwritten unasked) are `attnzoo.rundir`'s.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -59,42 +60,44 @@ def run_train(
 ):
     """Train in `out` on `train.device` (the loop moves the model there).
 
-    Order: every check before any work (the config, the device, `out`: `check_out`; on
-    resume, the checkpoint to continue from and the changes to the saved config:
-    `check_resumable`), then the data and the model, then `out` is cleared (`overwrite`) or
-    the changes are recorded in config.json, then the loop. A fresh run with
-    `train.init_from` starts from that run's newest weights wherever they fit
+    Order: every check before any work (the config, the device, `out`, claimed by this
+    process to the loop's end: `check_out`; on resume, the checkpoint to continue from and the
+    changes to the saved config: `check_resumable`), then the data and the model, then `out`
+    is cleared (`overwrite`) or the changes are recorded in config.json, then the loop. A fresh
+    run with `train.init_from` starts from that run's newest weights wherever they fit
     (`init_checkpoint`); a resumed one from its own checkpoint."""
     out, train_config = Path(out), configs(config)["train"]
     resolve_device(train_config.device)  # a device this machine lacks fails before any work
     start = init_checkpoint(train_config.init_from) if not resume else None
     main = main_process()
     saved = read_config(out) if resume else None  # before check_out makes a missing `out`
-    entries = check_out(out, resume=resume, overwrite=overwrite) if main else []
-    folder, changes = None, []
-    if resume:
-        changes = check_resumable(saved, config)
-        folder = resume_point(out / "checkpoints", set_aside=main)
-        trained = checkpoint_step(folder) + 1
-        if train_config.steps < trained:
-            fail(
-                "attnzoo --resume",
-                "train.steps",
-                f"at least the {trained} steps this run has trained ({folder.name})",
-                train_config.steps,
-            )
-    task, model = build(config)
-    if start is not None:
-        loaded = load_shared_weights(start, model, "train.init_from")
-        note(f"train.init_from: {len(loaded)} tensors from {start} ({', '.join(loaded[:4])}, ...)")
-    if main:
-        if entries:
-            clear(out, entries)
-        if not resume or changes:
-            atomic_write_json(out / "config.json", config)
-        if changes:
-            note(f"--resume: {listing(changes)} (recorded in {out / 'config.json'})")
-    final = train(task, model, train_config, out, resume=folder or False, progress=progress)
+    claim = check_out(out, resume=resume, overwrite=overwrite) if main else nullcontext([])
+    with claim as entries:  # held to the loop's end: no second process trains in `out`
+        folder, changes = None, []
+        if resume:
+            changes = check_resumable(saved, config)
+            folder = resume_point(out / "checkpoints", set_aside=main)
+            trained = checkpoint_step(folder) + 1
+            if train_config.steps < trained:
+                fail(
+                    "attnzoo --resume",
+                    "train.steps",
+                    f"at least the {trained} steps this run has trained ({folder.name})",
+                    train_config.steps,
+                )
+        task, model = build(config)
+        if start is not None:
+            loaded = load_shared_weights(start, model, "train.init_from")
+            listed = ", ".join(loaded[:4])
+            note(f"train.init_from: {len(loaded)} tensors from {start} ({listed}, ...)")
+        if main:
+            if entries:
+                clear(out, entries)
+            if not resume or changes:
+                atomic_write_json(out / "config.json", config)
+            if changes:
+                note(f"--resume: {listing(changes)} (recorded in {out / 'config.json'})")
+        final = train(task, model, train_config, out, resume=folder or False, progress=progress)
     return task, model, final
 
 

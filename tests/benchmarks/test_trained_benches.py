@@ -133,8 +133,7 @@ def test_matched_derive_pairs_the_sides_by_seed():
 
 
 def test_train_worker_resumes_an_interrupted_run_and_leaves_a_live_one(tmp_path):
-    import os
-
+    from attnzoo import runs
     from attnzoo.train.checkpoint import saved_timing
 
     sets = ["train.steps=2", "train.batch_size=2", "task.test_lengths=3"]
@@ -143,14 +142,12 @@ def test_train_worker_resumes_an_interrupted_run_and_leaves_a_live_one(tmp_path)
     first, *_ = _common.train_worker(sets, "ntm", "bit_copy", ctx)
     for name in ("final.json", "timing.json"):  # interrupted before its end
         (tmp_path / "seed0" / name).unlink()
-    with pytest.raises(RuntimeError, match="in progress"):  # just written: someone trains it
+    held = runs.check_out(tmp_path / "seed0", resume=True)  # as a process training in it does
+    with held, pytest.raises(BlockingIOError, match="no other process is training in"):
         _common.train_worker(sets, "ntm", "bit_copy", ctx)
-    old = 10 * _common.RUN_IN_PROGRESS_S
-    for path in (tmp_path / "seed0").rglob("*"):
-        os.utime(path, (path.stat().st_atime - old, path.stat().st_mtime - old))
     (last,) = sorted((tmp_path / "seed0" / "checkpoints").glob("step_*"))[-1:]
     recorded = saved_timing(last)  # what the first process had trained when it saved
-    again, *_ = _common.train_worker(sets, "ntm", "bit_copy", ctx)
+    again, *_ = _common.train_worker(sets, "ntm", "bit_copy", ctx)  # at once: nothing holds it
     assert not again["reused_run"]  # resumed at its last step: its checkpoint's time counts
     assert again["steps_run"] == recorded["steps_run"] == 2  # not this process's 0 steps
     assert again["train_minutes"] >= recorded["train_seconds"] / 60 > 0
