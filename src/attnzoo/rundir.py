@@ -29,13 +29,13 @@ from attnzoo import config as overrides
 from attnzoo.core.checks import fail
 from attnzoo.models.registry import MODELS
 from attnzoo.tasks.registry import TASKS, EvalConfig
+from attnzoo.train.files import note, read_json
+from attnzoo.train.loop import TrainConfig
 
 try:
     import fcntl
 except ImportError:  # not POSIX (Windows): `check_out` takes no lock
     fcntl = None
-from attnzoo.train.files import note, read_json
-from attnzoo.train.loop import TrainConfig
 
 SECTIONS = ("model", "task", "train", "eval")
 
