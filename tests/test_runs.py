@@ -241,6 +241,20 @@ def test_a_run_directory_is_claimed_by_one_process_at_a_time(tmp_path):
 
 
 @pytest.mark.skipif(rundir.fcntl is None, reason="no fcntl.flock on this platform")
+def test_a_file_system_without_locks_trains_unguarded_and_says_so(tmp_path, monkeypatch, capsys):
+    import errno
+
+    def refuse(*args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(rundir.fcntl, "flock", refuse)
+    run = tmp_path / "run"
+    runs.run_train(_tiny(), run, resume=False, overwrite=False, progress=False)
+    assert (run / "final.json").exists()
+    assert "could not be locked (No locks available)" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(rundir.fcntl is None, reason="no fcntl.flock on this platform")
 def test_a_killed_process_releases_its_run_directory(tmp_path):
     import signal
     import subprocess

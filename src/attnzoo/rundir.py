@@ -258,7 +258,9 @@ def check_out(out: Path, *, resume: bool = False, overwrite: bool = False) -> It
     The claim is an exclusive `fcntl.flock` on the directory's `LOCK` file, held to the end of
     the block and released by the OS when the process ends, killed or not: a second process
     training into the directory meanwhile (`--resume` run twice, a benchmark started twice) is
-    an error naming --out, and an interrupted run can be resumed at once."""
+    an error naming --out, and an interrupted run can be resumed at once. Where the file system
+    refuses locks (some network mounts), a line on stderr says the directory is unguarded and
+    the run goes on."""
     out = Path(out)
     if resume and overwrite:
         fail("attnzoo", "--overwrite", "either --resume or --overwrite", "both")
@@ -282,6 +284,9 @@ def check_out(out: Path, *, resume: bool = False, overwrite: bool = False) -> It
                     f"{out} (locked by process {holder})",
                     BlockingIOError,
                 )
+            except OSError as err:  # a file system without locks (some NFS): train unlocked
+                why = err.strerror or str(err)
+                note(f"{out} could not be locked ({why}): nothing stops a second process there")
             lock.truncate(0)
             lock.write(str(os.getpid()))
             lock.flush()
