@@ -137,7 +137,8 @@ def test_gaussian_policy_fixed_or_learned_std_and_the_mean_pass():
     draw.log_prob.sum().backward()
     assert learned.log_std.grad is not None and learned.mean.weight.grad is not None
     # the deterministic pass: the mean, kept on the image as each bound keeps it
-    modes = {"clamp": lambda m: m.clamp(-1, 1), "tanh": torch.tanh, "none": lambda m: m}
+    clamp = lambda m: m.clamp(-1, 1)  # noqa: E731
+    modes = {"clamp": clamp, "pull": clamp, "tanh": torch.tanh, "none": lambda m: m}
     assert set(modes) == set(BOUNDS)
     for bound in BOUNDS:
         torch.manual_seed(0)
@@ -162,6 +163,34 @@ def test_a_clamped_draw_stays_on_the_image_with_the_log_prob_of_the_draw():
     assert (drawn.abs() > 1).any()  # some fell off the image ...
     torch.testing.assert_close(got.sample, drawn.clamp(-1, 1).detach())  # ... and were clamped
     torch.testing.assert_close(got.log_prob, gaussian_log_prob(drawn, mean, torch.tensor(0.5)))
+
+
+def test_pull_is_clamp_on_the_image_and_pulls_a_mean_back_from_off_it():
+    """On the image "pull" draws, scores and differentiates exactly as "clamp"; off it the
+    mean's gradient gains mu - clamp(mu) per row (here the only gradient: the loss reads the
+    log-prob times 0), so a mean that wandered off is brought back, not left to random-walk
+    where every draw is clamped to the same location."""
+    h = torch.randn(50, 3, dtype=torch.float64)
+
+    def run(bound, bias, weight=1.0):
+        torch.manual_seed(0)
+        policy = GaussianPolicy(3, std=0.2, bound=bound).double()
+        with torch.no_grad():
+            policy.mean.weight.mul_(0.1)
+            policy.mean.bias.copy_(torch.tensor(bias, dtype=torch.float64))
+        draw = policy(h, generator=torch.Generator().manual_seed(1))
+        (draw.log_prob.sum() * weight).backward()
+        return draw, policy.mean(h).detach(), policy.mean.bias.grad
+
+    inside = [0.3, -0.6]
+    (draw, mean, grad), (draw_c, mean_c, grad_c) = run("pull", inside), run("clamp", inside)
+    for a, b in zip((*draw, mean, grad), (*draw_c, mean_c, grad_c), strict=True):
+        assert torch.equal(a, b)
+    _, mean, grad = run("pull", [1.5, -2.0], weight=0.0)
+    beyond = mean - mean.clamp(-1, 1)
+    assert (beyond[:, 0] > 0).all() and (beyond[:, 1] < 0).all()
+    torch.testing.assert_close(grad, beyond.sum(0))  # + 0 from the log-prob
+    assert torch.equal(run("clamp", [1.5, -2.0], weight=0.0)[2], torch.zeros(2, dtype=grad.dtype))
 
 
 @pytest.mark.parametrize("border", [0.995, -0.9993])

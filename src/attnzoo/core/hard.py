@@ -76,7 +76,10 @@ def gaussian_sample(
     return GaussianSample(sample, gaussian_log_prob(sample, mean, std), mean)
 
 
-BOUNDS = ("clamp", "tanh", "none")
+BOUNDS = ("clamp", "pull", "tanh", "none")
+
+
+_CLAMPED = ("clamp", "pull")
 
 
 class GaussianPolicy(nn.Module):
@@ -90,6 +93,12 @@ class GaussianPolicy(nn.Module):
       the log-prob is the unclamped draw's, so clamping belongs to the environment and the
       REINFORCE estimator stays unbiased for E[R(clamp(l))]. d log pi / d mu = (l - mu) /
       sigma^2 whatever mu is: a mean at the border still learns from the draws inside.
+    - "pull": as "clamp", and a mean off the image is pulled back: its gradient gains
+      mu - clamp(mu, -1, 1) per row and coordinate (the gradient of half the squared distance
+      to the image), whatever the loss's scale. Past the border every draw is clamped to the
+      same location, so the reward cannot depend on it and REINFORCE's gradient there is
+      zero-mean noise: with "clamp" a mean that wanders off stays off (a DRAM addition run
+      ended at chance with every glimpse in the corner (1, 1)). On the image it is "clamp".
     - "tanh": mu = tanh(W h + b), the draw unclamped (it may fall just outside the image).
       d log pi / d(W h + b) carries 1 - mu^2, which vanishes as mu nears a border: a mean
       pushed into a corner stays there (DRAM's glimpses froze in a corner that way).
@@ -138,13 +147,16 @@ class GaussianPolicy(nn.Module):
         mean = self.mean(state)  # (..., d_output)
         if self.bound == "tanh":
             mean = torch.tanh(mean)
+        elif self.bound == "pull" and mean.requires_grad:
+            beyond = (mean - mean.clamp(-1.0, 1.0)).detach()  # 0 on the image
+            mean.register_hook(lambda grad: grad + beyond)
         std = self.log_std.exp()  # (d_output,)
         if not sample:
             mode = mean.detach()
-            location = mode.clamp(-1.0, 1.0) if self.bound == "clamp" else mode
+            location = mode.clamp(-1.0, 1.0) if self.bound in _CLAMPED else mode
             return GaussianSample(location, gaussian_log_prob(mode, mean, std), mean)
         draw = gaussian_sample(mean, std, generator=generator)
-        if self.bound == "clamp":  # the environment's clamp: the log-prob stays the draw's
+        if self.bound in _CLAMPED:  # the environment's clamp: the log-prob stays the draw's
             return draw._replace(sample=draw.sample.clamp(-1.0, 1.0))
         return draw
 
