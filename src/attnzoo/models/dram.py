@@ -61,7 +61,9 @@ class DRAMConfig:
     context: side of the down-sampled image the context network reads.
     std, learn_std: the location policy's sigma.
     bound: how a location stays on the image (`attnzoo.core.hard.BOUNDS`): "clamp" clamps the
-        draw, "tanh" squashes the mean (it froze DRAM's glimpses in a corner: module Note).
+        draw, "pull" also pulls a mean that left the image back onto it (with "clamp" one
+        `mnist_addition` seed lost the digits that way: `benchmarks/bench_dram.py`), "tanh"
+        squashes the mean (it froze DRAM's glimpses in a corner: module Note).
     where_lr: the learning rate of the "where" pathway (context, top LSTM, emission) as a
         fraction of the run's (`lr_scales`).
     """
