@@ -180,8 +180,13 @@ def figures(data: dict, folder: Path) -> list[Path]:
     )
 
 
-LOSS_ROWS = ("addition-dram", "addition-dram-g6", "addition-dram-g6-s3", "addition-dram-pull")
-LOSS_ROWS += ("addition-convnet-multi",)
+LOSS_ROWS = (
+    "addition-dram",
+    "addition-dram-g6",
+    "addition-dram-g6-s3",
+    "addition-dram-pull",
+    "addition-convnet-multi",
+)
 LOSS_FIGURE = "dram_addition_loss.png"
 
 
