@@ -379,10 +379,19 @@ def _write_json(path: Path, payload: Mapping[str, Any], base: Path) -> None:
     os.replace(temporary, path)
 
 
-def cpu_model() -> str:
+def _cpuinfo(field: str) -> str | None:
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    found = re.search(r"^model name\s*:(.*)$", text, re.MULTILINE)
-    return found[1].strip() if found else platform.processor() or "unknown"
+    found = re.search(rf"^{field}\s*:(.*)$", text, re.MULTILINE)
+    return found[1].strip() if found else None
+
+
+def cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or "unknown"
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux; empty elsewhere), e.g. "amx_bf16", "avx512_bf16"."""
+    return set((_cpuinfo("flags") or "").split())
 
 
 def machine_info(**extra: Any) -> dict[str, Any]:
