@@ -59,6 +59,7 @@ TASK_NAMES = {"mnist": "mnist", "translated": "translated_mnist", "cluttered": "
 # and 2.76 % test error, seeds 0 and 1, against the row's 1.91 and 2.48 %; so not a row.)
 STD_ABLATION = 0.17
 TRANSLATED_STEPS = FULL["translated_mnist"]["steps"]
+CLUTTERED_STEPS = FULL["cluttered_mnist"]["steps"]
 LSTM = "model.core=lstm"
 LSTM_COST = 1.65  # an LSTM-core step over a rectifier-core step (60 x 60, batch 64, one thread)
 ABLATIONS = {
@@ -72,6 +73,11 @@ ABLATIONS = {
     "translated-g6-lstm": ("translated-g6", [LSTM]),
     "translated-g6-lstm-steps4x": ("translated-g6", [LSTM, f"train.steps={4 * TRANSLATED_STEPS}"]),
     "cluttered-g8-lstm": ("cluttered-g8", [LSTM]),
+    # added after cluttered-g8-lstm missed 6 % by 0.11 (5.97, 6.09, 6.27): how much is budget
+    "cluttered-g8-lstm-steps1.5x": (
+        "cluttered-g8",
+        [LSTM, f"train.steps={CLUTTERED_STEPS * 3 // 2}"],
+    ),
 }
 
 # Mnih et al. 2014 (NIPS version), test error %: Table 1a (28 x 28), 1b (60 x 60), 2 (cluttered),
@@ -297,6 +303,8 @@ TARGETS = [
            "translated-g6-lstm-steps4x", "error", "<=", 1.6, "issue 12"),
     Target("cluttered 8 glimpses, LSTM core: error <= 6%", "cluttered-g8-lstm", "error", "<=",
            6.0, "issue 12"),
+    Target("cluttered 8 glimpses, LSTM core, 1.5 times the steps: error <= 6%",
+           "cluttered-g8-lstm-steps1.5x", "error", "<=", 6.0, "issue 12"),
     Target("RAM step >= 5x the per-image loop", "speed", "step_speedup", ">=", 5.0, "issue 12"),
 ]  # fmt: skip
 # in the JSON as "method": the docs list every experiment, run or not, beside the paper
