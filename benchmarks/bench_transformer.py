@@ -123,7 +123,7 @@ def training(c: dict) -> dict:
     """Training-step times of each implementation in fp32; with `bf16`, attnzoo under bf16
     autocast against nn.Transformer in fp32."""
     if c.get("bf16") and not C.cpu_flags() & set(BF16_UNITS):
-        return {"not_measured": f"this CPU has none of the bf16 matrix units {BF16_UNITS}"}
+        return {"not_measured": f"none of the bf16 matrix units {BF16_UNITS} in the CPU flags"}
     models, missing = build_models(c, c["dropout"])
     n, v = c["length"], c["vocab"]
     source, lengths, target = C.padded_batch(c["batch"], n, n, v, v)
