@@ -16,6 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import _common  # noqa: E402
+import bench_transformer  # noqa: E402
 import report  # noqa: E402
 from tests.train.test_loop import cli  # noqa: E402
 
@@ -58,9 +60,6 @@ def _transformer(data: dict) -> None:
     }
     assert rows["training-dropout0"]["loss_difference"] < 1e-4  # from_torch: one function
     # bf16 is timed only where the CPU has bf16 matrix units; elsewhere the row says why not
-    import _common
-    import bench_transformer
-
     has_units = bool(_common.cpu_flags() & set(bench_transformer.BF16_UNITS))
     assert ("attnzoo_bf16" in rows["training-bf16"].get("impls", {})) == has_units
     assert ("not_measured" in rows["training-bf16"]) != has_units
