@@ -219,7 +219,7 @@ def _loss_figure(rows: list[dict], path: Path) -> Path:
     ax.set(xlabel="step", ylabel="training loss (per image)")
     ax.set_title("the sum of two digits: training loss, one line per seed")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=len(labelled), frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
     fig.tight_layout()
     fig.savefig(path)
     return path
