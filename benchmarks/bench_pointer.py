@@ -20,6 +20,10 @@ BEAM = 5
 RUNS = {  # id (TASK-...) -> (CPU-minutes per seed in the earlier single-seed runs, overrides)
     "sort_numbers": (12.5, "train.steps=2000 task.test_sizes=5,10,15 task.n_test=10000"),
     "convex_hull-n10": (27.5, "train.steps=12000 task.n_test=5000"),
+    # the row above at 1.5 times its steps (the cosine schedule decays over all of them), added
+    # after it missed 85 % by half a point on every seed (84.60, 84.44, 84.52): whether the
+    # shortfall is training left undone. A setting chosen after the fact, and said so in the docs
+    "convex_hull-n10-steps1.5x": (37.5, "train.steps=18000 task.n_test=5000"),
     "tsp-n5": (8.3, "task.n_min=5 task.n_max=5 train.steps=3000 task.n_test=2000"),
     "tsp-n10": (
         49.1,
@@ -87,6 +91,8 @@ TARGETS = targets(
     ("TSP n10: gap to optimal % (best of greedy, beam)", "tsp-n10", "best_gap_pct", "<=", 2),
     ("convex hull n10: accuracy %", "convex_hull-n10", "accuracy", ">=", 85),
     ("convex hull n10: area coverage %", "convex_hull-n10", "area_coverage", ">=", 99),
+    ("convex hull n10, 1.5 times the steps: accuracy %", "convex_hull-n10-steps1.5x", "accuracy",
+     ">=", 85),
 )
 RUN = columns("steps=steps; batch=batch_size; held-out=n_test", 0)
 RUN += columns("train min=train_minutes", 1)
@@ -100,7 +106,7 @@ SORT = "; ".join(
 GAPS = columns(f"gap % greedy=gap_pct; gap % beam={B}.gap_pct")
 TABLES = [
     Table("tsp", columns("run=id") + columns(TOURS, 3) + GAPS + RUN, ["tsp"]),
-    Table("hull", columns(HULL) + RUN, ["convex"]),
+    Table("hull", columns("run=id") + columns(HULL) + RUN, ["convex"]),
     Table("sort", columns(SORT, 1) + RUN, ["sort"]),
 ]
 BENCH = Bench("pointer", __file__, experiments, worker, TARGETS, TABLES, derive=derive,
