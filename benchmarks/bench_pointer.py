@@ -91,8 +91,13 @@ TARGETS = targets(
     ("TSP n10: gap to optimal % (best of greedy, beam)", "tsp-n10", "best_gap_pct", "<=", 2),
     ("convex hull n10: accuracy %", "convex_hull-n10", "accuracy", ">=", 85),
     ("convex hull n10: area coverage %", "convex_hull-n10", "area_coverage", ">=", 99),
-    ("convex hull n10, 1.5 times the steps: accuracy %", "convex_hull-n10-steps1.5x", "accuracy",
-     ">=", 85),
+    (
+        "convex hull n10, 1.5 times the steps: accuracy %",
+        "convex_hull-n10-steps1.5x",
+        "accuracy",
+        ">=",
+        85,
+    ),
 )
 RUN = columns("steps=steps; batch=batch_size; held-out=n_test", 0)
 RUN += columns("train min=train_minutes", 1)
