@@ -24,7 +24,6 @@ import platform
 import re
 import resource
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -39,7 +38,6 @@ STATUS_OK, STATUS_OOM, STATUS_ERROR = "ok", "oom", "error"
 BUDGETS = ("smoke", "full")
 ROOT = Path(__file__).resolve().parent.parent
 OPS = {"<=": float.__le__, ">=": float.__ge__, "<": float.__lt__, ">": float.__gt__}
-RESULT_PREFIX = "@@RESULT "  # a child's result: its last stdout line with this prefix
 # what torch's CPU allocator (a RuntimeError) and Python say when an allocation fails
 _OOM_MESSAGES = ("can't allocate memory", "out of memory", "cannot allocate memory")
 
@@ -501,42 +499,92 @@ def is_oom_error(error: BaseException) -> bool:
     )
 
 
+# What a child's fork server imports once instead of every child (a child still starts as a
+# fresh process): torch, its compiler front end (which every optimizer's constructor imports),
+# matplotlib and attnzoo's run system, seconds per child that the smoke runs of `make test` (a
+# hundred-odd children) paid one by one.
+_PRELOAD = ("torch", "torch._dynamo", "matplotlib.pyplot", "attnzoo.runs")
+
+
+@functools.cache
+def _process_context():
+    """Children fork from a server that imported `_PRELOAD` (`spawn` where no fork server is)."""
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(_PRELOAD))
+    return context
+
+
 def _run_child(bench: Bench, kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-    """Run `kind` ("worker", "prepare" or "peak") in a fresh process of the bench's script with
-    the bench's thread count (other settings, e.g. OMP_WAIT_POLICY=PASSIVE, pass through); a
-    child killed by a signal or reporting an allocation failure is "oom"."""
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
-    env |= {"OMP_NUM_THREADS": str(bench.threads), "MKL_NUM_THREADS": str(bench.threads)}
-    command = [sys.executable, bench.script, "--child", kind, json.dumps(payload, default=str)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, env=env)
-    except OSError as error:
-        return {"status": STATUS_ERROR, "error": str(error)}
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX) and done.returncode == 0:
-            return {"status": STATUS_OK, **json.loads(line[len(RESULT_PREFIX) :])}
-    tail = " | ".join(done.stderr.strip().splitlines()[-3:])
-    oom = done.returncode < 0 or _says_oom(done.stderr)
+    """Run `kind` ("worker", "prepare" or "peak") in a fresh process with the bench's thread
+    count (other settings, e.g. OMP_WAIT_POLICY=PASSIVE, pass through); a child killed by a
+    signal or reporting an allocation failure is "oom". Its output goes to a log whose last
+    lines are the error of a child that failed."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="attnzoo-child-") as folder:
+        log, out = Path(folder, "log"), Path(folder, "result.json")
+        args = (bench.script, bench.threads, kind, json.dumps(payload, default=str), log, out)
+        try:
+            child = _process_context().Process(target=_child, args=args)
+            child.start()
+            child.join()
+        except OSError as error:
+            return {"status": STATUS_ERROR, "error": str(error)}
+        if child.exitcode == 0 and out.exists():
+            return {"status": STATUS_OK, **json.loads(out.read_text())}
+        text = log.read_text(errors="replace") if log.exists() else ""
+    tail = " | ".join(text.strip().splitlines()[-3:])
+    oom = child.exitcode < 0 or _says_oom(text)
     return {
         "status": STATUS_OOM if oom else STATUS_ERROR,
-        "error": tail or f"exit {done.returncode}",
+        "error": tail or f"exit {child.exitcode}",
     }
 
 
-def _in_child(bench: Bench, kind: str, payload: Mapping[str, Any]) -> None:
-    """The child side of `_run_child`: one worker call, one unit's `prepare` or one peak."""
+def _child(script: str, threads: int, kind: str, payload: str, log: Path, out: Path) -> None:
+    """The child side of `_run_child`: its output to `log`, the bench's thread count (also for
+    the processes it starts), one call of `_in_child`, its result to `out`."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for stream in (1, 2):
+        os.dup2(fd, stream)
+    os.close(fd)
+    for key in [k for k in os.environ if k.endswith("_NUM_THREADS")]:
+        del os.environ[key]
+    os.environ.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    result = _in_child(_bench_of(script), kind, json.loads(payload))
+    out.write_text(json.dumps(result))
+
+
+def _bench_of(script: str) -> Bench:
+    """The `BENCH` of `script`: its main module's (multiprocessing runs the parent's main
+    script in a child), else the script loaded by path."""
+    import importlib.util
+
+    main = sys.modules.get("__main__")
+    if Path(getattr(main, "__file__", "") or "").resolve() == Path(script).resolve():
+        return main.BENCH
+    spec = importlib.util.spec_from_file_location(Path(script).stem, script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.BENCH
+
+
+def _in_child(bench: Bench, kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """One worker call, one unit's `prepare` or one peak, in a child."""
     import torch
 
     torch.set_num_threads(bench.threads)
     if kind == "peak":
-        result = _peak_child(bench, payload)
-    elif kind == "worker":
+        return _peak_child(bench, payload)
+    if kind == "worker":
         ctx = Context(**{**payload["ctx"], "run_dir": Path(payload["ctx"]["run_dir"])})
-        result = {"metrics": bench.worker(payload["params"], ctx)}
-    else:
-        unit = [e for e in bench.experiments(payload["budget"]) if e.id in payload["ids"]]
-        result = {"extra": bench.prepare(unit, payload["budget"])}
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
+        return {"metrics": bench.worker(payload["params"], ctx)}
+    unit = [e for e in bench.experiments(payload["budget"]) if e.id in payload["ids"]]
+    return {"extra": bench.prepare(unit, payload["budget"])}
 
 
 def _needed(
@@ -576,7 +624,8 @@ def _listing(bench: Bench, experiments: list[Experiment], args: Any) -> dict[str
     rows = [r for r in rows if r.get("seconds") and not r.get("metrics", {}).get("reused_run")]
     listing = []
     for e in experiments:
-        timed = [r["seconds"] for r in rows if _current(r, e, args.budget)]
+        # (a row's currency is looked up only where needed: it imports torch and attnzoo)
+        timed = [] if e.minutes else [r["seconds"] for r in rows if _current(r, e, args.budget)]
         each = e.minutes or (statistics.fmean(timed) * bench.threads / 60 if timed else None)
         listing.append({**asdict(e), "seeds": _seeds(e, args.seeds), "minutes": each})
     minutes = sum(x["minutes"] * x["seeds"] for x in listing if x["minutes"] is not None)
@@ -680,10 +729,7 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     parser.add_argument("--results", type=Path, help="results folder (smoke: runs/smoke)")
     parser.add_argument("--runs", type=Path, help="run folders (default beside --results)")
     parser.add_argument("--list", action="store_true", help="experiments and CPU-minutes, JSON")
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
-        return _in_child(bench, args.child[0], json.loads(args.child[1]))
     if args.seeds is not None and args.seeds < 1:
         parser.error(f"--seeds: expected a count >= 1, got {args.seeds}")
     experiments = bench.experiments(args.budget)

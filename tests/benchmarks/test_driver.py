@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import _common  # noqa: E402
 
-# A bench whose worker obeys its params: "kill" kills the driver (its parent) the first time,
+# A bench whose worker obeys its params: "kill" kills the driver (an ancestor) the first time,
 # "wait_for" waits until the results JSON holds a row of that id, "wait_for_newer" until it
 # holds one of that id made under a calibration newer than the worker's own (once the file
 # "race" exists: the calls before it would wait for nothing); every call is
@@ -46,6 +46,14 @@ SCRIPT = textwrap.dedent(
     def prepare(unit, budget):
         return {{e.id: {{"stamp": time.time_ns()}} for e in unit}}
 
+    def driver():  # the nearest ancestor whose command line runs this script
+        pid = os.getppid()
+        while pid > 1:
+            if __file__ in Path(f"/proc/{{pid}}/cmdline").read_bytes().decode().split("\\0"):
+                return pid
+            pid = int(Path(f"/proc/{{pid}}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        raise RuntimeError("no ancestor runs " + __file__)
+
     def results():
         path = HERE / "results" / "toy.json"
         return json.loads(path.read_text()) if path.exists() else {{}}
@@ -62,7 +70,7 @@ SCRIPT = textwrap.dedent(
             (Path(ctx.run_dir) / "final.json").write_text(json.dumps(time.time_ns()))
         if params.get("kill_seed") == ctx.seed and not (HERE / "killed").exists():
             (HERE / "killed").touch()
-            os.kill(os.getppid(), signal.SIGKILL)
+            os.kill(driver(), signal.SIGKILL)
             time.sleep(5)
         deadline = time.monotonic() + 120
         while params.get("wait_for") and time.monotonic() < deadline:
