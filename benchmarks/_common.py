@@ -504,18 +504,41 @@ def is_oom_error(error: BaseException) -> bool:
 # matplotlib and attnzoo's run system, seconds per child that the smoke runs of `make test` (a
 # hundred-odd children) paid one by one.
 _PRELOAD = ("torch", "torch._dynamo", "matplotlib.pyplot", "attnzoo.runs")
+_STARTING = threading.Lock()
 
 
-@functools.cache
-def _process_context():
+def _process_context(threads: int):
     """Children fork from a server that imported `_PRELOAD` (`spawn` where no fork server is)."""
     import multiprocessing
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(_PRELOAD))
-    return context
+    with _STARTING:
+        _start_fork_server(threads)
+    return multiprocessing.get_context("forkserver")
+
+
+@functools.cache
+def _start_fork_server(threads: int) -> None:
+    """The fork server, started with the bench's thread count in its environment: what reads
+    it at import (OpenMP, MKL, OpenBLAS) is sized as in a child started afresh."""
+    from multiprocessing import forkserver
+
+    forkserver.set_forkserver_preload(list(_PRELOAD))
+    saved = dict(os.environ)
+    _set_threads(threads)
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _set_threads(threads: int) -> None:
+    """This process's environment, as its children see it: the bench's thread count."""
+    for key in [k for k in os.environ if k.endswith("_NUM_THREADS")]:
+        del os.environ[key]
+    os.environ.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
 
 
 def _run_child(bench: Bench, kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -529,7 +552,7 @@ def _run_child(bench: Bench, kind: str, payload: Mapping[str, Any]) -> dict[str,
         log, out = Path(folder, "log"), Path(folder, "result.json")
         args = (bench.script, bench.threads, kind, json.dumps(payload, default=str), log, out)
         try:
-            child = _process_context().Process(target=_child, args=args)
+            child = _process_context(bench.threads).Process(target=_child, args=args)
             child.start()
             child.join()
         except OSError as error:
@@ -552,9 +575,7 @@ def _child(script: str, threads: int, kind: str, payload: str, log: Path, out: P
     for stream in (1, 2):
         os.dup2(fd, stream)
     os.close(fd)
-    for key in [k for k in os.environ if k.endswith("_NUM_THREADS")]:
-        del os.environ[key]
-    os.environ.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    _set_threads(threads)
     result = _in_child(_bench_of(script), kind, json.loads(payload))
     out.write_text(json.dumps(result))
 

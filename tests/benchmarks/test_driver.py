@@ -3,6 +3,7 @@ process of its own, killed part-way, or two calls of one bench at once."""
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -40,6 +41,7 @@ SCRIPT = textwrap.dedent(
             C.Experiment("src2", "src", {{"run": 1, "fail_seed": 1}}, seeds=2),
             C.Experiment("user", "user", {{}}, seeds=2, needs=("src", "src2")),
             C.Experiment("w", "w", {{"wait_for": "new"}}),
+            C.Experiment("threads", "threads", {{"threads": 1}}),
             {extra}
         ]
 
@@ -59,6 +61,11 @@ SCRIPT = textwrap.dedent(
         return json.loads(path.read_text()) if path.exists() else {{}}
 
     def worker(params, ctx):
+        if params.get("threads"):  # what the child runs with, the driver given other settings
+            import torch
+
+            env = {{k: v for k, v in os.environ.items() if k.endswith("_NUM_THREADS")}}
+            return {{"torch": torch.get_num_threads(), "env": env}}
         needs = [f"{{n}}:{{C.sibling_run(ctx, n).name}}" for n in sorted(ctx.needs)]
         with open(HERE / "calls.log", "a") as log:
             log.write(" ".join([ctx.id, str(ctx.seed), *needs]) + "\\n")
@@ -254,3 +261,15 @@ def test_list_times_an_untimed_experiment_by_the_rows_that_trained(tmp_path):
     listed = _common._listing(bench, [e], args)
     assert listed["experiments"][0]["minutes"] == 600.0 * 2 / 60  # CPU-minutes: 2 threads
     assert listed["minutes"] == 2 * listed["experiments"][0]["minutes"] and not listed["untimed"]
+
+
+def test_a_child_runs_with_the_bench_thread_count_whatever_the_driver_has(tmp_path):
+    script = _script(tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "X_NUM_THREADS": "3"}
+    done = subprocess.run(_command(script, "threads"), capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    row = json.loads((tmp_path / "results" / "toy.json").read_text())["rows"][0]
+    assert row["metrics"] == {
+        "torch": 1,
+        "env": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+    }, row
