@@ -723,6 +723,12 @@ def test_multi_head_from_torch_copies_what_it_accepts(kwargs):
 # -- 5. bad library input: every public function -----------------------------------------------
 
 q3, k3, v3 = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 2)
+FLOATING = "'query' expected a floating-point torch.Tensor"
+
+
+def _reinforce():
+    return core.reinforce_loss(torch.zeros(3), torch.zeros(3))
+
 
 # public name -> [(call, error type, message pattern)]: an argument each public function of the
 # core refuses by name, before any computation.
@@ -730,6 +736,23 @@ BAD_CALLS = {
     "attention": [
         (lambda: attention(q3, k3, v3, score="nope"), ValueError, "'score'"),
         (lambda: attention(q3.double(), k3, v3, score="dot"), TypeError, "'key'.*float64"),
+        # integer, bool and complex tensors of one dtype (the fast path's common case)
+        (lambda: attention(q3.long(), k3.long(), v3.long(), score="dot"), TypeError, FLOATING),
+        (
+            lambda: attention(q3.bool(), k3.bool(), v3.bool(), score="scaled_dot"),
+            TypeError,
+            FLOATING,
+        ),
+        (
+            lambda: attention(q3.cfloat(), k3.cfloat(), v3.cfloat(), score="cosine"),
+            TypeError,
+            FLOATING,
+        ),
+        (
+            lambda: attention(q3[:, None].int(), k3.int(), v3.int(), score="dot"),
+            TypeError,
+            FLOATING,
+        ),
         (lambda: attention(q3, k3, v3, score="dot", dropout=1.0), ValueError, "'dropout'"),
         (lambda: attention(q3, k3, v3, score="dot", window=0), ValueError, "'window'"),
         (lambda: attention(q3, k3, v3[:, :4], score="dot"), ValueError, "'value'"),
@@ -743,6 +766,7 @@ BAD_CALLS = {
         ),
     ],
     "prepare_key": [
+        (lambda: prepare_key("dot", k3.long()), TypeError, "'key' expected a floating-point"),
         (lambda: prepare_key(3, k3), TypeError, "'score'"),
         (lambda: prepare_key("dot", k3[0]), ValueError, "'key' expected a tensor of rank 3"),
         (
@@ -764,6 +788,7 @@ BAD_CALLS = {
         ),
     ],
     "additive_attention": [
+        (lambda: additive_attention(q3.long(), k3, torch.randn(4), v3), TypeError, FLOATING),
         (lambda: additive_attention(q3, k3, torch.randn(3), v3), ValueError, "'v' expected shape"),
         (lambda: additive_attention(q3, k3[..., :3], torch.randn(4), v3), ValueError, "'key'"),
         (lambda: additive_attention(q3, k3, torch.randn(4), v3[:, :4]), ValueError, "'value'"),
@@ -775,6 +800,7 @@ BAD_CALLS = {
         (lambda: additive_attention(q3, k3, torch.randn(4), v3, window=0), ValueError, "'window'"),
     ],
     "additive_logits": [
+        (lambda: additive_logits(q3.long(), k3.long(), torch.randn(4)), TypeError, FLOATING),
         (lambda: additive_logits(q3, k3, torch.randn(3)), ValueError, "'v' expected shape"),
         (lambda: additive_logits(q3, k3.double(), torch.randn(4)), TypeError, "'key'.*float32"),
         (lambda: additive_logits(q3[0], k3, torch.randn(4)), ValueError, "'query'.*rank"),
@@ -808,6 +834,43 @@ BAD_CALLS = {
         (lambda: LocalAttention(scores.Dot(), 0), ValueError, "'window'"),
         (lambda: LocalAttention(scores.Dot(), 2, d_query=0), ValueError, "'d_query'"),
         (lambda: LocalAttention(scores.Dot(), 2, 4, d_hidden=-1), ValueError, "'d_hidden'"),
+        (
+            lambda: LocalAttention(scores.Dot(), 2)(q3.long(), k3.long(), v3.long()),
+            TypeError,
+            FLOATING,
+        ),
+        (lambda: LocalAttention(scores.Dot(), 2)(q3[0], k3, v3), ValueError, "'query'.*rank 3"),
+        (lambda: LocalAttention(scores.Dot(), 2)(q3, k3.double(), v3), TypeError, "'key'.*float32"),
+        (
+            lambda: LocalAttention(scores.Dot(), 2)(q3, k3[:1], v3[:1]),
+            ValueError,
+            "'key'.*batch size 2",
+        ),
+        (
+            lambda: LocalAttention(scores.Dot(), 2)(q3, k3, v3[:, :4]),
+            ValueError,
+            "'value'.*key_len = 5",
+        ),
+        (
+            lambda: LocalAttention(scores.Dot(), 2)(q3, k3, v3, mask=torch.ones(2, 3, 4) > 0),
+            ValueError,
+            "'mask' expected a shape broadcastable",
+        ),
+        (
+            lambda: LocalAttention(scores.Dot(), 2, 4)(q3, k3, v3, lengths=torch.ones(2)),
+            ValueError,
+            r"'lengths' expected a \(2,\) integer tensor",
+        ),
+        (
+            lambda: LocalAttention(scores.Dot(), 2)(q3, k3, v3, positions=torch.arange(4)),
+            ValueError,
+            "'positions'",
+        ),
+        (
+            lambda: LocalAttention(scores.Dot(), 2)(q3, k3, v3, prepared_key=k3[:, :4]),
+            ValueError,
+            "'prepared_key'",
+        ),
     ],
     "padding_mask": [
         (lambda: padding_mask([1, 2]), TypeError, "'lengths'"),
@@ -870,17 +933,66 @@ BAD_CALLS = {
     "HardSample": [],
     "LearnedPositionalEmbedding": [
         (lambda: LearnedPositionalEmbedding(4, 8)(torch.randn(1, 5, 8)), ValueError, "'x'"),
+        (lambda: LearnedPositionalEmbedding(0, 8), ValueError, "'max_len' expected a positive int"),
+        (lambda: LearnedPositionalEmbedding(4, 0), ValueError, "'d_model' expected a positive int"),
+        (lambda: LearnedPositionalEmbedding(4, 8)(torch.randn(1, 3, 7)), ValueError, "'x'.*= 8"),
+        (
+            lambda: LearnedPositionalEmbedding(4, 8)(torch.randn(1, 3, 8), -1),
+            ValueError,
+            "'offset'",
+        ),
     ],
-    "SinusoidalPositionalEncoding": [],
-    "sinusoidal_encoding": [],
+    "SinusoidalPositionalEncoding": [
+        (lambda: SinusoidalPositionalEncoding(0), ValueError, "'d_model' expected a positive int"),
+        (lambda: SinusoidalPositionalEncoding(4)(torch.randn(1, 2, 5)), ValueError, "'x'.*= 4"),
+        (
+            lambda: SinusoidalPositionalEncoding(4)(torch.ones(1, 2, 4).long()),
+            TypeError,
+            "'x' expected a floating-point",
+        ),
+        (lambda: SinusoidalPositionalEncoding(4)(torch.randn(1, 2, 4), -1), ValueError, "'offset'"),
+    ],
+    "sinusoidal_encoding": [
+        (lambda: sinusoidal_encoding(2.5, 4), ValueError, "'length' expected a non-negative int"),
+        (lambda: sinusoidal_encoding(3, 0), ValueError, "'d_model' expected a positive int"),
+        (lambda: sinusoidal_encoding(3, 4, offset=-1), ValueError, "'offset'"),
+        (lambda: sinusoidal_encoding(3, 4, dtype=torch.long), TypeError, "'dtype'"),
+    ],
     # the hard-attention toolkit (attnzoo.core.hard)
     "GaussianSample": [],
     "ReinforceLoss": [],
-    "gaussian_log_prob": [],
-    "hybrid_loss": [],
+    "gaussian_log_prob": [
+        (lambda: core.gaussian_log_prob([0.0], torch.zeros(1), 1.0), TypeError, "'x'"),
+        (
+            lambda: core.gaussian_log_prob(torch.zeros(1), torch.zeros(1).long(), 1.0),
+            TypeError,
+            "'mean'",
+        ),
+        (lambda: core.gaussian_log_prob(torch.zeros(2), torch.zeros(2), 0.0), ValueError, "'std'"),
+        (
+            lambda: core.gaussian_log_prob(torch.zeros(2), torch.zeros(2), torch.ones(3)),
+            ValueError,
+            "'std' expected a shape broadcastable",
+        ),
+    ],
+    "hybrid_loss": [
+        (lambda: core.hybrid_loss(torch.zeros(()), 1.0), TypeError, "'reinforce'"),
+        (
+            lambda: core.hybrid_loss(torch.zeros(()), _reinforce(), weight=NAN),
+            ValueError,
+            "'weight'",
+        ),
+        (
+            lambda: core.hybrid_loss(torch.zeros((), dtype=torch.long), _reinforce()),
+            TypeError,
+            "'supervised'",
+        ),
+    ],
     "GaussianPolicy": [
         (lambda: core.GaussianPolicy(4, std=NAN), ValueError, "GaussianPolicy: argument 'std'"),
         (lambda: core.GaussianPolicy(4, 0), ValueError, "GaussianPolicy: argument 'd_output'"),
+        (lambda: core.GaussianPolicy(4)(torch.randn(3, 5)), ValueError, "'state'.*d_input = 4"),
+        (lambda: core.GaussianPolicy(4)(torch.ones(3, 4).long()), TypeError, "'state'"),
     ],
     "gaussian_sample": [
         (lambda: core.gaussian_sample([0.0], 1.0), TypeError, "gaussian_sample: argument 'mean'"),
@@ -888,9 +1000,44 @@ BAD_CALLS = {
     ],
     "reinforce_loss": [
         (lambda: core.reinforce_loss([0.0], torch.zeros(1)), ValueError, "argument 'log_prob'"),
+        (
+            lambda: core.reinforce_loss(torch.zeros(3).long(), torch.zeros(3)),
+            TypeError,
+            "'log_prob'",
+        ),
+        (lambda: core.reinforce_loss(torch.zeros(3), [1.0, 2.0, 3.0]), TypeError, "'reward'"),
+        (lambda: core.reinforce_loss(torch.zeros(3), torch.zeros(4)), ValueError, "'reward'"),
+        (
+            lambda: core.reinforce_loss(torch.zeros(3), torch.zeros(3), NAN),
+            ValueError,
+            "'baseline'",
+        ),
+        (
+            lambda: core.reinforce_loss(torch.zeros(3), torch.zeros(3), torch.zeros(2)),
+            ValueError,
+            "'baseline'",
+        ),
+        (
+            lambda: core.reinforce_loss(torch.zeros(3), torch.zeros(3), entropy_weight=NAN),
+            ValueError,
+            "'entropy_weight'",
+        ),
+        (
+            lambda: core.reinforce_loss(torch.zeros(3), torch.zeros(3), mask=torch.ones(3)),
+            TypeError,
+            "'mask'",
+        ),
+        (
+            lambda: core.reinforce_loss(torch.zeros(3), torch.zeros(3), mask=torch.ones(4) > 0),
+            ValueError,
+            "'mask'",
+        ),
     ],
     "rewards_to_go": [
         (lambda: core.rewards_to_go(torch.zeros(2, 3), -0.1), ValueError, "'discount'"),
+        (lambda: core.rewards_to_go(torch.zeros(2, 3), True), ValueError, "'discount'"),
+        (lambda: core.rewards_to_go(torch.zeros(2, 3).long()), TypeError, "'rewards'"),
+        (lambda: core.rewards_to_go([[1.0]]), TypeError, "'rewards'"),
     ],
     "lambda_returns": [
         (
@@ -904,9 +1051,25 @@ BAD_CALLS = {
             "'discount'",
         ),
         (lambda: core.lambda_returns(torch.zeros(2, 3), torch.zeros(2, 4)), ValueError, "'values'"),
+        (
+            lambda: core.lambda_returns(torch.zeros(2, 3).long(), torch.zeros(2, 3)),
+            TypeError,
+            "'rewards'",
+        ),
     ],
     "MovingAverageBaseline": [
         (lambda: core.MovingAverageBaseline(-0.5), ValueError, "'momentum' expected"),
+        (lambda: core.MovingAverageBaseline(0.9).update([1.0]), TypeError, "'reward'"),
+        (
+            lambda: core.MovingAverageBaseline(0.9, (2,)).update(torch.ones(4, 3)),
+            ValueError,
+            "'reward'",
+        ),
+        (
+            lambda: core.MovingAverageBaseline(0.9).update(torch.ones(4), torch.ones(4)),
+            ValueError,
+            "'counts'",
+        ),
     ],
     "AttentionOutput": [],
     "PreparedKey": [],

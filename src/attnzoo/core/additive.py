@@ -26,6 +26,7 @@ from torch.autograd.function import once_differentiable
 
 from attnzoo.core.checks import (
     broadcast_shape,
+    check_floating,
     check_mask,
     check_same_kind,
     check_tensor,
@@ -245,6 +246,7 @@ def _check_inputs(name, query, key, v, value=None) -> tuple[int, ...]:
     (`_additive_logits`, `_additive_attention`)."""
     ranks = (3, 4)
     check_tensor(name, "query", query, ranks)
+    check_floating(name, "query", query)
     check_tensor(name, "key", key, ranks)
     check_tensor(name, "v", v, (1,))
     others = {"key": key, "v": v}

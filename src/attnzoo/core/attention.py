@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from attnzoo.core.checks import (
     broadcast_shape,
     check_dropout,
+    check_floating,
     check_mask,
     check_same_kind,
     check_tensor,
@@ -77,6 +78,7 @@ def _check_prepare_inputs(key, value, mask) -> None:
     length is not known yet, so a mask's query dim may be any."""
     name = "prepare_key"
     check_tensor(name, "key", key, _RANKS)
+    check_floating(name, "key", key)
     if value is None:
         if mask is not None:
             fail(name, "value", "the values to clear with the mask", None)
@@ -219,8 +221,8 @@ _RANKS = (3, 4)
 
 
 def _common_case(query, key, value) -> bool:
-    """Three tensors of rank 3 or 4 with one dtype, one device, the same leading dims and
-    key_len: decided in a few attribute reads (this runs at every decoding step), so that
+    """Three floating tensors of rank 3 or 4 with one dtype, one device, the same leading
+    dims and key_len: decided in a few attribute reads (this runs at every decoding step), so that
     only other inputs pay for the full checks."""
     if not (
         isinstance(query, torch.Tensor)
@@ -243,6 +245,8 @@ def _common_case(query, key, value) -> bool:
         return False
     if not (same_shapes and key.dtype is query.dtype and value.dtype is query.dtype):
         return False  # (dtypes are singletons)
+    if not query.is_floating_point():
+        return False
     if query.is_cpu:  # a flag: reading .device builds an object
         return key.is_cpu and value.is_cpu
     device = query.device
@@ -254,6 +258,7 @@ def _check_inputs(query, key, value) -> None:
     check_tensor("attention", "query", query, _RANKS)
     check_tensor("attention", "key", key, _RANKS)
     check_tensor("attention", "value", value, _RANKS)
+    check_floating("attention", "query", query)
     check_same_kind("attention", "query", query, {"key": key, "value": value})
     if not (query.dim() == key.dim() == value.dim()):
         fail(

@@ -7,6 +7,7 @@ any computation (DESIGN.md: bad input gets a clear error).
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Sequence
@@ -39,6 +40,41 @@ def check_tensor(function: str, argument: str, tensor: object, ranks: Sequence[i
     if tensor.dim() not in ranks:
         wanted = " or ".join(str(r) for r in ranks)
         fail(function, argument, f"a tensor of rank {wanted}", f"shape {tuple(tensor.shape)}")
+
+
+def check_floating(function: str, argument: str, tensor: object) -> None:
+    """A floating-point tensor: what attention weighs and sums (an integer, bool or complex
+    tensor would fail deep inside an op, or be computed in integer arithmetic)."""
+    if not isinstance(tensor, torch.Tensor):
+        fail(function, argument, "a floating-point torch.Tensor", type(tensor).__name__, TypeError)
+    if not tensor.is_floating_point():
+        fail(function, argument, "a floating-point torch.Tensor", tensor.dtype, TypeError)
+
+
+def check_count(function: str, argument: str, value: object, optional: bool = False) -> None:
+    """A count (a length, an offset) is a non-negative int; `optional`: None too."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        fail(function, argument, "a non-negative int" + " or None" * optional, repr(value))
+
+
+def check_number(
+    function: str,
+    argument: str,
+    value: object,
+    expected: str = "a finite number",
+    low: float = -math.inf,
+    high: float = math.inf,
+) -> None:
+    """A finite real number (a bool refused) in [low, high]; `expected` words the range."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
+        fail(function, argument, expected, repr(value))
 
 
 def check_same_kind(function: str, reference: str, tensor: torch.Tensor, others: dict) -> None:

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from attnzoo.core.checks import check_size, fail
+from attnzoo.core.checks import _broadcasts_to, check_floating, check_number, check_size, fail
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -40,8 +40,14 @@ class GaussianSample(NamedTuple):
     mean: torch.Tensor  # (..., d) the policy's mean (what a deterministic pass uses)
 
 
-def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """log N(x; mean, diag(std^2)) summed over the last dim: (..., d) -> (...)."""
+def gaussian_log_prob(
+    x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor | float
+) -> torch.Tensor:
+    """log N(x; mean, diag(std^2)) summed over the last dim: (..., d) -> (...); `std` a
+    positive number or a tensor broadcastable to `mean`."""
+    check_floating("gaussian_log_prob", "x", x)
+    check_floating("gaussian_log_prob", "mean", mean)
+    std = _std_tensor("gaussian_log_prob", std, mean)
     z = (x - mean) / std  # (..., d)
     return (-0.5 * z * z - torch.log(std) - _HALF_LOG_2PI).sum(-1)
 
@@ -60,12 +66,8 @@ def gaussian_sample(
         std: a positive float or a tensor broadcastable to `mean` (a learned std).
         generator: draws the noise (on `mean`'s device; the CPU's on `meta`).
     """
-    if not isinstance(mean, torch.Tensor) or not mean.is_floating_point():
-        fail("gaussian_sample", "mean", "a floating torch.Tensor", type(mean).__name__, TypeError)
-    if not isinstance(std, torch.Tensor):
-        if isinstance(std, bool) or not isinstance(std, int | float) or not 0 < std < math.inf:
-            fail("gaussian_sample", "std", "a positive finite number or a tensor", repr(std))
-        std = torch.full((), float(std), dtype=mean.dtype, device=mean.device)
+    check_floating("gaussian_sample", "mean", mean)
+    std = _std_tensor("gaussian_sample", std, mean)
     if mean.device.type == "meta":
         noise = torch.empty_like(mean)
     else:
@@ -74,6 +76,24 @@ def gaussian_sample(
         )  # (..., d)
     sample = (mean + std * noise).detach()  # (..., d)
     return GaussianSample(sample, gaussian_log_prob(sample, mean, std), mean)
+
+
+def _std_tensor(function: str, std: object, mean: torch.Tensor) -> torch.Tensor:
+    """A std given as a positive finite number, as a tensor on `mean`'s device and dtype; a
+    tensor std (a learned one) is taken as it is, if floating and broadcastable to `mean`."""
+    if isinstance(std, torch.Tensor):
+        check_floating(function, "std", std)
+        if not _broadcasts_to(std.shape, mean.shape):
+            fail(
+                function,
+                "std",
+                f"a shape broadcastable to mean's {tuple(mean.shape)}",
+                tuple(std.shape),
+            )
+        return std
+    if isinstance(std, bool) or not isinstance(std, int | float) or not 0 < std < math.inf:
+        fail(function, "std", "a positive finite number or a tensor", repr(std))
+    return torch.full((), float(std), dtype=mean.dtype, device=mean.device)
 
 
 BOUNDS = ("clamp", "pull", "tanh", "none")
@@ -144,6 +164,10 @@ class GaussianPolicy(nn.Module):
     ) -> GaussianSample:
         """state (..., d_input) -> a location (..., d_output); `sample=False`: the mean (clamped
         with "clamp"), with the mean's own log-probability (the mode's)."""
+        check_floating("GaussianPolicy", "state", state)
+        if state.dim() == 0 or state.shape[-1] != self.mean.in_features:
+            d = self.mean.in_features
+            fail("GaussianPolicy", "state", f"a (..., d_input = {d}) tensor", tuple(state.shape))
         mean = self.mean(state)  # (..., d_output)
         if self.bound == "tanh":
             mean = torch.tanh(mean)
@@ -167,8 +191,8 @@ def rewards_to_go(rewards: torch.Tensor, discount: float = 1.0) -> torch.Tensor:
     An action is credited only with the rewards that follow it (RAM's reward arrives at the
     last step, so every R_t equals it).
     """
-    if not 0.0 <= discount <= 1.0:
-        fail("rewards_to_go", "discount", "a number in [0, 1]", repr(discount))
+    check_number("rewards_to_go", "discount", discount, "a number in [0, 1]", 0.0, 1.0)
+    check_floating("rewards_to_go", "rewards", rewards)
     if rewards.dim() != 2:
         fail("rewards_to_go", "rewards", "a (batch, steps) tensor", tuple(rewards.shape))
     steps = rewards.shape[1]
@@ -191,8 +215,9 @@ def lambda_returns(
     rewards for the bias of the value's errors. The values are detached.
     """
     for name, x in (("discount", discount), ("lam", lam)):
-        if isinstance(x, bool) or not isinstance(x, int | float) or not 0.0 <= x <= 1.0:
-            fail("lambda_returns", name, "a number in [0, 1]", repr(x))
+        check_number("lambda_returns", name, x, "a number in [0, 1]", 0.0, 1.0)
+    check_floating("lambda_returns", "rewards", rewards)
+    check_floating("lambda_returns", "values", values)
     if rewards.dim() != 2 or values.shape != rewards.shape:
         got = (tuple(rewards.shape), tuple(values.shape))
         fail("lambda_returns", "values", "(batch, steps) tensors of one shape", got)
@@ -243,9 +268,7 @@ def reinforce_loss(
         entropy_weight: beta.
         mask: bool like `log_prob`, True = this step counts (steps after an episode's end).
     """
-    if not isinstance(log_prob, torch.Tensor) or log_prob.dim() not in (1, 2):
-        got = tuple(log_prob.shape) if isinstance(log_prob, torch.Tensor) else type(log_prob)
-        fail("reinforce_loss", "log_prob", "a (batch,) or (batch, steps) tensor", got)
+    _check_reinforce_inputs(log_prob, reward, baseline, entropy, entropy_weight, mask)
     reward = reward.detach().to(log_prob.dtype)
     if baseline is None:
         baseline = 0.0
@@ -266,11 +289,45 @@ def reinforce_loss(
     return ReinforceLoss(policy, base, bonus, advantage.detach())
 
 
+def _check_reinforce_inputs(log_prob, reward, baseline, entropy, entropy_weight, mask) -> None:
+    """`reinforce_loss`'s arguments: each tensor broadcastable to the log-probs' shape, as
+    the loss expands it, each number finite."""
+    name = "reinforce_loss"
+    if not isinstance(log_prob, torch.Tensor) or log_prob.dim() not in (1, 2):
+        got = tuple(log_prob.shape) if isinstance(log_prob, torch.Tensor) else type(log_prob)
+        fail(name, "log_prob", "a (batch,) or (batch, steps) tensor", got)
+    check_floating(name, "log_prob", log_prob)
+    shape = tuple(log_prob.shape)
+    wanted = f"a tensor broadcastable to log_prob's shape {shape}"
+    for argument, x in (("reward", reward), ("baseline", baseline), ("entropy", entropy)):
+        if argument != "reward" and x is None:
+            continue
+        if argument == "baseline" and not isinstance(x, torch.Tensor):
+            check_number(name, "baseline", x, "a tensor, a finite number or None")
+            continue
+        if not isinstance(x, torch.Tensor) or x.is_complex():
+            fail(name, argument, wanted, type(x).__name__, TypeError)
+        if not _broadcasts_to(x.shape, shape):
+            fail(name, argument, wanted, tuple(x.shape))
+    check_number(name, "entropy_weight", entropy_weight)
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+            fail(name, "mask", "a bool tensor (True = the step counts)", got, TypeError)
+        if not _broadcasts_to(mask.shape, shape):
+            fail(name, "mask", f"a shape broadcastable to log_prob's {shape}", tuple(mask.shape))
+
+
 def hybrid_loss(
     supervised: torch.Tensor, reinforce: ReinforceLoss, *, weight: float = 1.0
 ) -> torch.Tensor:
     """RAM's hybrid objective (Mnih 2014 sec. 4): the classifier's summed cross-entropy plus the
     REINFORCE terms that train the location policy and the baseline."""
+    check_floating("hybrid_loss", "supervised", supervised)
+    if not isinstance(reinforce, ReinforceLoss):
+        got = type(reinforce).__name__
+        fail("hybrid_loss", "reinforce", "a ReinforceLoss (from reinforce_loss)", got, TypeError)
+    check_number("hybrid_loss", "weight", weight)
     return supervised + weight * reinforce.total
 
 
@@ -284,7 +341,11 @@ class MovingAverageBaseline(nn.Module):
 
     def __init__(self, momentum: float = 0.9, shape: tuple[int, ...] = ()):
         super().__init__()
-        if not 0.0 <= momentum < 1.0:
+        if (
+            isinstance(momentum, bool)
+            or not isinstance(momentum, int | float)
+            or not (0.0 <= momentum < 1.0)
+        ):
             fail("MovingAverageBaseline", "momentum", "a number in [0, 1)", repr(momentum))
         self.momentum = momentum
         self.register_buffer("value", torch.zeros(shape))
@@ -298,6 +359,19 @@ class MovingAverageBaseline(nn.Module):
         """Fold in the batch mean of `reward` (batch, *shape); the first batch sets it.
         `counts` (batch,) bool: only those rows enter the mean, and a batch with none leaves
         the baseline as it was (no host sync: it stays a tensor operation)."""
+        name = "MovingAverageBaseline.update"
+        shape = (*self.value.shape,)
+        if not isinstance(reward, torch.Tensor) or reward.is_complex():
+            fail(name, "reward", "a real tensor (batch, *shape)", type(reward).__name__, TypeError)
+        if reward.dim() != 1 + len(shape) or tuple(reward.shape[1:]) != shape:
+            fail(name, "reward", f"a (batch, *{shape}) tensor", tuple(reward.shape))
+        if counts is not None and (
+            not isinstance(counts, torch.Tensor)
+            or counts.dtype != torch.bool
+            or tuple(counts.shape) != (reward.shape[0],)
+        ):
+            got = tuple(counts.shape) if isinstance(counts, torch.Tensor) else counts
+            fail(name, "counts", f"a ({reward.shape[0]},) bool tensor", got)
         reward = reward.detach().to(self.value.dtype)
         if counts is None:
             counts = torch.ones(reward.shape[0], dtype=torch.bool, device=reward.device)

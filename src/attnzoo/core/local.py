@@ -7,7 +7,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnzoo.core.checks import check_size, check_window
+from attnzoo.core.checks import (
+    check_floating,
+    check_mask,
+    check_same_kind,
+    check_size,
+    check_tensor,
+    check_window,
+    fail,
+)
 from attnzoo.core.masks import clear_unattended, window_mask
 from attnzoo.core.normalisers import masked_softmax, propagate_nonfinite
 from attnzoo.core.types import AttentionOutput
@@ -85,6 +93,7 @@ class LocalAttention(nn.Module):
             AttentionOutput(context (batch, query_len, d_value), weights (batch, query_len,
             key_len)).
         """
+        self._check_inputs(query, key, value, mask, lengths, positions, prepared_key)
         key_len = key.shape[-2]
         if prepared_key is None and mask is not None:
             # padding cleared before the score's projection, whose gradient reads it
@@ -107,3 +116,35 @@ class LocalAttention(nn.Module):
             sigma = self.window / 2
             weights = weights * torch.exp(-((s - p.unsqueeze(-1)) ** 2) / (2 * sigma**2))
         return AttentionOutput(weights @ value, weights)  # (batch, query_len, d_value)
+
+    def _check_inputs(self, query, key, value, mask, lengths, positions, prepared_key) -> None:
+        """Each tensor of `forward` in its documented shape, the errors naming it."""
+        name = "LocalAttention"
+        for argument, tensor in (("query", query), ("key", key), ("value", value)):
+            check_tensor(name, argument, tensor, (3,))
+        check_floating(name, "query", query)
+        check_same_kind(name, "query", query, {"key": key, "value": value})
+        b, i, j = query.shape[0], query.shape[1], key.shape[1]
+        for argument, tensor in (("key", key), ("value", value)):
+            if tensor.shape[0] != b:
+                fail(name, argument, f"batch size {b} (that of 'query')", tensor.shape[0])
+        if value.shape[1] != j:
+            fail(name, "value", f"key_len = {j} positions", value.shape[1])
+        check_mask(name, mask, (b, i, j), query.device)
+        if lengths is not None and (
+            not isinstance(lengths, torch.Tensor)
+            or lengths.shape != (b,)
+            or lengths.is_floating_point()
+        ):
+            got = tuple(lengths.shape) if isinstance(lengths, torch.Tensor) else lengths
+            fail(name, "lengths", f"a ({b},) integer tensor of source lengths", got)
+        if positions is not None and (
+            not isinstance(positions, torch.Tensor) or positions.shape not in ((i,), (b, i))
+        ):
+            got = tuple(positions.shape) if isinstance(positions, torch.Tensor) else positions
+            fail(name, "positions", f"a ({i},) or ({b}, {i}) tensor", got)
+        if prepared_key is not None and (
+            not isinstance(prepared_key, torch.Tensor) or prepared_key.shape[:2] != (b, j)
+        ):
+            got = tuple(prepared_key.shape) if isinstance(prepared_key, torch.Tensor) else None
+            fail(name, "prepared_key", f"the score's prepared keys ({b}, {j}, ...)", got)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from attnzoo.core.checks import _broadcasts_to, broadcast_shape, check_window, fail
+from attnzoo.core.checks import _broadcasts_to, broadcast_shape, check_count, check_window, fail
 from attnzoo.core.types import mask_version
 
 
@@ -26,7 +26,7 @@ def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Ten
             else (f"{lengths.dtype} of shape {tuple(lengths.shape)}")
         )
         fail("padding_mask", "lengths", "a 1-D integer tensor (batch,)", got, TypeError)
-    _check_count("padding_mask", "max_len", max_len, optional=True)
+    check_count("padding_mask", "max_len", max_len, optional=True)
     if lengths.device.type == "meta":  # values cannot be read there
         if max_len is None:
             fail("padding_mask", "max_len", "an int for lengths on the meta device", None)
@@ -39,14 +39,6 @@ def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Ten
     max_len = 0 if max_len is None else max_len  # no lengths: no keys
     positions = torch.arange(max_len, device=lengths.device)  # (key_len,)
     return (positions[None, :] < lengths[:, None]).unsqueeze(1)  # (batch, 1, key_len)
-
-
-def _check_count(function: str, argument: str, value: object, optional: bool = False) -> None:
-    """A count (a length, an offset) is a non-negative int; `optional`: None too."""
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        fail(function, argument, "a non-negative int" + " or None" * optional, repr(value))
 
 
 def geometry_mask(
@@ -100,9 +92,9 @@ def causal_mask(
     With offset 0 the diagonal starts at the top left, like PyTorch's `is_causal`, also when
     query_len != key_len; incremental decoding with a cache of P keys uses offset=P.
     """
-    _check_count("causal_mask", "query_len", query_len)
-    _check_count("causal_mask", "key_len", key_len, optional=True)
-    _check_count("causal_mask", "offset", offset)
+    check_count("causal_mask", "query_len", query_len)
+    check_count("causal_mask", "key_len", key_len, optional=True)
+    check_count("causal_mask", "offset", offset)
     key_len = query_len if key_len is None else key_len
     return _geometry(query_len, key_len, True, None, offset, device)
 
@@ -124,8 +116,8 @@ def window_mask(
     Returns:
         (query_len, key_len), or (batch, query_len, key_len) when centres are given.
     """
-    _check_count("window_mask", "query_len", query_len)
-    _check_count("window_mask", "key_len", key_len)
+    check_count("window_mask", "query_len", query_len)
+    check_count("window_mask", "key_len", key_len)
     if window is None:  # check_window takes None as "no window": not here
         fail("window_mask", "window", "a positive int (keys within D positions)", None)
     check_window("window_mask", window)
