@@ -754,6 +754,14 @@ BAD_CALLS = {
             FLOATING,
         ),
         (lambda: attention(q3, k3, v3, score="dot", dropout=1.0), ValueError, "'dropout'"),
+        (lambda: attention(q3, k3, v3, score="dot", dropout="0.1"), ValueError, "'dropout'"),
+        (lambda: attention(q3, k3, v3, score="dot", dropout=NAN), ValueError, "'dropout'"),
+        (lambda: attention(q3, k3, v3, score="dot", causal="yes"), TypeError, "'causal'"),
+        (
+            lambda: attention(q3, k3, v3, score="dot", return_weights=1),
+            TypeError,
+            "'return_weights'",
+        ),
         (lambda: attention(q3, k3, v3, score="dot", window=0), ValueError, "'window'"),
         (lambda: attention(q3, k3, v3[:, :4], score="dot"), ValueError, "'value'"),
         (lambda: attention(q3, k3, v3, score="dot", mask=torch.ones(5)), TypeError, "'mask'"),
@@ -812,6 +820,13 @@ BAD_CALLS = {
         (lambda: MultiHeadAttention(8, 0), ValueError, "'num_heads' expected a positive int"),
         (lambda: MultiHeadAttention(8, 2, d_memory=0), ValueError, "'d_memory'"),
         (lambda: MultiHeadAttention(8, 3), ValueError, "'num_heads'.*divisor"),
+        (lambda: MultiHeadAttention(8, 2, dropout=NAN), ValueError, "'dropout'"),
+        (lambda: MultiHeadAttention(8, 2)(torch.randn(2, 3, 8), causal=1), TypeError, "'causal'"),
+        (
+            lambda: MultiHeadAttention(8, 2)(torch.randn(2, 3, 8), return_weights="no"),
+            TypeError,
+            "'return_weights' expected True or False",
+        ),
         (
             lambda: MultiHeadAttention(8, 2)(torch.randn(2, 3, 8).double()),
             TypeError,
@@ -1089,6 +1104,9 @@ BAD_CALLS = {
             TypeError,
             "General: argument 'query' expected dtype torch.float32",
         ),
+        (lambda: scores.Dot()(q3.long(), k3.long()), TypeError, "Dot: argument 'query'"),
+        (lambda: scores.ScaledDot()(q3, k3.long()), TypeError, "ScaledDot: argument 'key'"),
+        (lambda: scores.Cosine()(q3.int(), k3), TypeError, "Cosine: argument 'query'"),
         (
             lambda: scores.Location(4, 9)(q3.double(), k3.double()),
             TypeError,

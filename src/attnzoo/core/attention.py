@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from attnzoo.core.checks import (
     broadcast_shape,
     check_dropout,
+    check_flag,
     check_floating,
     check_mask,
     check_same_kind,
@@ -153,8 +154,12 @@ def attention(
             else broadcast_shape(query.shape[:-2], key.shape[:-2], value.shape[:-2])
         )
         check_mask("attention", mask, (*lead, query.shape[-2], key.shape[-2]), query.device)
-    if not 0.0 <= dropout < 1.0:
-        check_dropout("attention", dropout)
+    if dropout.__class__ is not float or not 0.0 <= dropout < 1.0:
+        check_dropout("attention", dropout)  # (an int 0 passes it)
+    if causal.__class__ is not bool:
+        check_flag("attention", "causal", causal)
+    if return_weights.__class__ is not bool:
+        check_flag("attention", "return_weights", return_weights)
     if window is not None:
         check_window("attention", window)
     if not prepared:

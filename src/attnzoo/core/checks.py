@@ -161,8 +161,14 @@ def check_like_parameter(
 
 
 def check_dropout(function: str, dropout: float) -> None:
-    if not 0.0 <= dropout < 1.0:
-        fail(function, "dropout", "a probability in [0, 1)", dropout)
+    if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
+        fail(function, "dropout", "a probability in [0, 1)", repr(dropout))
+
+
+def check_flag(function: str, argument: str, value: object) -> None:
+    """A flag is True or False: a truthy string or tensor is refused, not taken as True."""
+    if value is not True and value is not False:
+        fail(function, argument, "True or False", repr(value), TypeError)
 
 
 def check_window(function: str, window: int | None) -> None:

@@ -18,6 +18,7 @@ from torch import nn
 from attnzoo.core.attention import _attend
 from attnzoo.core.checks import (
     check_dropout,
+    check_flag,
     check_like_parameter,
     check_mask,
     check_size,
@@ -401,6 +402,10 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             self._check_cache(cache, query, cross=memory is not None)
         check_window("MultiHeadAttention", window)
+        if causal.__class__ is not bool:
+            check_flag("MultiHeadAttention", "causal", causal)
+        if return_weights.__class__ is not bool:
+            check_flag("MultiHeadAttention", "return_weights", return_weights)
         if mask is not None:  # checked before a cache is touched, in the caller's shape
             b, i = query.shape[:2]
             past_len = cache.length if cache is not None else 0

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.core.additive import _additive_attention, _additive_logits
-from attnzoo.core.checks import check_like_parameter, check_size, fail
+from attnzoo.core.checks import check_floating, check_like_parameter, check_size, fail
 from attnzoo.core.masks import clear_unattended, combine_masks, geometry_mask
 from attnzoo.core.normalisers import masked_softmax, propagate_nonfinite
 from attnzoo.core.types import AttentionOutput
@@ -46,6 +46,10 @@ class Score(nn.Module, abc.ABC):
         """query (b, [h,] i, d_q), prepared key (b, [h,] j, .) -> logits (b, [h,] i, j)."""
 
     def forward(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """query (b, [h,] i, d_q), key (b, [h,] j, d_k) -> logits (b, [h,] i, j)."""
+        name = type(self).__name__
+        check_floating(name, "query", query)
+        check_floating(name, "key", key)
         return self.logits(query, self.prepare_key(key))
 
     def fused(
