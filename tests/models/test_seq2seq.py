@@ -417,3 +417,34 @@ def test_old_config_dicts_upgrade_to_the_same_model(old, want):
 def test_dropout_outside_a_probability_is_an_error_naming_it(dropout):
     with pytest.raises(ValueError, match="'dropout'"):
         Seq2SeqConfig(dropout=dropout)
+
+
+def _bad_input_model():
+    torch.manual_seed(0)
+    return Seq2Seq(Seq2SeqConfig(hidden=8, attn_hidden=8, embed_dim=4), 10, 12)
+
+
+_SOURCE, _LENGTHS, _TARGET = torch.randint(1, 10, (2, 5)), torch.tensor([5, 3]), torch.ones(2, 4)
+
+
+@pytest.mark.parametrize(
+    ("source", "lengths", "target_in", "kind", "pattern"),
+    [
+        (_SOURCE.float(), _LENGTHS, _TARGET.long(), TypeError, "'source' expected integer"),
+        (_SOURCE[0], _LENGTHS, _TARGET.long(), ValueError, "'source' expected .batch, source_len"),
+        (_SOURCE, _LENGTHS.float(), _TARGET.long(), TypeError, "'lengths' expected an integer"),
+        (_SOURCE, [5, 3], _TARGET.long(), TypeError, "'lengths' expected an integer tensor"),
+        # one length for the batch, a length past the source, an empty source: each would read
+        # padding as words (or index from the end) without the check
+        (_SOURCE, _LENGTHS[:1], _TARGET.long(), ValueError, r"'lengths' expected shape \(2,\)"),
+        (_SOURCE, torch.tensor([7, 3]), _TARGET.long(), ValueError, "source_len = 5, got 3 to 7"),
+        (_SOURCE, torch.tensor([0, 3]), _TARGET.long(), ValueError, "source_len = 5, got 0 to 3"),
+        (_SOURCE, _LENGTHS, _TARGET, TypeError, "'target_in' expected integer"),
+        (_SOURCE, _LENGTHS, _TARGET[:1].long(), ValueError, "'target_in' expected batch size 2"),
+    ],
+    ids=["float-source", "1d-source", "float-lengths", "list-lengths", "one-length",
+         "past-source", "empty-source", "float-target", "target-batch"],
+)  # fmt: skip
+def test_bad_inputs_are_refused_by_name(source, lengths, target_in, kind, pattern):
+    with pytest.raises(kind, match=pattern):
+        _bad_input_model()(source, lengths, target_in)

@@ -475,6 +475,31 @@ _OLD_KEYS = (
 )
 
 
+def _check_tokens(function: str, argument: str, tokens: object, rank: int, what: str) -> None:
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != rank:
+        got = f"shape {tuple(tokens.shape)}" if isinstance(tokens, torch.Tensor) else tokens
+        fail(function, argument, f"{what} token ids", got)
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        fail(function, argument, f"integer token ids {what}", tokens.dtype, TypeError)
+
+
+def _check_source(function: str, source: object, lengths: object) -> None:
+    """source (b, j) integer ids and lengths (b,) integers in 1..j: a length past j or one
+    length for the whole batch would read padding as words."""
+    _check_tokens(function, "source", source, 2, "(batch, source_len)")
+    b, j = source.shape
+    if not isinstance(lengths, torch.Tensor):
+        fail(function, "lengths", "an integer tensor", type(lengths).__name__, TypeError)
+    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+        fail(function, "lengths", "an integer tensor", lengths.dtype, TypeError)
+    if tuple(lengths.shape) != (b,):
+        fail(function, "lengths", f"shape ({b},), one per source", tuple(lengths.shape))
+    if lengths.device.type != "meta" and b:  # values cannot be read on meta
+        low, high = (int(x) for x in torch.aminmax(lengths))
+        if low < 1 or high > j:
+            fail(function, "lengths", f"values in 1..source_len = {j}", f"{low} to {high}")
+
+
 def _load_old_keys(module, state_dict, prefix, *args) -> None:
     """Rename the keys of a checkpoint in the old layout (a top-level `bridge`) in place."""
     if prefix + "bridge.weight" not in state_dict:
@@ -524,13 +549,10 @@ class Seq2Seq(nn.Module):
 
     def encode(self, source: torch.Tensor, lengths: torch.Tensor) -> EncoderOutput:
         """source: (b, j) ids, padded with 0; lengths: (b,) -> EncoderOutput."""
-        if source.dim() != 2:
-            fail(
-                "Seq2Seq.encode",
-                "source",
-                "(batch, source_len) token ids",
-                f"shape {tuple(source.shape)}",
-            )
+        _check_source("Seq2Seq.encode", source, lengths)
+        return self._encode(source, lengths)
+
+    def _encode(self, source: torch.Tensor, lengths: torch.Tensor) -> EncoderOutput:
         return self.encoder(self.drop(self.source_embed(source)), lengths)  # x: (b, j, e)
 
     def start(self, memory: EncoderOutput) -> DecoderState:
@@ -551,7 +573,12 @@ class Seq2Seq(nn.Module):
     ) -> Seq2SeqOutput:
         """Teacher forcing. source: (b, j); lengths: (b,); target_in: (b, t) starting with BOS.
         Returns Seq2SeqOutput(logits (b, t, V), weights (b, t, j) or None)."""
-        state = self.start(self.encode(source, lengths))
+        _check_source("Seq2Seq", source, lengths)
+        _check_tokens("Seq2Seq", "target_in", target_in, 2, "(batch, target_len)")
+        if target_in.shape[0] != source.shape[0]:
+            wanted = f"batch size {source.shape[0]} (that of 'source')"
+            fail("Seq2Seq", "target_in", wanted, target_in.shape[0])
+        state = self.start(self._encode(source, lengths))
         logits, weights, _ = self._decode(target_in, state, return_weights)
         return Seq2SeqOutput(logits, weights)
 
