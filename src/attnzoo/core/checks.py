@@ -51,6 +51,32 @@ def check_floating(function: str, argument: str, tensor: object) -> None:
         fail(function, argument, "a floating-point torch.Tensor", tensor.dtype, TypeError)
 
 
+def check_images(
+    function: str,
+    images: object,
+    channels: int | None = None,
+    size: Sequence[int] | None = None,
+) -> None:
+    """A floating (batch, channels, H, W) tensor, with the model's channels and (height,
+    width) where given (an integer image, e.g. uint8 pixels, must be scaled by the caller)."""
+    check_floating(function, "images", images)
+    if (
+        images.dim() != 4
+        or (channels is not None and images.shape[1] != channels)
+        or (size is not None and tuple(images.shape[-2:]) != tuple(size))
+    ):
+        h, w = size if size is not None else ("H", "W")
+        wanted = f"(batch, {'channels' if channels is None else channels}, {h}, {w})"
+        fail(function, "images", wanted, tuple(images.shape))
+
+
+def check_sequences(function: str, argument: str, x: object, features: int) -> None:
+    """A floating (batch, length, features) tensor."""
+    check_floating(function, argument, x)
+    if x.dim() != 3 or x.shape[-1] != features:
+        fail(function, argument, f"a (batch, length, {features}) tensor", tuple(x.shape))
+
+
 def check_count(function: str, argument: str, value: object, optional: bool = False) -> None:
     """A count (a length, an offset) is a non-negative int; `optional`: None too."""
     if optional and value is None:

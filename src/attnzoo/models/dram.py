@@ -46,7 +46,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.checks import check_fields, check_image_size, check_size, fail
+from attnzoo.core.checks import (
+    check_fields,
+    check_image_size,
+    check_images,
+    check_size,
+    fail,
+)
 from attnzoo.core.hard import BOUNDS, GaussianPolicy
 from attnzoo.models.ram import METHODS, GlimpseSensor
 
@@ -160,6 +166,7 @@ class DRAM(nn.Module):
         self.config, self.labels = config, labels
         self.image_size = check_image_size("DRAM", image_size)
         h, side = config.hidden, config.context
+        self.channels = channels
         self.glimpse = DRAMGlimpse(config, channels)
         self.context = nn.Sequential(
             nn.Conv2d(channels, 16, 3, stride=2, padding=1),
@@ -197,8 +204,7 @@ class DRAM(nn.Module):
     ) -> DRAMOutput:
         """images (batch, channels, height, width) -> DRAMOutput; `sample=False`: every
         location is the policy's mean."""
-        if images.dim() != 4 or tuple(images.shape[-2:]) != self.image_size:
-            fail("DRAM", "images", f"(batch, channels, {self.image_size})", tuple(images.shape))
+        check_images("DRAM", images, self.channels, self.image_size)
         b, h = images.shape[0], self.config.hidden
         coarse = F.adaptive_avg_pool2d(images, self.config.context)  # (b, c, context, context)
         upper = (self.context(coarse), images.new_zeros(b, h))  # r^(2)_0: the context

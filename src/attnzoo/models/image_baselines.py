@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.checks import check_fields, check_image_size, check_size, fail
+from attnzoo.core.checks import check_fields, check_image_size, check_images, check_size, fail
 
 
 def pool_then_relu(size: int = 2) -> list[nn.Module]:
@@ -77,11 +77,6 @@ def conv(**overrides) -> ConvConfig:
     return replace(ConvConfig(), **overrides)
 
 
-def _check_images(owner: str, images: torch.Tensor, channels: int, size: tuple[int, int]):
-    if images.dim() != 4 or images.shape[1] != channels or tuple(images.shape[-2:]) != size:
-        fail(owner, "images", f"(batch, {channels}, {size[0]}, {size[1]})", tuple(images.shape))
-
-
 class FullyConnected(nn.Module):
     """log softmax(W_out ReLU(... ReLU(W_1 vec(x)))): the whole image, no attention."""
 
@@ -100,7 +95,7 @@ class FullyConnected(nn.Module):
 
     def forward(self, images: torch.Tensor, **_sampling) -> ClassifierOutput:
         """images (batch, channels, height, width); sampling options are ignored."""
-        _check_images("FullyConnected", images, self.channels, self.image_size)
+        check_images("FullyConnected", images, self.channels, self.image_size)
         return ClassifierOutput(torch.log_softmax(self.net(images.flatten(1)), -1))
 
 
@@ -130,7 +125,7 @@ class ConvNet(nn.Module):
 
     def flat(self, images: torch.Tensor, owner: str = "ConvNet") -> torch.Tensor:
         """The two convolutional layers' output, flattened: (batch, 2c H/4 W/4)."""
-        _check_images(owner, images, self.channels, self.image_size)
+        check_images(owner, images, self.channels, self.image_size)
         x = F.max_pool2d(F.relu(self.conv1(images)), 2)  # (b, c, H/2, W/2)
         return F.max_pool2d(F.relu(self.conv2(x)), 2).flatten(1)  # (b, 2c, H/4, W/4) flat
 

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from attnzoo import decoding
-from attnzoo.core.checks import check_fields, check_size, fail
+from attnzoo.core.checks import check_fields, check_floating, check_size, fail
 from attnzoo.core.normalisers import masked_fill_lowest
 from attnzoo.core.scores import Additive
 
@@ -115,6 +115,7 @@ class PointerNet(nn.Module):
         return 0 if self.end_token else -1
 
     def _check(self, points: torch.Tensor) -> None:
+        check_floating("PointerNet", "points", points)
         if points.dim() != 3 or points.shape[-1] != self.input_dim or points.shape[1] < 1:
             fail(
                 "PointerNet",
@@ -192,6 +193,9 @@ class PointerNet(nn.Module):
             fail("PointerNet", "targets", "a (batch, steps) tensor, or sample=True", None)
         positions = state.inputs.shape[1]
         expected = f"({points.shape[0]}, steps) positions in [0, {positions})"
+        if not isinstance(targets, torch.Tensor) or targets.is_floating_point():
+            got = targets.dtype if isinstance(targets, torch.Tensor) else type(targets).__name__
+            fail("PointerNet", "targets", f"integer {expected}", got, TypeError)
         if targets.dim() != 2 or targets.shape[0] != points.shape[0]:
             fail("PointerNet", "targets", expected, f"shape {tuple(targets.shape)}")
         b, steps = targets.shape

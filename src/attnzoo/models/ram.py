@@ -53,7 +53,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.checks import check_fields, check_image_size, check_size, fail
+from attnzoo.core.checks import (
+    check_fields,
+    check_image_size,
+    check_images,
+    check_size,
+    fail,
+)
 from attnzoo.core.hard import BOUNDS, GaussianPolicy
 
 CORES = ("rnn", "lstm")
@@ -286,6 +292,7 @@ class RAM(nn.Module):
         for name, value in (("channels", channels), ("classes", classes)):
             check_size("RAM", name, value)
         self.config, self.image_size = config, check_image_size("RAM", image_size)
+        self.channels = channels
         self.glimpse = GlimpseNetwork(config, channels)
         h = config.hidden
         if config.core == "lstm":
@@ -316,8 +323,7 @@ class RAM(nn.Module):
     ) -> RAMOutput:
         """images (batch, channels, height, width) -> RAMOutput. `sample=False`: every
         location is the policy's mean (the deterministic test-time pass)."""
-        if images.dim() != 4 or tuple(images.shape[-2:]) != self.image_size:
-            fail("RAM", "images", f"(batch, channels, {self.image_size})", tuple(images.shape))
+        check_images("RAM", images, self.channels, self.image_size)
         b = images.shape[0]
         zeros = images.new_zeros(b, self.config.hidden)  # (b, hidden)
         state = (zeros, zeros) if self.config.core == "lstm" else zeros

@@ -68,7 +68,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.core.attention import attention, prepare_key
-from attnzoo.core.checks import check_fields, check_image_size, check_size, fail
+from attnzoo.core.checks import (
+    check_fields,
+    check_image_size,
+    check_images,
+    check_size,
+    fail,
+)
 from attnzoo.core.hard import MovingAverageBaseline
 from attnzoo.core.normalisers import sample_hard
 from attnzoo.core.scores import Additive
@@ -289,9 +295,7 @@ class EncoderClassifier(nn.Module):
     def forward(self, images: torch.Tensor, **_sampling) -> ClassifierOutput:
         """images (batch, channels, H, W) -> log_probs (batch, classes); sampling options
         are ignored."""
-        if images.dim() != 4 or images.shape[1] != self.channels:
-            wanted = f"(batch, {self.channels}, H, W)"
-            fail("EncoderClassifier", "images", wanted, tuple(images.shape))
+        check_images("EncoderClassifier", images, self.channels)
         pooled = self.encoder(images).amax(1)  # (b, D)
         return ClassifierOutput(torch.log_softmax(self.head(pooled), -1))
 
@@ -365,6 +369,7 @@ class ShowAttendTell(nn.Module):
         image_size = check_image_size("ShowAttendTell", image_size)
         if any(s % scale for s in image_size):
             fail("ShowAttendTell", "image_size", f"sides divisible by {scale}", image_size)
+        self.image_size = image_size
         self.grid = (image_size[0] // scale, image_size[1] // scale)
         d = c.channels[-1]
         self.init_h = nn.Sequential(nn.Linear(d, c.hidden), nn.Tanh())  # f_init,h
@@ -396,8 +401,7 @@ class ShowAttendTell(nn.Module):
         sum_i alpha_ti a_i instead of a sampled cell, as the authors' released caption
         generator does for hard models by default (arctic-captions, `generate_caps.py`
         without `-sampling`)."""
-        if images.dim() != 4:
-            fail("ShowAttendTell", "images", "(batch, channels, H, W)", tuple(images.shape))
+        check_images("ShowAttendTell", images, self.encoder.net[0].in_channels, self.image_size)
         if expectation and self.config.variant != "hard":
             fail("ShowAttendTell.start", "expectation", "False for a model without hard "
                  "attention", f"True with variant {self.config.variant!r}")  # fmt: skip

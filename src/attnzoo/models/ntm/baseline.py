@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from attnzoo.core.checks import check_fields, check_size, fail
+from attnzoo.core.checks import check_fields, check_sequences, check_size, fail
 
 
 @dataclass(frozen=True)
@@ -60,5 +60,6 @@ class LSTMBaseline(nn.Module):
     def forward(self, inputs: torch.Tensor, return_weights: bool = False) -> LSTMOutput:
         """inputs (batch, T, input_size) -> logits (batch, T, output_size); an LSTM has no
         weightings, so `return_weights` changes nothing."""
+        check_sequences("LSTMBaseline", "inputs", inputs, self.lstm.input_size)
         hidden, _ = self.lstm(inputs)  # (b, T, hidden)
         return LSTMOutput(self.output(hidden))

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from attnzoo.core.checks import check_fields, check_size, fail
+from attnzoo.core.checks import check_fields, check_sequences, check_size, fail
 from attnzoo.models.ntm import addressing
 
 
@@ -125,6 +125,7 @@ class NTM(nn.Module):
     def __init__(self, config: NTMConfig, input_size: int, output_size: int):
         super().__init__()
         check_size("NTM", "input_size", input_size)
+        self.input_size = input_size
         check_size("NTM", "output_size", output_size)
         c = self.config = config
         n, m, s = c.memory_rows, c.memory_cols, c.shifts
@@ -147,6 +148,7 @@ class NTM(nn.Module):
 
     def forward(self, inputs: torch.Tensor, return_weights: bool = False) -> NTMOutput:
         """inputs (batch, T, input_size) -> `NTMOutput`; the step loop runs over T."""
+        check_sequences("NTM", "inputs", inputs, self.input_size)
         c = self.config
         b, steps, _ = inputs.shape
         r, w, m, s = c.read_heads, c.write_heads, c.memory_cols, c.shifts

@@ -1,0 +1,73 @@
+"""Each model's forward refuses bad input by name, before any computation (DESIGN.md: bad
+input gets a clear error naming the argument, the expected and the received value): the
+inputs a user of the model is most likely to get wrong (integer pixels, the wrong channel
+count or size, a missing batch dim, float token ids or positions)."""
+
+import pytest
+import torch
+
+from attnzoo.models.registry import MODELS
+
+DIMS = {
+    "image": dict(image_size=(28, 28), channels=1, classes=10),
+    "bits": dict(input_size=5, output_size=4),
+    "pointer": dict(input_dim=2, end_token=True),
+    "multi_image": dict(image_size=(28, 28), channels=1, classes=10, labels=2),
+    "caption": dict(vocab=12, max_len=6, image_size=(32, 32), channels=1),
+}
+TOKENS, LENGTHS = torch.ones(2, 4, dtype=torch.long), torch.tensor([4, 3])
+IMAGES = torch.rand(2, 1, 28, 28)
+# (inputs of the model's interface, error type, message pattern)
+BAD = {
+    "image": [
+        (((IMAGES * 255).to(torch.uint8),), TypeError, "'images' expected a floating-point"),
+        ((IMAGES[:, 0],), ValueError, "'images' expected \\(batch, 1, "),
+        ((IMAGES.expand(2, 3, 28, 28),), ValueError, "'images' expected \\(batch, 1, "),
+    ],
+    "bits": [
+        ((torch.ones(2, 7, 5, dtype=torch.long),), TypeError, "'inputs' expected a floating"),
+        ((torch.rand(7, 5),), ValueError, "'inputs' expected a \\(batch, length, 5\\) tensor"),
+        ((torch.rand(2, 7, 6),), ValueError, "'inputs' expected a \\(batch, length, 5\\) tensor"),
+    ],
+    "pointer": [
+        ((torch.ones(2, 5, 2, dtype=torch.long), torch.zeros(2, 6).long()), TypeError, "'points'"),
+        ((torch.rand(2, 5, 2), torch.zeros(2, 6)), TypeError, "'targets' expected integer"),
+    ],
+    "multi_image": [
+        (((IMAGES * 255).to(torch.uint8),), TypeError, "'images' expected a floating-point"),
+        ((IMAGES.expand(2, 3, 28, 28),), ValueError, "'images' expected \\(batch, 1, 28, 28\\)"),
+    ],
+    "caption": [
+        (
+            (torch.rand(2, 1, 32, 32).double().to(torch.uint8), TOKENS, LENGTHS),
+            TypeError,
+            "'images'",
+        ),
+        ((torch.rand(2, 1, 28, 28), TOKENS, LENGTHS), ValueError, "'images' expected .*32, 32"),
+    ],
+}
+CASES = [
+    (name, *case)
+    for name, spec in MODELS.items()
+    if spec.interface in BAD
+    for case in BAD[spec.interface]
+]
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs", "kind", "pattern"),
+    CASES,
+    ids=[f"{c[0]}-{k}" for k, c in enumerate(CASES)],
+)
+def test_a_model_refuses_bad_input_by_name(model, inputs, kind, pattern):
+    spec = MODELS[model]
+    net = spec.model_class(spec.preset(), **DIMS[spec.interface]).eval()
+    with pytest.raises(kind, match=f"{type(net).__name__}: argument {pattern}"):
+        net(*inputs)
+
+
+def test_every_model_of_these_interfaces_is_covered():
+    """A model added with one of these interfaces gets the rows of its interface."""
+    covered = {c[0] for c in CASES}
+    assert covered == {n for n, s in MODELS.items() if s.interface in BAD}
+    assert len(covered) >= 6
