@@ -147,6 +147,45 @@ def test_beam_size_error():
         )
 
 
+@pytest.mark.parametrize("engine", [greedy, sample, beam_search])
+@pytest.mark.parametrize(
+    ("change", "kind", "pattern"),
+    [
+        (dict(max_len=0), ValueError, "'max_len' expected a positive int, got 0"),
+        (dict(max_len=2.0), ValueError, "'max_len'"),
+        (dict(bos=1.0), TypeError, "'bos' expected an int token id, got 1.0"),
+        (dict(eos=True), TypeError, "'eos'"),
+        (dict(pad=None), TypeError, "'pad'"),
+        (dict(batch=-1), ValueError, "'batch' expected a non-negative int"),
+    ],
+    ids=["max_len-0", "max_len-float", "bos-float", "eos-bool", "pad-none", "batch-negative"],
+)
+def test_engine_arguments_are_refused_by_name(engine, change, kind, pattern):
+    """Before a step runs: a max_len of 0 stacked no step, a float start token was cast."""
+    args = dict(batch=1, bos=BOS, eos=EOS, max_len=3, pad=PAD) | change
+    batch = args.pop("batch")
+    with pytest.raises(kind, match=f"{engine.__name__}: argument {pattern}"):
+        engine(table_step(make_table()), TableState(torch.tensor([0])), batch, device="cpu", **args)
+
+
+@pytest.mark.parametrize(
+    ("change", "pattern"),
+    [(dict(beam_size=1.5), "'beam_size'"), (dict(length_penalty=float("nan")), "'length_penalty'")],
+)
+def test_beam_options_are_refused_by_name(change, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        beam_search(
+            table_step(make_table()),
+            TableState(torch.tensor([0])),
+            1,
+            bos=BOS,
+            eos=EOS,
+            max_len=3,
+            device="cpu",
+            **change,
+        )
+
+
 def test_decode_is_greedy_at_beam_1_and_beam_search_above():
     g = torch.Generator().manual_seed(2)
     table = torch.log_softmax(torch.randn(3, 5, 6, 6, generator=g), -1)

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_count, check_number, check_size, fail
 from attnzoo.core.normalisers import sample_hard
 
 
@@ -27,6 +27,16 @@ class DecodingState(Protocol):
 
 
 Step = Callable[[torch.Tensor, DecodingState], tuple[torch.Tensor, DecodingState]]
+
+
+def _check(function: str, batch, bos, eos, max_len, pad) -> None:
+    """The engine's own arguments, by name, before a step runs (a max_len of 0 stacked no
+    step; a float token id was cast to a wrong id)."""
+    check_count(function, "batch", batch)
+    check_size(function, "max_len", max_len)
+    for name, value in (("bos", bos), ("eos", eos), ("pad", pad)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            fail(function, name, "an int token id", repr(value), TypeError)
 
 
 def _pad_after_eos(tokens: torch.Tensor, eos: int, pad: int) -> torch.Tensor:
@@ -51,6 +61,7 @@ def greedy(
 
     Returns (batch, <= max_len) token ids, EOS included, padding after it.
     """
+    _check("greedy", batch, bos, eos, max_len, pad)
     tokens = torch.full((batch,), bos, dtype=torch.long, device=device)
     out, done = [], torch.zeros(batch, dtype=torch.bool, device=device)
     for _ in range(max_len):
@@ -81,6 +92,7 @@ def sample(
     its tokens up to and including EOS) trains a policy by REINFORCE.
     Returns (tokens (batch, <= max_len), padding after EOS; log_prob (batch,)).
     """
+    _check("sample", batch, bos, eos, max_len, pad)
     tokens = torch.full((batch,), bos, dtype=torch.long, device=device)
     out, total = [], torch.zeros(batch, dtype=torch.float32, device=device)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -115,8 +127,10 @@ def beam_search(
 
     Returns the best hypothesis per batch row: (batch, <= max_len), padding after EOS.
     """
-    if beam_size < 1:
-        fail("beam_search", "beam_size", "an int >= 1", beam_size)
+    _check("beam_search", batch, bos, eos, max_len, pad)
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        fail("beam_search", "beam_size", "an int >= 1", repr(beam_size))
+    check_number("beam_search", "length_penalty", length_penalty)
     k = beam_size
     flat = torch.arange(batch, device=device).repeat_interleave(k)  # (batch * k,)
     state = state.reorder(flat)
