@@ -153,6 +153,12 @@ def test_call_errors():
         ak.MultiHeadAttention(2, 2)(torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5))
     with pytest.raises(ValueError, match="argument 'attention_mask' expected"):
         ak.MultiHeadAttention(2, 2)(q, q, attention_mask=torch.ones(1, 1, 1, 3, 3, dtype=bool))
+    built = ak.MultiHeadAttention(2, 2)
+    built(q, q)  # built for 4 features
+    with pytest.raises(ValueError, match="argument 'query' expected a \\(batch, length, 4\\)"):
+        built(torch.randn(2, 3, 6), q)
+    with pytest.raises(TypeError, match="argument 'value' expected a floating-point"):
+        built(q, q.long())
     with pytest.raises(TypeError, match="argument 'layer' expected a keras.layers.Multi"):
         ak.MultiHeadAttention.from_keras(keras.layers.Attention())
     with pytest.raises(ValueError, match="argument 'layer' expected a built layer"):

@@ -30,7 +30,7 @@ from torch import nn
 
 import keras
 from attnzoo.core import attention, scores
-from attnzoo.core.checks import fail
+from attnzoo.core.checks import check_sequences, fail
 from attnzoo.core.masks import clear_unattended
 from attnzoo.core.types import AttentionOutput
 
@@ -579,6 +579,10 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask=False,
     ):
         key = value if key is None else key
+        for name, x in (("query", query), ("value", value), ("key", key)):
+            # the features the layer was built for (the kernels' first dims)
+            features = getattr(self, f"{name}_kernel").shape[0]
+            check_sequences("attnzoo.keras.MultiHeadAttention", name, x, features)
         mask = self._mask(query, query_mask, value_mask, key_mask, attention_mask)
         if mask is not None and not (query is value and key is value):
             # padding cleared before the projections, whose kernels' gradients read it
