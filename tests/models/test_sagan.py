@@ -188,10 +188,34 @@ def test_shapes_at_odd_sizes():
         (lambda: S.SAGAN(S.sagan(), 32, 1, 10), "image_size"),
         (lambda: S.SAGAN(S.sagan(), (32.0, 32.0), 1, 10), "image_size"),
         (lambda: S.SAGAN(S.sagan(), (32, 32), 1, 10)(torch.randn(2, 3), torch.zeros(2)), "z"),
-        (lambda: S.SAGAN(S.sagan(), (32, 32), 1, 10)(torch.randn(2, 64), torch.zeros(3)), "labels"),
+        (
+            lambda: S.SAGAN(S.sagan(), (32, 32), 1, 10)(torch.randn(2, 64), torch.zeros(3).long()),
+            "labels",
+        ),
+        # a class past the embedding's rows (its bare IndexError) or a negative one
+        (
+            lambda: S.SAGAN(S.sagan(), (32, 32), 1, 10)(torch.randn(2, 64), torch.tensor([3, 10])),
+            r"labels' expected class indices in \[0, 10\), got 3 to 10",
+        ),
+        (
+            lambda: S.SAGAN(S.sagan(), (32, 32), 1, 10)(torch.randn(2, 64), torch.tensor([-1, 0])),
+            "labels' expected class indices",
+        ),
         (lambda: S.SelfAttention2d(8)(torch.randn(2, 4, 3, 3)), "x"),
     ],
 )
 def test_bad_input_is_an_error_naming_the_argument(call, argument):
-    with pytest.raises(ValueError, match=f"'{argument}'"):
+    with pytest.raises(ValueError, match=f"'{argument}"):
         call()
+
+
+@pytest.mark.parametrize(
+    ("z", "labels", "argument"),
+    [
+        (torch.randn(2, 64), torch.zeros(2), "'labels' expected an integer tensor"),
+        (torch.ones(2, 64, dtype=torch.long), torch.zeros(2).long(), "'z' expected a floating"),
+    ],
+)
+def test_bad_dtypes_are_errors_naming_the_argument(z, labels, argument):
+    with pytest.raises(TypeError, match=argument):
+        S.SAGAN(S.sagan(), (32, 32), 1, 10)(z, labels)

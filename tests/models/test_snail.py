@@ -383,12 +383,39 @@ def test_runs_on_the_device(make, device):
             "'support_labels'",
         ),
         (lambda: tiny_snail()(episode()[0], episode()[1], torch.rand(2, 1, 1, 27, 28)), "'query'"),
+        # labels past the ways (one_hot's bare error) or negative
         (
-            lambda: tiny_snail()(episode()[0], episode()[1].float(), episode()[2]),
-            "'support_labels'",
+            lambda: tiny_snail()(episode()[0], episode()[1] + 5, episode()[2]),
+            r"'support_labels' expected class indices in \[0, 3\)",
+        ),
+        (
+            lambda: tiny_protonet()(episode()[0], episode()[1] - 1, episode()[2]),
+            r"'support_labels' expected class indices in \[0, 3\), got -1 to 1",
         ),
     ],
 )
 def test_bad_values_are_named(make, message):
     with pytest.raises(ValueError, match=message):
+        make()
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: tiny_snail()(episode()[0], episode()[1].float(), episode()[2]),
+            "'support_labels' expected an integer tensor",
+        ),
+        (
+            lambda: tiny_protonet()((episode()[0] * 255).byte(), episode()[1], episode()[2]),
+            "'support' expected a floating-point",
+        ),
+        (
+            lambda: tiny_snail()(episode()[0], episode()[1], episode()[2].double().long()),
+            "'query' expected a floating-point",
+        ),
+    ],
+)
+def test_bad_dtypes_are_named(make, message):
+    with pytest.raises(TypeError, match=message):
         make()

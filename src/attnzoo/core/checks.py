@@ -77,6 +77,30 @@ def check_sequences(function: str, argument: str, x: object, features: int) -> N
         fail(function, argument, f"a (batch, length, {features}) tensor", tuple(x.shape))
 
 
+def check_labels(
+    function: str, argument: str, labels: object, classes: int, shape: Sequence[int]
+) -> None:
+    """Integer class indices of `shape`, each in [0, classes) (the values are read, except
+    on the meta device, which has none): a label past the classes would fail in one_hot or an
+    embedding, a negative one index from the end."""
+    if not isinstance(labels, torch.Tensor):
+        fail(
+            function,
+            argument,
+            "an integer tensor of class indices",
+            type(labels).__name__,
+            TypeError,
+        )
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        fail(function, argument, "an integer tensor of class indices", labels.dtype, TypeError)
+    if tuple(labels.shape) != tuple(shape):
+        fail(function, argument, f"shape {tuple(shape)}", tuple(labels.shape))
+    if labels.device.type != "meta" and labels.numel():
+        low, high = (int(x) for x in torch.aminmax(labels))
+        if low < 0 or high >= classes:
+            fail(function, argument, f"class indices in [0, {classes})", f"{low} to {high}")
+
+
 def check_count(function: str, argument: str, value: object, optional: bool = False) -> None:
     """A count (a length, an offset) is a non-negative int; `optional`: None too."""
     if optional and value is None:

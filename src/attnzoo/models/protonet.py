@@ -76,7 +76,9 @@ class ProtoNet(nn.Module):
         """support (b, N K, c, H, W), support_labels (b, N K), query (b, q, c, H, W) ->
         log_probs (b, q, N)."""
         n = self.ways * self.shots
-        check_episode("ProtoNet", support, support_labels, query, self.channels, self.image_size, n)
+        check_episode(
+            "ProtoNet", support, support_labels, query, self.channels, self.image_size, n, self.ways
+        )
         q = query.shape[1]
         embedded = self.embed(torch.cat([support, query], 1))  # (b, n + q, E)
         support_x, query_x = embedded.split([n, q], 1)

@@ -56,7 +56,14 @@ from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm
 
 from attnzoo.core.attention import attention
-from attnzoo.core.checks import check_fields, check_image_size, check_size, fail
+from attnzoo.core.checks import (
+    check_fields,
+    check_floating,
+    check_image_size,
+    check_labels,
+    check_size,
+    fail,
+)
 
 GROUPS = ("discriminator", "generator")  # the optimiser groups, in the order they step
 
@@ -297,10 +304,10 @@ class SAGAN(nn.Module):
     def forward(
         self, z: torch.Tensor, labels: torch.Tensor, return_weights: bool = False
     ) -> GeneratorOutput:
+        check_floating("SAGAN", "z", z)
         if z.dim() != 2 or z.shape[1] != self.config.z_dim:
             fail("SAGAN", "z", f"(batch, {self.config.z_dim})", tuple(z.shape))
-        if labels.shape != z.shape[:1]:
-            fail("SAGAN", "labels", f"({z.shape[0]},) class indices", tuple(labels.shape))
+        check_labels("SAGAN", "labels", labels, self.classes, z.shape[:1])
         return self.generator(z, labels, return_weights)
 
     def optimizer_groups(self) -> list[OptimizerGroup]:

@@ -35,7 +35,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.core.attention import attention
-from attnzoo.core.checks import check_fields, check_image_size, check_size, fail
+from attnzoo.core.checks import (
+    check_fields,
+    check_floating,
+    check_image_size,
+    check_labels,
+    check_size,
+    fail,
+)
 from attnzoo.models.image_baselines import pool_then_relu
 
 
@@ -45,16 +52,17 @@ class FewShotOutput(NamedTuple):
     attention: list
 
 
-def check_episode(owner: str, support, support_labels, query, channels, image_size, n_support):
-    """Fail naming the first argument whose shape does not fit the model."""
+def check_episode(
+    owner: str, support, support_labels, query, channels, image_size, n_support, ways
+):
+    """Fail naming the first argument whose dtype, shape or labels do not fit the model."""
     side = (channels, *image_size)
+    check_floating(owner, "support", support)
+    check_floating(owner, "query", query)
     if support.dim() != 5 or tuple(support.shape[1:]) != (n_support, *side):
         wanted = f"(batch, {n_support}, {', '.join(map(str, side))})"
         fail(owner, "support", wanted, tuple(support.shape))
-    if tuple(support_labels.shape) != tuple(support.shape[:2]):
-        fail(owner, "support_labels", f"{tuple(support.shape[:2])}", tuple(support_labels.shape))
-    if support_labels.dtype != torch.long:
-        fail(owner, "support_labels", "a long tensor", support_labels.dtype)
+    check_labels(owner, "support_labels", support_labels, ways, support.shape[:2])
     if query.dim() != 5 or query.shape[0] != support.shape[0] or tuple(query.shape[2:]) != side:
         wanted = f"({support.shape[0]}, queries, {', '.join(map(str, side))})"
         fail(owner, "query", wanted, tuple(query.shape))
@@ -325,7 +333,9 @@ class SNAIL(nn.Module):
         log_probs (b, q, N); each query is scored as the last position of its own sequence
         after the support (`sequence`'s `support`)."""
         n = self.ways * self.shots
-        check_episode("SNAIL", support, support_labels, query, self.channels, self.image_size, n)
+        check_episode(
+            "SNAIL", support, support_labels, query, self.channels, self.image_size, n, self.ways
+        )
         b, q = query.shape[:2]
         embedded = self.embed(torch.cat([support, query], 1))  # (b, n + q, E)
         labels = F.one_hot(support_labels, self.ways).to(embedded.dtype)  # (b, n, N)
