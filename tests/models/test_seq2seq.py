@@ -431,7 +431,7 @@ _SOURCE, _LENGTHS, _TARGET = torch.randint(1, 10, (2, 5)), torch.tensor([5, 3]),
     ("source", "lengths", "target_in", "kind", "pattern"),
     [
         (_SOURCE.float(), _LENGTHS, _TARGET.long(), TypeError, "'source' expected integer"),
-        (_SOURCE[0], _LENGTHS, _TARGET.long(), ValueError, "'source' expected .batch, source_len"),
+        (_SOURCE[0], _LENGTHS, _TARGET.long(), ValueError, "'source' expected a tensor of rank 2"),
         (_SOURCE, _LENGTHS.float(), _TARGET.long(), TypeError, "'lengths' expected an integer"),
         (_SOURCE, [5, 3], _TARGET.long(), TypeError, "'lengths' expected an integer tensor"),
         # one length for the batch, a length past the source, an empty source: each would read

@@ -77,6 +77,18 @@ def check_sequences(function: str, argument: str, x: object, features: int) -> N
         fail(function, argument, f"a (batch, length, {features}) tensor", tuple(x.shape))
 
 
+def check_tokens(function: str, argument: str, tokens: object, rank: int, what: str) -> None:
+    """Integer token ids of `rank` dims (`what` names them, e.g. "(batch, len)")."""
+    check_tensor(function, argument, tokens, (rank,))
+    if not is_integer_tensor(tokens):
+        fail(function, argument, f"integer token ids {what}", tokens.dtype, TypeError)
+
+
+def is_integer_tensor(tensor: torch.Tensor) -> bool:
+    """An integer dtype (not floating, complex or bool): token ids, lengths, class indices."""
+    return not (tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool)
+
+
 def check_labels(
     function: str, argument: str, labels: object, classes: int, shape: Sequence[int]
 ) -> None:
@@ -91,7 +103,7 @@ def check_labels(
             type(labels).__name__,
             TypeError,
         )
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+    if not is_integer_tensor(labels):
         fail(function, argument, "an integer tensor of class indices", labels.dtype, TypeError)
     if tuple(labels.shape) != tuple(shape):
         fail(function, argument, f"shape {tuple(shape)}", tuple(labels.shape))

@@ -43,7 +43,13 @@ import torch
 from torch import nn
 
 from attnzoo.core.attention import attention
-from attnzoo.core.checks import check_dropout, check_fields, check_size, check_tensor, fail
+from attnzoo.core.checks import (
+    check_dropout,
+    check_fields,
+    check_size,
+    check_tokens,
+    fail,
+)
 from attnzoo.core.scores import Additive
 from attnzoo.core.types import PreparedKey
 
@@ -96,9 +102,7 @@ class RecurrentLMOutput:
 
 
 def _check_inputs(function: str, tokens, mask) -> None:
-    check_tensor(function, "tokens", tokens, (2,))
-    if tokens.is_floating_point():
-        fail(function, "tokens", "integer token ids (batch, len)", tokens.dtype, TypeError)
+    check_tokens(function, "tokens", tokens, 2, "(batch, len)")
     if tokens.shape[1] == 0:
         fail(function, "tokens", "at least one position", tuple(tokens.shape))
     if mask is not None:

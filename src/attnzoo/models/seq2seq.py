@@ -40,7 +40,14 @@ import torch
 from torch import nn
 
 from attnzoo.core import LocalAttention, PreparedKey, attention, padding_mask, prepare_key, scores
-from attnzoo.core.checks import check_dropout, check_fields, check_size, fail
+from attnzoo.core.checks import (
+    check_dropout,
+    check_fields,
+    check_size,
+    check_tokens,
+    fail,
+    is_integer_tensor,
+)
 
 CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
 LOCAL = ("local-m", "local-p")  # Luong's local forms (sec. 3.2)
@@ -475,22 +482,14 @@ _OLD_KEYS = (
 )
 
 
-def _check_tokens(function: str, argument: str, tokens: object, rank: int, what: str) -> None:
-    if not isinstance(tokens, torch.Tensor) or tokens.dim() != rank:
-        got = f"shape {tuple(tokens.shape)}" if isinstance(tokens, torch.Tensor) else tokens
-        fail(function, argument, f"{what} token ids", got)
-    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        fail(function, argument, f"integer token ids {what}", tokens.dtype, TypeError)
-
-
 def _check_source(function: str, source: object, lengths: object) -> None:
     """source (b, j) integer ids and lengths (b,) integers in 1..j: a length past j or one
     length for the whole batch would read padding as words."""
-    _check_tokens(function, "source", source, 2, "(batch, source_len)")
+    check_tokens(function, "source", source, 2, "(batch, source_len)")
     b, j = source.shape
     if not isinstance(lengths, torch.Tensor):
         fail(function, "lengths", "an integer tensor", type(lengths).__name__, TypeError)
-    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+    if not is_integer_tensor(lengths):
         fail(function, "lengths", "an integer tensor", lengths.dtype, TypeError)
     if tuple(lengths.shape) != (b,):
         fail(function, "lengths", f"shape ({b},), one per source", tuple(lengths.shape))
@@ -574,7 +573,7 @@ class Seq2Seq(nn.Module):
         """Teacher forcing. source: (b, j); lengths: (b,); target_in: (b, t) starting with BOS.
         Returns Seq2SeqOutput(logits (b, t, V), weights (b, t, j) or None)."""
         _check_source("Seq2Seq", source, lengths)
-        _check_tokens("Seq2Seq", "target_in", target_in, 2, "(batch, target_len)")
+        check_tokens("Seq2Seq", "target_in", target_in, 2, "(batch, target_len)")
         if target_in.shape[0] != source.shape[0]:
             wanted = f"batch size {source.shape[0]} (that of 'source')"
             fail("Seq2Seq", "target_in", wanted, target_in.shape[0])

@@ -51,7 +51,7 @@ from attnzoo.core import (
     padding_mask,
     sinusoidal_encoding,
 )
-from attnzoo.core.checks import check_dropout, check_fields, check_tensor, fail
+from attnzoo.core.checks import check_dropout, check_fields, check_tokens, fail
 from attnzoo.core.mha import StackedLinear
 
 POSITIONS = ("sinusoidal", "learned")
@@ -276,12 +276,6 @@ def _check_sizes(function: str, **sizes: int) -> None:
     for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             fail(function, name, "a positive int", value)
-
-
-def _check_tokens(function: str, argument: str, tokens: object, rank: int, what: str) -> None:
-    check_tensor(function, argument, tokens, (rank,))
-    if tokens.is_floating_point():
-        fail(function, argument, f"integer token ids {what}", tokens.dtype, TypeError)
 
 
 def _torch_layers(function: str, module: nn.Transformer) -> list[tuple[str, nn.Module]]:
@@ -510,7 +504,7 @@ class Transformer(nn.Module):
     ) -> TransformerMemory:
         """source: (b, j) ids padded with 0; lengths: (b,) real tokens per row.
         Returns TransformerMemory(states (b, j, d_model), mask (b, 1, j), ...)."""
-        _check_tokens("Transformer.encode", "source", source, 2, "(batch, source_len)")
+        check_tokens("Transformer.encode", "source", source, 2, "(batch, source_len)")
         b, j = source.shape
         if not isinstance(lengths, torch.Tensor) or lengths.shape != (b,):
             got = tuple(lengths.shape) if isinstance(lengths, torch.Tensor) else lengths
@@ -537,7 +531,7 @@ class Transformer(nn.Module):
         """Teacher-forced decoder. target_in: (b, t) ids starting with BOS.
         Returns DecoderStates(hidden (b, t, d_model) before the vocabulary projection,
         per-layer self and cross weights when requested)."""
-        _check_tokens("Transformer.decode", "target_in", target_in, 2, "(batch, target_len)")
+        check_tokens("Transformer.decode", "target_in", target_in, 2, "(batch, target_len)")
         x = self.target_embed(target_in)  # (b, t, d_model)
         self_weights, cross_weights = [], []
         for layer in self.decoder:
@@ -586,7 +580,7 @@ class Transformer(nn.Module):
         self, tokens: torch.Tensor, state: TransformerState
     ) -> tuple[torch.Tensor, TransformerState]:
         """The decoding engine's step: tokens (b,) -> log-probabilities (b, V), new state."""
-        _check_tokens("Transformer.decode_step", "tokens", tokens, 1, "(batch,)")
+        check_tokens("Transformer.decode_step", "tokens", tokens, 1, "(batch,)")
         if state.prefix is not None:
             prefix = torch.cat([state.prefix, tokens[:, None]], 1)  # (b, step + 1)
             memory = TransformerMemory(state.memory, state.memory_mask, state.memory_mask)
@@ -794,7 +788,7 @@ class TransformerLM(nn.Module):
     def forward(self, tokens: torch.Tensor, return_weights: bool = False) -> LMOutput:
         """tokens: (b, t) ids -> LMOutput(logits (b, t, V), per-layer causal self-attention
         weights (b, h, t, t) when requested). logits[:, i] predicts tokens[:, i + 1]."""
-        _check_tokens("TransformerLM", "tokens", tokens, 2, "(batch, len)")
+        check_tokens("TransformerLM", "tokens", tokens, 2, "(batch, len)")
         logits, weights = self._run(self.embed(tokens), [None] * len(self.layers), return_weights)
         return LMOutput(logits, tuple(weights) if return_weights else None)
 
@@ -804,7 +798,7 @@ class TransformerLM(nn.Module):
 
     def decode_step(self, tokens: torch.Tensor, state: LMState) -> tuple[torch.Tensor, LMState]:
         """The decoding engine's step: tokens (b,) -> log-probabilities (b, V), new state."""
-        _check_tokens("TransformerLM.decode_step", "tokens", tokens, 1, "(batch,)")
+        check_tokens("TransformerLM.decode_step", "tokens", tokens, 1, "(batch,)")
         x = self.embed(tokens[:, None], state.step)  # (b, 1, d_model)
         logits, _ = self._run(x, state.caches, False)
         log_probs = torch.log_softmax(logits[:, -1].float(), -1)  # (b, V)
