@@ -1,10 +1,11 @@
 import io
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
-from attnzoo.viz import alignment_figure, head_grid_figure, loss_figure
+from attnzoo.viz import alignment_figure, head_grid_figure, loss_figure, pointer_figure
 
 
 def test_alignment_figure_has_labelled_axes(tmp_path):
@@ -209,3 +210,45 @@ def test_glimpse_figure_one_row_per_image_and_a_column_per_glimpse(tmp_path):
     fig.savefig(tmp_path / "g.png")
     with pytest.raises(ValueError, match="'retinas'"):
         glimpse_figure(images, paths, torch.rand(2, 3, 2, 5, 5), patch=4)
+
+
+def _drawn(fig) -> np.ndarray:
+    """The figure rendered: (H, W, 3) uint8."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3]
+
+
+def _reddish(pixels: np.ndarray) -> int:
+    r, g, b = (pixels[..., k].astype(int) for k in range(3))
+    return int(((r > 150) & (g < 110) & (b < 110)).sum())
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_non_finite_weights_are_drawn_in_red_and_counted(bad):
+    """A NaN or inf weight is not drawn as a blank cell (which reads as a weight of 0 or 1):
+    every weight heatmap draws it red and counts it at the figure's foot."""
+    w = torch.full((3, 4), 0.25)
+    w[1, 2] = bad
+    labels = (["a", "b", "c", "d"], ["x", "y", "z"])
+    figures = {
+        "alignment": (alignment_figure(w, *labels), alignment_figure(w.nan_to_num(0.25), *labels)),
+        "head_grid": (
+            head_grid_figure(w[None, None], *labels),
+            head_grid_figure(w.nan_to_num(0.25)[None, None].clamp(max=1), *labels),
+        ),
+        "pointer": (
+            pointer_figure(torch.rand(3, 2), w[:, :4], [0, 1], [0, 1], ["end", "0", "1", "2"]),
+            pointer_figure(
+                torch.rand(3, 2), w.nan_to_num(0.25)[:, :4].clamp(max=1), [0, 1], [0, 1],
+                ["end", "0", "1", "2"],
+            ),
+        ),
+    }  # fmt: skip
+    for name, (broken, clean) in figures.items():
+        texts = [t.get_text() for t in broken.texts]
+        assert "1 non-finite weight (NaN or inf), drawn in red" in texts, name
+        assert not clean.texts, name
+        assert _reddish(_drawn(broken)) > _reddish(_drawn(clean)) + 20, name

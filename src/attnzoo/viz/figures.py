@@ -18,6 +18,27 @@ def _label(token: str) -> str:
     return token if token.strip() else "␣"  # make a space token visible
 
 
+NONFINITE_COLOUR = "tab:red"
+
+
+def _weights_image(ax, w: np.ndarray, **options) -> None:
+    """A weight map in grey levels (0 black, 1 white), each non-finite weight in red:
+    matplotlib would leave a NaN cell blank, which reads as a weight, not as a broken one
+    (DESIGN.md: nothing silently wrong)."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["gray"].with_extremes(bad=NONFINITE_COLOUR)
+    ax.imshow(np.ma.masked_invalid(w), cmap=cmap, vmin=0.0, vmax=1.0, **options)
+
+
+def _note_nonfinite(fig: Figure, w: np.ndarray) -> None:
+    """A red line at the figure's foot counting the non-finite weights, when there are any."""
+    bad = int(np.size(w) - np.isfinite(w).sum())
+    if bad:
+        text = f"{bad} non-finite weight{'s' * (bad > 1)} (NaN or inf), drawn in red"
+        fig.text(0.01, 0.005, text, color=NONFINITE_COLOUR, fontsize=7, va="bottom")
+
+
 def alignment_figure(
     weights, source: Sequence[str], target: Sequence[str], *, title: str = ""
 ) -> Figure:
@@ -36,7 +57,7 @@ def alignment_figure(
     cell = 0.32
     fig = Figure(figsize=(max(3.0, cell * len(source) + 1.5), max(2.5, cell * len(target) + 1.2)))
     ax = fig.add_subplot()
-    ax.imshow(w, cmap="gray", vmin=0.0, vmax=1.0, aspect="equal")
+    _weights_image(ax, w, aspect="equal")
     ax.set_xticks(range(len(source)), [_label(s) for s in source], rotation=90, **LITERAL)
     ax.set_yticks(range(len(target)), [_label(t) for t in target], **LITERAL)
     ax.xaxis.tick_top()
@@ -44,6 +65,7 @@ def alignment_figure(
     ax.set_ylabel("output")
     if title:
         ax.set_title(title, fontsize=9, pad=28, **LITERAL)
+    _note_nonfinite(fig, w)
     fig.tight_layout()
     return fig
 
@@ -78,7 +100,7 @@ def head_grid_figure(
     for layer in range(layers):
         for head in range(heads):
             ax = grid[layer, head]
-            ax.imshow(w[layer, head], cmap="gray", vmin=0.0, vmax=1.0, aspect="auto")
+            _weights_image(ax, w[layer, head], aspect="auto")
             # Token labels on the outer axes only: source along the bottom, target down the
             # left; heads named across the top, layers down the left.
             if layer == layers - 1:
@@ -95,6 +117,7 @@ def head_grid_figure(
                 ax.set_title(f"head {head + 1}", fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9, **LITERAL)
+    _note_nonfinite(fig, w)
     fig.tight_layout()
     return fig
 
@@ -151,7 +174,7 @@ def pointer_figure(
         )
     fig = Figure(figsize=(10, 4.4))
     ax = fig.add_subplot(1, 2, 1)
-    ax.imshow(w, cmap="gray", vmin=0.0, vmax=1.0, aspect="auto")
+    _weights_image(ax, w, aspect="auto")
     ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7, **LITERAL)
     ax.set_yticks(range(w.shape[0]), [str(s + 1) for s in range(w.shape[0])], fontsize=7)
     ax.set_xlabel("input position")
@@ -180,6 +203,7 @@ def pointer_figure(
         ax.set_ylabel("value")
     ax.legend(fontsize=8, loc="best")
     ax.set_title(title, fontsize=9, **LITERAL)
+    _note_nonfinite(fig, w)
     fig.tight_layout()
     return fig
 
