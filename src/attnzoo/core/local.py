@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from attnzoo.core.attention import _common_case
 from attnzoo.core.checks import (
     check_floating,
     check_mask,
@@ -120,16 +121,18 @@ class LocalAttention(nn.Module):
     def _check_inputs(self, query, key, value, mask, lengths, positions, prepared_key) -> None:
         """Each tensor of `forward` in its documented shape, the errors naming it."""
         name = "LocalAttention"
-        for argument, tensor in (("query", query), ("key", key), ("value", value)):
-            check_tensor(name, argument, tensor, (3,))
-        check_floating(name, "query", query)
-        check_same_kind(name, "query", query, {"key": key, "value": value})
+        if not (_common_case(query, key, value) and query.dim() == 3):  # (a decoding step's)
+            for argument, tensor in (("query", query), ("key", key), ("value", value)):
+                check_tensor(name, argument, tensor, (3,))
+            check_floating(name, "query", query)
+            check_same_kind(name, "query", query, {"key": key, "value": value})
+            for argument, tensor in (("key", key), ("value", value)):
+                if tensor.shape[0] != query.shape[0]:
+                    expected = f"batch size {query.shape[0]} (that of 'query')"
+                    fail(name, argument, expected, tensor.shape[0])
+            if value.shape[1] != key.shape[1]:
+                fail(name, "value", f"key_len = {key.shape[1]} positions", value.shape[1])
         b, i, j = query.shape[0], query.shape[1], key.shape[1]
-        for argument, tensor in (("key", key), ("value", value)):
-            if tensor.shape[0] != b:
-                fail(name, argument, f"batch size {b} (that of 'query')", tensor.shape[0])
-        if value.shape[1] != j:
-            fail(name, "value", f"key_len = {j} positions", value.shape[1])
         check_mask(name, mask, (b, i, j), query.device)
         if lengths is not None and (
             not isinstance(lengths, torch.Tensor)
