@@ -274,6 +274,9 @@ def test_bad_config_values_are_named(changes, message):
 def test_bad_policy_input_is_named():
     with pytest.raises(ValueError, match="'inputs'"):
         tiny_policy()(torch.zeros(1, 2, 4))
+    width = tiny_policy().width
+    with pytest.raises(TypeError, match="'inputs' expected a floating-point"):
+        tiny_policy()(torch.zeros(1, 2, width, dtype=torch.long))
 
 
 def _reference_value(arms: int, pulls: int) -> float:

@@ -441,6 +441,7 @@ class SnailPolicy(nn.Module):
         return PolicyOutput(self.policy(x), value, named)
 
     def _check_inputs(self, inputs: torch.Tensor, shape: str):
+        check_floating("SnailPolicy", "inputs", inputs)
         if inputs.dim() != shape.count(",") + 1 or inputs.shape[-1] != self.width:
             fail("SnailPolicy", "inputs", shape.format(self.width), tuple(inputs.shape))
 
