@@ -221,15 +221,15 @@ def _drawn(fig) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[..., :3]
 
 
-def _reddish(pixels: np.ndarray) -> int:
+def _bright_green(pixels: np.ndarray) -> int:
     r, g, b = (pixels[..., k].astype(int) for k in range(3))
-    return int(((r > 150) & (g < 110) & (b < 110)).sum())
+    return int((g - np.maximum(r, b) > 80).sum())  # also under an overlay's alpha
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
-def test_non_finite_weights_are_drawn_in_red_and_counted(bad):
+def test_non_finite_weights_are_drawn_in_green_and_counted(bad):
     """A NaN or inf weight is not drawn as a blank cell (which reads as a weight of 0 or 1):
-    every weight heatmap draws it red and counts it at the figure's foot."""
+    every weight heatmap draws it bright green and counts it at the figure's foot."""
     w = torch.full((3, 4), 0.25)
     w[1, 2] = bad
     labels = (["a", "b", "c", "d"], ["x", "y", "z"])
@@ -249,6 +249,47 @@ def test_non_finite_weights_are_drawn_in_red_and_counted(bad):
     }  # fmt: skip
     for name, (broken, clean) in figures.items():
         texts = [t.get_text() for t in broken.texts]
-        assert "1 non-finite weight (NaN or inf), drawn in red" in texts, name
+        assert "1 non-finite weight (NaN or inf), drawn in bright green" in texts, name
         assert not clean.texts, name
-        assert _reddish(_drawn(broken)) > _reddish(_drawn(clean)) + 20, name
+        assert _bright_green(_drawn(broken)) > _bright_green(_drawn(clean)) + 20, name
+
+
+def test_memory_figure_counts_a_non_finite_output_as_a_bit_error():
+    """A NaN output bit compared with > 0.5 is False: it passed for a 0 target bit. It is an
+    error whatever the target, drawn bright green in the outputs panel and counted below."""
+    from attnzoo.viz.figures import memory_figure
+
+    t, c = 6, 3
+    targets = torch.zeros(t, c)
+    outputs = torch.zeros(t, c)
+    outputs[2, 1] = float("nan")
+    fig = memory_figure(torch.zeros(t, c + 1), targets, outputs)
+    assert "bit errors (1)" in [ax.get_title() for ax in fig.axes]
+    assert "1 non-finite value (NaN or inf), drawn in bright green" in [
+        x.get_text() for x in fig.texts
+    ]
+    assert _bright_green(_drawn(fig)) > 20
+    clean = memory_figure(torch.zeros(t, c + 1), targets, torch.zeros(t, c))
+    assert "bit errors (0)" in [ax.get_title() for ax in clean.axes] and not clean.texts
+
+
+def test_caption_and_gan_attention_maps_mark_non_finite_weights():
+    """The overlays of Show-Attend-Tell and SAGAN: a NaN weight is counted at the figure's
+    foot and drawn bright green, where the overlay left it blank."""
+    from attnzoo.viz.captions import caption_attention_figure
+    from attnzoo.viz.gan import attention_map_figure
+
+    weights = torch.full((2, 16), 1 / 16)
+    weights[1, 5] = float("nan")
+    image = torch.zeros(32, 32)
+    caption = caption_attention_figure([(image, ["a", "two"], weights, (4, 4), "nan")])
+    maps = torch.full((1, 1, 4, 4), 1 / 16)
+    maps[0, 0, 2, 2] = float("nan")
+    gan = attention_map_figure(torch.zeros(1, 16, 16), maps, torch.tensor([[1, 1]]))
+    for fig in (caption, gan):
+        assert "non-finite weight" in " ".join(x.get_text() for x in fig.texts)
+        green = _bright_green(_drawn(fig))
+        # one cell of the 4 x 4 map, not the whole map (each map is scaled to its largest
+        # finite weight: a NaN maximum had made every cell NaN)
+        panel = fig.axes[-1].get_window_extent()
+        assert 20 < green < panel.width * panel.height / 4

@@ -28,6 +28,8 @@ def caption_attention_figure(
     At most `max_words` words per row are drawn; 800 px wide at dpi 100."""
     from matplotlib.figure import Figure
 
+    from attnzoo.viz.figures import heatmap, note_nonfinite
+
     columns = 1 + min(max_words, max(len(words) for _, words, _, _, _ in rows))
     width = 8.0
     cell = width / columns
@@ -36,7 +38,9 @@ def caption_attention_figure(
     for r, (image, words, weights, grid, label) in enumerate(rows):
         image = image.float().cpu()
         maps = upsample(weights.cpu(), grid, tuple(image.shape))
-        maps = (maps / maps.flatten(1).amax(1).clamp_min(1e-12)[:, None, None]).numpy()
+        # scaled to each step's largest finite weight: a NaN or inf stays in its own cells
+        peak = maps.nan_to_num(0.0, 0.0, 0.0).flatten(1).amax(1).clamp_min(1e-12)
+        maps = (maps / peak[:, None, None]).numpy()
         image = image.numpy()
         axes[r, 0].imshow(image, cmap="gray", vmin=0, vmax=1)
         axes[r, 0].set_title(label or "image", fontsize=7, loc="left")
@@ -44,12 +48,13 @@ def caption_attention_figure(
             ax = axes[r, k + 1]
             if k < min(len(words), len(maps)):
                 ax.imshow(image, cmap="gray", vmin=0, vmax=1)
-                ax.imshow(maps[k], cmap="inferno", alpha=0.55, vmin=0, vmax=1)
+                heatmap(ax, maps[k], cmap="inferno", alpha=0.55)
                 ax.set_title(words[k], fontsize=7)
         for ax in axes[r]:
             ax.set_xticks([])
             ax.set_yticks([])
             if not ax.images:
                 ax.axis("off")
+    note_nonfinite(fig, *(w.detach().float().cpu().numpy() for _, _, w, _, _ in rows))
     fig.tight_layout(pad=0.3)
     return fig

@@ -18,25 +18,27 @@ def _label(token: str) -> str:
     return token if token.strip() else "␣"  # make a space token visible
 
 
-NONFINITE_COLOUR = "tab:red"
+# A non-finite value's colour in every map: in none of the colormaps used here (grey, red-blue,
+# inferno, magma). matplotlib would leave such a cell blank, which reads as a value, not as a
+# broken one (DESIGN.md: nothing silently wrong).
+NONFINITE_COLOUR = "lime"
 
 
-def _weights_image(ax, w: np.ndarray, **options) -> None:
-    """A weight map in grey levels (0 black, 1 white), each non-finite weight in red:
-    matplotlib would leave a NaN cell blank, which reads as a weight, not as a broken one
-    (DESIGN.md: nothing silently wrong)."""
+def heatmap(ax, data, *, cmap: str = "gray", vmin: float = 0.0, vmax: float = 1.0, **options):
+    """`ax.imshow` of `data` in `cmap` from vmin to vmax, each NaN or inf cell in
+    NONFINITE_COLOUR."""
     from matplotlib import colormaps
 
-    cmap = colormaps["gray"].with_extremes(bad=NONFINITE_COLOUR)
-    ax.imshow(np.ma.masked_invalid(w), cmap=cmap, vmin=0.0, vmax=1.0, **options)
+    colours = colormaps[cmap].with_extremes(bad=NONFINITE_COLOUR)
+    return ax.imshow(np.ma.masked_invalid(data), cmap=colours, vmin=vmin, vmax=vmax, **options)
 
 
-def _note_nonfinite(fig: Figure, w: np.ndarray) -> None:
-    """A red line at the figure's foot counting the non-finite weights, when there are any."""
-    bad = int(np.size(w) - np.isfinite(w).sum())
+def note_nonfinite(fig: Figure, *arrays, what: str = "weight") -> None:
+    """A line at the figure's foot counting the non-finite values of `arrays`, if any."""
+    bad = sum(int(np.size(a) - np.isfinite(a).sum()) for a in arrays)
     if bad:
-        text = f"{bad} non-finite weight{'s' * (bad > 1)} (NaN or inf), drawn in red"
-        fig.text(0.01, 0.005, text, color=NONFINITE_COLOUR, fontsize=7, va="bottom")
+        text = f"{bad} non-finite {what}{'s' * (bad > 1)} (NaN or inf), drawn in bright green"
+        fig.text(0.01, 0.005, text, color="green", fontsize=7, va="bottom")
 
 
 def alignment_figure(
@@ -57,7 +59,7 @@ def alignment_figure(
     cell = 0.32
     fig = Figure(figsize=(max(3.0, cell * len(source) + 1.5), max(2.5, cell * len(target) + 1.2)))
     ax = fig.add_subplot()
-    _weights_image(ax, w, aspect="equal")
+    heatmap(ax, w, aspect="equal")
     ax.set_xticks(range(len(source)), [_label(s) for s in source], rotation=90, **LITERAL)
     ax.set_yticks(range(len(target)), [_label(t) for t in target], **LITERAL)
     ax.xaxis.tick_top()
@@ -65,7 +67,7 @@ def alignment_figure(
     ax.set_ylabel("output")
     if title:
         ax.set_title(title, fontsize=9, pad=28, **LITERAL)
-    _note_nonfinite(fig, w)
+    note_nonfinite(fig, w)
     fig.tight_layout()
     return fig
 
@@ -100,7 +102,7 @@ def head_grid_figure(
     for layer in range(layers):
         for head in range(heads):
             ax = grid[layer, head]
-            _weights_image(ax, w[layer, head], aspect="auto")
+            heatmap(ax, w[layer, head], aspect="auto")
             # Token labels on the outer axes only: source along the bottom, target down the
             # left; heads named across the top, layers down the left.
             if layer == layers - 1:
@@ -117,7 +119,7 @@ def head_grid_figure(
                 ax.set_title(f"head {head + 1}", fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9, **LITERAL)
-    _note_nonfinite(fig, w)
+    note_nonfinite(fig, w)
     fig.tight_layout()
     return fig
 
@@ -174,7 +176,7 @@ def pointer_figure(
         )
     fig = Figure(figsize=(10, 4.4))
     ax = fig.add_subplot(1, 2, 1)
-    _weights_image(ax, w, aspect="auto")
+    heatmap(ax, w, aspect="auto")
     ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7, **LITERAL)
     ax.set_yticks(range(w.shape[0]), [str(s + 1) for s in range(w.shape[0])], fontsize=7)
     ax.set_xlabel("input position")
@@ -203,7 +205,7 @@ def pointer_figure(
         ax.set_ylabel("value")
     ax.legend(fontsize=8, loc="best")
     ax.set_title(title, fontsize=9, **LITERAL)
-    _note_nonfinite(fig, w)
+    note_nonfinite(fig, w)
     fig.tight_layout()
     return fig
 
@@ -274,7 +276,9 @@ def memory_figure(
             f"memory_figure: arguments 'inputs', 'targets', 'outputs' expected shapes (T, .), "
             f"(T, C), (T, C), got {x.shape}, {y.shape}, {o.shape}"
         )
-    wrong = ((o > 0.5) != (y > 0.5)).astype(float)  # (T, C)
+    # a non-finite output is an error whatever the target (NaN > 0.5 is False: it would pass
+    # for a 0 bit)
+    wrong = (((o > 0.5) != (y > 0.5)) | ~np.isfinite(o)).astype(float)  # (T, C)
     if mask is not None:
         wrong = wrong * _array(mask)[:, None]
     panels = [
@@ -311,14 +315,16 @@ def memory_figure(
         for col, (name, data, ylabel) in enumerate(row):
             ax = fig.add_subplot(grid[r, col] if len(row) == 2 else grid[r, :])
             signed = name in ("adds", "reads") or name.startswith("memory")
-            limit = max(1.0, float(np.abs(data).max())) if signed else 1.0
+            finite = np.abs(data[np.isfinite(data)])
+            limit = max(1.0, float(finite.max(initial=0.0))) if signed else 1.0
             shown, extent = data, None
             if span is not None:
                 # 2. time on the x axis in true steps: the piece starting at t0 reads t0...
                 t0, t1 = span
                 shown = data[t0:t1]
                 extent = (t0 - 0.5, t1 - 0.5, data.shape[1] - 0.5, -0.5)
-            ax.imshow(
+            heatmap(
+                ax,
                 shown.T,
                 cmap="RdBu_r" if signed else "gray",
                 vmin=-limit if signed else 0.0,
@@ -344,6 +350,7 @@ def memory_figure(
                 axis(at, [str(k) for k in rows[at]])
     if title:  # 0.1 inch from the top whatever the figure's height (tight_layout makes room)
         fig.suptitle(title, fontsize=9, y=1.0 - 0.1 / fig.get_figheight(), va="top", **LITERAL)
+    note_nonfinite(fig, *(data for row in panels for _, data, _ in row), what="value")
     fig.tight_layout()
     return fig
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnzoo.viz.figures import LITERAL, _array
+from attnzoo.viz.figures import LITERAL, _array, heatmap, note_nonfinite
 
 QUERY_COLOURS = ("#e41a1c", "#377eb8", "#4daf4a", "#ff7f00", "#984ea3", "#a65628")
 
@@ -74,12 +74,21 @@ def attention_map_figure(images, maps, queries, *, labels: Sequence[int] = ()) -
         for j, (qr, qc) in enumerate(q):
             ax = fig.add_subplot(n, k + 1, row * (k + 1) + 2 + j)
             ax.imshow(x[row], cmap="gray", vmin=0, vmax=1, extent=(-0.5, w - 0.5, h - 0.5, -0.5))
-            ax.imshow(m[row, j] / max(m[row, j].max(), 1e-12), cmap="magma", alpha=0.65)
+            finite = m[row, j][np.isfinite(m[row, j])]  # a NaN stays in its own cell
+            heatmap(
+                ax,
+                m[row, j] / max(float(finite.max(initial=0.0)), 1e-12),
+                cmap="magma",
+                alpha=0.65,
+                vmin=None,
+                vmax=None,
+            )
             ax.plot(qc, qr, "o", color=QUERY_COLOURS[j % len(QUERY_COLOURS)], ms=5, mec="white")
             ax.set_xticks([])
             ax.set_yticks([])
             if row == 0:
                 ax.set_title(f"query ({qr}, {qc})", fontsize=8)
+    note_nonfinite(fig, m)
     fig.tight_layout()
     return fig
 
