@@ -338,3 +338,44 @@ def test_parameter_groups_follow_a_models_lr_scales():
 
     with pytest.raises(ValueError, match="Wrong.lr_scales: argument 'names'"):
         parameter_groups(Wrong(2, 2), 0.01)
+
+
+class _DivergingTask(_ConvTask):
+    """The toy's loss, NaN (or inf) from step `at` on: a run that diverged."""
+
+    def __init__(self, at: int, bad: float = float("nan")):
+        self.at, self.bad = at, bad
+
+    def batch(self, step, batch_size, device, rank=0, world=1):
+        return super().batch(step, batch_size, device), step
+
+    def loss(self, model, batch):
+        x, step = batch
+        loss, count = super().loss(model, x)
+        return (loss * self.bad if step >= self.at else loss), count
+
+
+@pytest.mark.parametrize(
+    ("log_every", "checkpoint_every", "kept", "logged", "steps"),
+    [(2, 5, [], [1], "2 to 3"), (10, 2, ["step_00000001"], [], "0 to 3")],
+    ids=["at-a-log-step", "at-a-checkpoint-between-log-steps"],
+)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_a_diverged_run_stops_before_it_saves_logs_or_evaluates_the_bad_steps(
+    bad, log_every, checkpoint_every, kept, logged, steps, tmp_path
+):
+    """Without the check the loop trained on to the end, checkpointed NaN weights and wrote a
+    final.json from a NaN model (whose argmax still gives a plausible accuracy)."""
+    from attnzoo.train import loop
+
+    config = TrainConfig(
+        steps=10, batch_size=2, warmup=0, threads=1, device="cpu", log_every=log_every,
+        checkpoint_every=checkpoint_every, eval_every=0,
+    )  # fmt: skip
+    pattern = rf"'loss' expected a finite training loss .*, got {bad} summed over steps {steps}"
+    with pytest.raises(loop.DivergedError, match=pattern):
+        loop.train(_DivergingTask(at=3, bad=bad), _LinearToy(), config, tmp_path, progress=False)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == kept
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines() if logged else []
+    assert [json.loads(line)["step"] for line in lines] == logged
+    assert not (tmp_path / "final.json").exists()

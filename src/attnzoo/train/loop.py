@@ -274,6 +274,7 @@ def train(
     bar = _progress(progress and env.main, config.steps, start)
     loop_start, eval_during = time.perf_counter(), 0.0
     window_losses, window_items, window_start = [], 0, time.perf_counter()
+    window_first = start  # the window's first step: named when its loss is not finite
     phase_losses: dict[str, list[torch.Tensor]] = {name: [] for name, *_ in phases or ()}
     for step in range(start, config.steps):
         model.train()
@@ -311,11 +312,10 @@ def train(
         window_losses.append(loss_sum.detach())  # read at the log step: one sync per window
         window_items += count
         last = step == config.steps - 1
+        checkpoint = ckpt_dir is not None and ((step + 1) % config.checkpoint_every == 0 or last)
         if (step + 1) % config.log_every == 0 or last:
-            window_loss = float(torch.stack(window_losses).double().sum())  # one sync
-            stats = torch.tensor([window_loss, float(window_items)], device=device)
-            if env.world > 1:
-                dist.all_reduce(stats)
+            stats = _window_stats(window_losses, window_items, device, env)
+            _check_finite(stats[0].item(), window_first, step)
             elapsed = time.perf_counter() - window_start
             items = max(1.0, stats[1].item())
             record = {
@@ -338,11 +338,11 @@ def train(
                 _append(metrics_path, json.dumps(record) + "\n")
             bar.update(step + 1, record)
             window_losses, window_items, window_start = [], 0, time.perf_counter()
-        if (
-            env.main
-            and ckpt_dir is not None
-            and ((step + 1) % config.checkpoint_every == 0 or last)
-        ):
+            window_first = step + 1
+        elif checkpoint:  # between log steps: no weights of a diverged run are saved
+            stats = _window_stats(window_losses, window_items, device, env)
+            _check_finite(stats[0].item(), window_first, step)
+        if env.main and checkpoint:
             elapsed = time.perf_counter() - loop_start
             timing = _timing(earlier, elapsed, eval_during, step + 1 - start)
             save_checkpoint(ckpt_dir, step, model, optimizer, scheduler, task=task, timing=timing)
@@ -363,6 +363,34 @@ def train(
     if env.world > 1:
         dist.barrier()
     return final
+
+
+class DivergedError(ValueError):
+    """The training loss became NaN or infinite: the run stops there, before it saves a
+    checkpoint, logs a metric or evaluates a model from those steps (DESIGN.md: nothing
+    silently wrong; a diverged model's argmax would still give a plausible-looking accuracy)."""
+
+
+def _window_stats(losses: list[torch.Tensor], items: int, device, env: Distributed):
+    """(summed loss, items) of the steps since the last log step, over every process: one
+    sync, and one all-reduce under DDP, so every process decides alike."""
+    total = float(torch.stack(losses).double().sum()) if losses else 0.0
+    stats = torch.tensor([total, float(items)], device=device)
+    if env.world > 1:
+        dist.all_reduce(stats)
+    return stats
+
+
+def _check_finite(loss: float, first: int, step: int) -> None:
+    if not math.isfinite(loss):
+        fail(
+            "train",
+            "loss",
+            "a finite training loss (try a lower train.lr or train.clip; the checkpoints "
+            "saved before these steps are kept)",
+            f"{loss} summed over steps {first} to {step}",
+            DivergedError,
+        )
 
 
 def _phases(model: torch.nn.Module, config: TrainConfig, env: Distributed):
