@@ -211,3 +211,34 @@ def test_engine_tensors_do_not_follow_the_default_dtype(default, device):
     assert log_prob.dtype == torch.float32 and log_prob.device.type == device.type
     want = decode(table_step(table), TableState(rows), 2, beam_size=3, **common)
     assert torch.equal(out, want)  # beam scores in float32 either way
+
+
+@pytest.mark.parametrize("engine", [greedy, sample, beam_search])
+def test_a_nan_log_probability_is_an_error_not_a_token(engine):
+    """argmax and topk pick a NaN's index as if it were the best token: a diverged decoder
+    would decode plausible-looking output. -inf stays a legitimate log-probability."""
+    table = make_table()
+    table[0, 1, :, 3] = float("-inf")  # a token masked out at step 1: fine
+    engine(
+        table_step(table),
+        TableState(torch.tensor([0])),
+        1,
+        bos=BOS,
+        eos=EOS,
+        max_len=3,
+        device="cpu",
+    )
+    table[0, 1, :, 2] = float("nan")  # the decoder's output at step 1, whatever came before
+    with pytest.raises(
+        ValueError,
+        match=f"{engine.__name__}: argument 'step' expected finite log-probabilities.*at step 1",
+    ):
+        engine(
+            table_step(table),
+            TableState(torch.tensor([0])),
+            1,
+            bos=BOS,
+            eos=EOS,
+            max_len=3,
+            device="cpu",
+        )
