@@ -379,3 +379,51 @@ def test_a_diverged_run_stops_before_it_saves_logs_or_evaluates_the_bad_steps(
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines() if logged else []
     assert [json.loads(line)["step"] for line in lines] == logged
     assert not (tmp_path / "final.json").exists()
+
+
+def test_evaluation_refuses_a_nan_in_any_output_of_the_model():
+    """A NaN row's argmax (or a threshold) still gives a plausible prediction: `evaluate`
+    refuses a NaN anywhere in the model's output, named by its field, and leaves no hook on
+    the model. -inf (a masked log-probability) is an output like any other."""
+    from dataclasses import dataclass as plain_dataclass
+    from typing import NamedTuple
+
+    from attnzoo.train import loop
+
+    @plain_dataclass
+    class Out:
+        log_probs: torch.Tensor
+        extra: tuple
+
+    class Pair(NamedTuple):
+        weights: torch.Tensor
+        note: str
+
+    class Toy(torch.nn.Module):
+        def __init__(self, bad):
+            super().__init__()
+            self.bad = bad
+
+        def forward(self, x):
+            log_probs = torch.log_softmax(x, -1).masked_fill(x < -1, float("-inf"))
+            weights = x.softmax(-1)
+            if self.bad == "log_probs":
+                log_probs[0, 1] = float("nan")
+            if self.bad == "weights":
+                weights[1, 0] = float("nan")
+            return Out(log_probs, (Pair(weights, "ok"), None))
+
+    class Accuracy:
+        def evaluate(self, model):
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+            return {"accuracy": float((model(x).log_probs.argmax(-1) == 0).float().mean())}
+
+    assert "accuracy" in loop.evaluate(Accuracy(), Toy(None))
+    for bad, field in (
+        ("log_probs", "output.log_probs"),
+        ("weights", r"output.extra\[0\].weights"),
+    ):
+        model = Toy(bad)
+        with pytest.raises(loop.DivergedError, match=f"NaN in Toy's {field}"):
+            loop.evaluate(Accuracy(), model)
+        assert not model._forward_hooks

@@ -24,6 +24,7 @@ line per step in scalars.jsonl (trimmed on resume like metrics.jsonl).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import time
@@ -332,7 +333,7 @@ def train(
                     phase_losses[name] = []
             if config.eval_every and (step + 1) % config.eval_every == 0 and not last:
                 eval_start = time.perf_counter()
-                record.update(_evaluate(task, model))
+                record.update(evaluate(task, model))
                 eval_during += time.perf_counter() - eval_start
             if env.main and metrics_path is not None:
                 _append(metrics_path, json.dumps(record) + "\n")
@@ -350,7 +351,7 @@ def train(
             dist.barrier()
     bar.close()
     eval_start = time.perf_counter()
-    final = {**_evaluate(task, model), "device": str(device)}
+    final = {**evaluate(task, model), "device": str(device)}
     timing = {
         **_timing(earlier, eval_start - loop_start, eval_during, config.steps - start),
         "eval_seconds": time.perf_counter() - eval_start,
@@ -366,9 +367,10 @@ def train(
 
 
 class DivergedError(ValueError):
-    """The training loss became NaN or infinite: the run stops there, before it saves a
-    checkpoint, logs a metric or evaluates a model from those steps (DESIGN.md: nothing
-    silently wrong; a diverged model's argmax would still give a plausible-looking accuracy)."""
+    """A run's numbers are not finite: the training loss became NaN or infinite (the run stops
+    there, before it saves a checkpoint, logs a metric or evaluates a model from those steps),
+    or the model's output on held-out data holds a NaN (`evaluate`). DESIGN.md: nothing
+    silently wrong; a NaN row's argmax would still give a plausible-looking accuracy."""
 
 
 def _window_stats(losses: list[torch.Tensor], items: int, device, env: Distributed):
@@ -437,11 +439,43 @@ def _autocast(config: TrainConfig, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
-def _evaluate(task: Task, model: torch.nn.Module) -> dict[str, float]:
-    """Every process evaluates the same data, so no process waits on another."""
+def evaluate(task: Task, model: torch.nn.Module) -> dict[str, float]:
+    """`task.evaluate(model)` in eval mode without gradients, refusing a NaN in any output of
+    the model's forward (`_refuse_nan`): a NaN row's argmax or threshold still gives a
+    plausible prediction, so the metrics would look like a model's. Every process evaluates
+    the same data, so no process waits on another."""
     model.eval()
-    with torch.no_grad():
-        return task.evaluate(model)
+    hook = model.register_forward_hook(_refuse_nan)  # removed below: no state left behind
+    try:
+        with torch.no_grad():
+            return task.evaluate(model)
+    finally:
+        hook.remove()
+
+
+def _refuse_nan(module: torch.nn.Module, _inputs, output) -> None:
+    """A forward hook: the floating tensors of `output` (a tensor, or a dataclass, tuple,
+    list or dict of them) hold no NaN (-inf stays: a masked log-probability)."""
+    for name, tensor in _tensors(output, "output"):
+        if tensor.is_floating_point() and bool(torch.isnan(tensor).any()):
+            got = f"NaN in {type(module).__name__}'s {name}"
+            fail("evaluate", "model", "finite outputs on the held-out data", got, DivergedError)
+
+
+def _tensors(value, name: str):
+    """(name, tensor) of every tensor in `value`, searched through containers."""
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from _tensors(getattr(value, f.name), f"{name}.{f.name}")
+    elif isinstance(value, tuple | list):
+        fields = getattr(value, "_fields", None)  # a NamedTuple's names
+        for k, item in enumerate(value):
+            yield from _tensors(item, f"{name}.{fields[k]}" if fields else f"{name}[{k}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _tensors(item, f"{name}[{key!r}]")
 
 
 class _progress:
