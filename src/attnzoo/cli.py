@@ -132,14 +132,13 @@ def cmd_eval(args) -> None:
     --json, also write the metrics and the changes to that new file."""
     from attnzoo import runs
     from attnzoo.core.checks import fail
-    from attnzoo.train.loop import evaluate
 
     out = Path(args.json) if args.json else None
     if out is not None and (out.exists() or not out.parent.is_dir()):
         why = "exists" if out.exists() else "no such folder"
         fail("attnzoo eval", "--json", "a new file in an existing folder", f"{out} ({why})")
     config, task, model = runs.load_run(Path(args.dir), device=args.device, sets=args.set)
-    metrics = evaluate(task, model)
+    metrics = runs.evaluate(task, model)
     console.print(_table(f"{config['model_name']} on {config['task_name']}", metrics))
     if out is not None:
         changes = runs.differences(runs.read_config(Path(args.dir)), config)

@@ -47,7 +47,7 @@ from attnzoo.train.checkpoint import (
 )
 from attnzoo.train.device import resolve_device
 from attnzoo.train.files import note, read_metrics
-from attnzoo.train.loop import train
+from attnzoo.train.loop import evaluate, train  # noqa: F401  (evaluate: for `attnzoo eval`)
 
 
 def run_train(
