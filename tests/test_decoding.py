@@ -164,16 +164,21 @@ def test_engine_arguments_are_refused_by_name(engine, change, kind, pattern):
 )
 def test_beam_options_are_refused_by_name(change, pattern):
     with pytest.raises(ValueError, match=pattern):
-        beam_search(
-            table_step(make_table()),
-            TableState(torch.tensor([0])),
-            1,
-            bos=BOS,
-            eos=EOS,
-            max_len=3,
-            device="cpu",
-            **change,
-        )
+        _one_row(beam_search, make_table(), **change)
+
+
+def _one_row(engine, table, **options):
+    """`engine` over example 0 of `table`, up to 3 tokens, on the CPU."""
+    return engine(
+        table_step(table),
+        TableState(torch.tensor([0])),
+        1,
+        bos=BOS,
+        eos=EOS,
+        max_len=3,
+        device="cpu",
+        **options,
+    )
 
 
 def test_decode_is_greedy_at_beam_1_and_beam_search_above():
@@ -219,26 +224,10 @@ def test_a_nan_log_probability_is_an_error_not_a_token(engine):
     would decode plausible-looking output. -inf stays a legitimate log-probability."""
     table = make_table()
     table[0, 1, :, 3] = float("-inf")  # a token masked out at step 1: fine
-    engine(
-        table_step(table),
-        TableState(torch.tensor([0])),
-        1,
-        bos=BOS,
-        eos=EOS,
-        max_len=3,
-        device="cpu",
-    )
+    _one_row(engine, table)
     table[0, 1, :, 2] = float("nan")  # the decoder's output at step 1, whatever came before
     with pytest.raises(
         ValueError,
         match=f"{engine.__name__}: argument 'step' expected finite log-probabilities.*at step 1",
     ):
-        engine(
-            table_step(table),
-            TableState(torch.tensor([0])),
-            1,
-            bos=BOS,
-            eos=EOS,
-            max_len=3,
-            device="cpu",
-        )
+        _one_row(engine, table)

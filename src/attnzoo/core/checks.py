@@ -89,28 +89,39 @@ def is_integer_tensor(tensor: torch.Tensor) -> bool:
     return not (tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool)
 
 
+def check_integers(
+    function: str,
+    argument: str,
+    value: object,
+    shape: Sequence[int],
+    low: int,
+    high: int,
+    *,
+    kind: str = "an integer tensor",
+    values: str,
+    shape_note: str = "",
+) -> None:
+    """An integer tensor (`kind` words it) of `shape`, its values in [low, high] (`values`
+    words the range); the values are read, except on the meta device, which has none."""
+    if not isinstance(value, torch.Tensor):
+        fail(function, argument, kind, type(value).__name__, TypeError)
+    if not is_integer_tensor(value):
+        fail(function, argument, kind, value.dtype, TypeError)
+    if tuple(value.shape) != tuple(shape):
+        fail(function, argument, f"shape {tuple(shape)}{shape_note}", tuple(value.shape))
+    if value.device.type != "meta" and value.numel():
+        found = tuple(int(x) for x in torch.aminmax(value))
+        if found[0] < low or found[1] > high:
+            fail(function, argument, values, f"{found[0]} to {found[1]}")
+
+
 def check_labels(
     function: str, argument: str, labels: object, classes: int, shape: Sequence[int]
 ) -> None:
-    """Integer class indices of `shape`, each in [0, classes) (the values are read, except
-    on the meta device, which has none): a label past the classes would fail in one_hot or an
-    embedding, a negative one index from the end."""
-    if not isinstance(labels, torch.Tensor):
-        fail(
-            function,
-            argument,
-            "an integer tensor of class indices",
-            type(labels).__name__,
-            TypeError,
-        )
-    if not is_integer_tensor(labels):
-        fail(function, argument, "an integer tensor of class indices", labels.dtype, TypeError)
-    if tuple(labels.shape) != tuple(shape):
-        fail(function, argument, f"shape {tuple(shape)}", tuple(labels.shape))
-    if labels.device.type != "meta" and labels.numel():
-        low, high = (int(x) for x in torch.aminmax(labels))
-        if low < 0 or high >= classes:
-            fail(function, argument, f"class indices in [0, {classes})", f"{low} to {high}")
+    """Integer class indices of `shape`, each in [0, classes): a label past the classes would
+    fail in one_hot or an embedding, a negative one index from the end."""
+    kind, values = "an integer tensor of class indices", f"class indices in [0, {classes})"
+    check_integers(function, argument, labels, shape, 0, classes - 1, kind=kind, values=values)
 
 
 def check_count(function: str, argument: str, value: object, optional: bool = False) -> None:

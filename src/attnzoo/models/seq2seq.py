@@ -43,10 +43,10 @@ from attnzoo.core import LocalAttention, PreparedKey, attention, padding_mask, p
 from attnzoo.core.checks import (
     check_dropout,
     check_fields,
+    check_integers,
     check_size,
     check_tokens,
     fail,
-    is_integer_tensor,
 )
 
 CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
@@ -487,16 +487,10 @@ def _check_source(function: str, source: object, lengths: object) -> None:
     length for the whole batch would read padding as words."""
     check_tokens(function, "source", source, 2, "(batch, source_len)")
     b, j = source.shape
-    if not isinstance(lengths, torch.Tensor):
-        fail(function, "lengths", "an integer tensor", type(lengths).__name__, TypeError)
-    if not is_integer_tensor(lengths):
-        fail(function, "lengths", "an integer tensor", lengths.dtype, TypeError)
-    if tuple(lengths.shape) != (b,):
-        fail(function, "lengths", f"shape ({b},), one per source", tuple(lengths.shape))
-    if lengths.device.type != "meta" and b:  # values cannot be read on meta
-        low, high = (int(x) for x in torch.aminmax(lengths))
-        if low < 1 or high > j:
-            fail(function, "lengths", f"values in 1..source_len = {j}", f"{low} to {high}")
+    values = f"values in 1..source_len = {j}"
+    check_integers(
+        function, "lengths", lengths, (b,), 1, j, values=values, shape_note=", one per source"
+    )
 
 
 def _load_old_keys(module, state_dict, prefix, *args) -> None:

@@ -28,7 +28,7 @@ def caption_attention_figure(
     At most `max_words` words per row are drawn; 800 px wide at dpi 100."""
     from matplotlib.figure import Figure
 
-    from attnzoo.viz.figures import heatmap, note_nonfinite
+    from attnzoo.viz.figures import _array, heatmap, note_nonfinite
 
     columns = 1 + min(max_words, max(len(words) for _, words, _, _, _ in rows))
     width = 8.0
@@ -55,6 +55,6 @@ def caption_attention_figure(
             ax.set_yticks([])
             if not ax.images:
                 ax.axis("off")
-    note_nonfinite(fig, *(w.detach().float().cpu().numpy() for _, _, w, _, _ in rows))
+    note_nonfinite(fig, *(_array(w) for _, _, w, _, _ in rows))
     fig.tight_layout(pad=0.3)
     return fig
