@@ -393,16 +393,17 @@ def cpu_flags() -> set[str]:
 
 
 def machine_info(**extra: Any) -> dict[str, Any]:
-    """Versions and hardware facts to store next to every result (torch imported lazily)."""
-    import torch
+    """Versions and hardware facts to store next to every result. torch's version comes from
+    its installed metadata: the driver never imports torch (its children do, forked from a
+    server that has), which spared every bench call a second import (~2 s)."""
+    from importlib.metadata import version
 
     # thread-pool settings change timings on a shared machine (e.g. OMP_WAIT_POLICY)
     prefixes = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_")
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
+        "torch": version("torch"),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "load_average": list(os.getloadavg()),
@@ -429,16 +430,20 @@ def _run_digest(run_dir: str | Path) -> str | None:
     return hashlib.sha256(final.read_bytes()).hexdigest()[:16] if final.exists() else None
 
 
-def _stale(row: Mapping[str, Any], e: Experiment, budget: str, rows: Sequence = ()) -> str | None:
+def _stale(
+    row: Mapping[str, Any], e: Experiment, budget: str, rows: Sequence = (), defaults: bool = True
+) -> str | None:
     """Why `row` no longer stands for experiment `e` at `budget` (None: it is current); with
-    the JSON's `rows`, also when a row it was built on is now of another run."""
+    the JSON's `rows`, also when a row it was built on is now of another run; with `defaults`,
+    also when the library's defaults changed since the row's stamp (which imports the library,
+    and so torch)."""
     if row.get("status") != STATUS_OK:
         return f"status {row.get('status')}"
     if row.get("budget") != budget:
         return f"budget {row.get('budget')}"
     if row.get("params") != json.loads(json.dumps(dict(e.params))):
         return "its params changed"
-    if not _defaults_stand(row):
+    if defaults and not _defaults_stand(row):
         return f"the defaults changed since its stamp {row['metrics']['defaults']}"
     for id, need in row.get("needs", {}).items():
         now = [r.get("run") for r in rows if (r["id"], r["seed"]) == (id, need["seed"])]
@@ -455,13 +460,14 @@ def stale_rows(data: Mapping[str, Any], experiments: Sequence[Experiment]):
     not its default keeps the earlier behaviour, and every such stamp in the JSON on
     2026-11-25 was of fields added with defaults that do (`train.init_from`, `task.zoom`, the
     bandit's `detach_value`, `discount` and `gae_lambda`, Show-Attend-Tell's
-    `expectation_warmup`); the driver still re-runs them."""
+    `expectation_warmup`), so it is not read here (nor the library imported); the driver
+    still re-runs them."""
     declared = {e.id: e for e in experiments}
     found: dict[str, dict[int, str]] = {}
     for r in data.get("rows", []):
         e = declared.get(r["id"])
         why = (
-            _stale(r, e, data["budget"], data["rows"])
+            _stale(r, e, data["budget"], data["rows"], defaults=False)
             if e and r.get("status") == STATUS_OK
             else None
         )
@@ -1128,7 +1134,8 @@ def train_worker(
     return metrics, config, built_task, built_model
 
 
-SMOKE_CALIBRATION = {"steps": 2, "rounds": 1}  # a smoke run checks the path, not the timing
+# a smoke run checks the path, not the timing: one round, its warm-up measured
+SMOKE_CALIBRATION = {"steps": 2, "rounds": 0}
 
 
 def calibrate_unit(
@@ -1141,8 +1148,9 @@ def calibrate_unit(
     """Steps for every side of a matched unit so that each trains for the unit's
     `budget_minutes`: each side's seconds per step are measured by the training loop itself in
     this one process, in rounds of `calibration["steps"]`-step runs (one per side, the order
-    rotating each round, the first round a warm-up) and taken as the median of its runs'
-    timing.json train seconds over steps (`SMOKE_CALIBRATION` at the smoke budget). `sizes`
+    rotating each round, the first round a warm-up, measured only when there are no rounds
+    after it) and taken as the median of its runs' timing.json train seconds over steps
+    (`SMOKE_CALIBRATION` at the smoke budget). `sizes`
     adds each side's own overrides (e.g. the widths that match parameter counts); they are
     part of the returned `sets`."""
     import tempfile
@@ -1160,7 +1168,8 @@ def calibrate_unit(
                 config = resolved_config(own, e.params["model"], e.params["task"], 0)
                 runs.run_train(config, Path(tmp) / e.id, overwrite=True, progress=False)
                 timing = json.loads((Path(tmp) / e.id / "timing.json").read_text())
-                seconds[e.id] += [timing["train_seconds"] / k] * (r > 0)
+                if r > 0 or not calibration["rounds"]:  # the warm-up, unless it is all
+                    seconds[e.id].append(timing["train_seconds"] / k)
     prepared = {}
     for e in unit:
         per_step = median(seconds[e.id])

@@ -63,7 +63,7 @@ def experiments(budget: str) -> list[Experiment]:
             continue
         for model in MODELS:
             params = {"model": model, "task": TASK, "sets": sets}
-            params["budget_minutes"] = 0.05 if smoke else minutes
+            params["budget_minutes"] = 0.02 if smoke else minutes
             seeds, cost = (1, 0.2) if smoke else (unit_seeds, minutes + 1.5)
             found.append(Experiment(f"{unit}-{model}", unit, params, seeds, cost, unit))
     steps_units = {"steps": (STEPS, STEPS_SEEDS), "steps-short": (SHORT_STEPS, SHORT_STEPS_SEEDS)}

@@ -141,7 +141,7 @@ def experiments(budget: str) -> list[Experiment]:
         if budget == "smoke":
             if group != "reduced" or task != "glyphs":
                 continue
-            sets, minutes = [*sets, *SMOKE, *SMOKE_SNAIL * (model == "snail")], 0.05
+            sets, minutes = [*sets, *SMOKE, *SMOKE_SNAIL * (model == "snail")], 0.02
         params = {"model": model, "task": task, "sets": sets, "budget_minutes": minutes}
         seeds = 1 if budget == "smoke" else SEEDS
         found.append(Experiment(id, group, params, seeds, minutes + 1, unit))

@@ -32,6 +32,13 @@ HEADLINE = {  # (bench, id) -> overrides: the CLI runs adopted as they are
 }
 
 
+def test_every_bench_script_is_behind_a_page_and_named_by_its_file():
+    """`attnzoo repro` and `make bench` find a bench's script by its name (bench_NAME.py)
+    without importing the scripts: a script under another name, or behind no page, is lost."""
+    scripts = {p.stem for p in report.ROOT.joinpath("benchmarks").glob("bench_*.py")}
+    assert {f"bench_{m.BENCH.name}" for m in EVERY_BENCH} == scripts
+
+
 @pytest.mark.parametrize("module", sorted(EVERY_BENCH, key=lambda m: m.BENCH.name))
 @pytest.mark.parametrize("budget", _common.BUDGETS)
 def test_experiments_are_unique_and_seeded(module, budget):

@@ -166,8 +166,9 @@ def _read_digits() -> Digits:
         train, valid, test = _NumpyOnly(fh, encoding="latin1").load()
 
     def images(parts) -> torch.Tensor:
-        x = torch.cat([torch.from_numpy(p[0]) for p in parts])  # (n, 784) float32
-        return (x * 256).round().clamp(0, 255).to(torch.uint8).view(-1, DIGIT, DIGIT)
+        x = torch.cat([torch.from_numpy(p[0]) for p in parts])  # (n, 784) float32, a copy
+        # in place on that copy: half the time of new tensors (~0.2 s a process)
+        return x.mul_(256).round_().clamp_(0, 255).to(torch.uint8).view(-1, DIGIT, DIGIT)
 
     def labels(parts) -> torch.Tensor:
         return torch.cat([torch.from_numpy(p[1]) for p in parts]).long()

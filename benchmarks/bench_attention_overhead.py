@@ -9,7 +9,7 @@ by ~45%). The clock and the pairing of samples are METHOD's: CPU time of the cal
 so the time other jobs hold the core does not count, and per-round differences, so drift
 between rounds cancels.
 
-    python benchmarks/bench_overhead.py [--budget smoke]    # results/attention_overhead.json
+    python benchmarks/bench_attention_overhead.py [--budget smoke]  # attention_overhead.json
 """
 
 from __future__ import annotations
