@@ -1,7 +1,8 @@
 """Each model's forward refuses bad input by name, before any computation (DESIGN.md: bad
 input gets a clear error naming the argument, the expected and the received value): the
 inputs a user of the model is most likely to get wrong (integer pixels, the wrong channel
-count or size, a missing batch dim, float token ids or positions)."""
+count or size, a missing batch dim, float token ids or positions, ids outside the
+vocabulary)."""
 
 import pytest
 import torch
@@ -14,8 +15,12 @@ DIMS = {
     "pointer": dict(input_dim=2, end_token=True),
     "multi_image": dict(image_size=(28, 28), channels=1, classes=10, labels=2),
     "caption": dict(vocab=12, max_len=6, image_size=(32, 32), channels=1),
+    "seq2seq": dict(source_vocab=12, target_vocab=9, max_source_len=8, max_target_len=8),
+    "lm": dict(vocab=12, max_len=8),
 }
 TOKENS, LENGTHS = torch.ones(2, 4, dtype=torch.long), torch.tensor([4, 3])
+OUT_OF_VOCAB = torch.tensor([[1, 2, 12, 3], [1, 1, 1, 1]])  # id 12 of a vocabulary of 12
+NEGATIVE = torch.tensor([[1, 2, 3, 4], [1, -1, 1, 1]])
 IMAGES = torch.rand(2, 1, 28, 28)
 # (inputs of the model's interface, error type, message pattern)
 BAD = {
@@ -45,6 +50,21 @@ BAD = {
         ),
         ((torch.rand(2, 1, 28, 28), TOKENS, LENGTHS), ValueError, "'images' expected .*32, 32"),
     ],
+    "seq2seq": [
+        ((TOKENS.float(), LENGTHS, TOKENS), TypeError, "'source' expected integer token ids"),
+        ((OUT_OF_VOCAB, LENGTHS, TOKENS), ValueError, "'source' expected token ids in 0..11 "),
+        ((NEGATIVE, LENGTHS, TOKENS), ValueError, "'source' .* got ids from -1 to 4"),
+        ((TOKENS, LENGTHS, OUT_OF_VOCAB.clamp(max=9)), ValueError, "'target_in' .*0..8 .*1 to 9"),
+    ],
+    "lm": [
+        ((TOKENS.bool(),), TypeError, "'tokens' expected integer token ids"),
+        (
+            (OUT_OF_VOCAB,),
+            ValueError,
+            "'tokens' expected token ids in 0..11 .* got ids from 1 to 12",
+        ),
+        ((NEGATIVE,), ValueError, "'tokens' expected token ids in 0..11"),
+    ],
 }
 CASES = [
     (name, *case)
@@ -62,7 +82,8 @@ CASES = [
 def test_a_model_refuses_bad_input_by_name(model, inputs, kind, pattern):
     spec = MODELS[model]
     net = spec.model_class(spec.preset(), **DIMS[spec.interface]).eval()
-    with pytest.raises(kind, match=f"{type(net).__name__}: argument {pattern}"):
+    # the model's name, or the method's that checks (e.g. Transformer.encode)
+    with pytest.raises(kind, match=rf"{type(net).__name__}(\.\w+)?: argument {pattern}"):
         net(*inputs)
 
 

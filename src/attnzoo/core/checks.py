@@ -77,11 +77,21 @@ def check_sequences(function: str, argument: str, x: object, features: int) -> N
         fail(function, argument, f"a (batch, length, {features}) tensor", tuple(x.shape))
 
 
-def check_tokens(function: str, argument: str, tokens: object, rank: int, what: str) -> None:
-    """Integer token ids of `rank` dims (`what` names them, e.g. "(batch, len)")."""
+def check_tokens(
+    function: str, argument: str, tokens: object, rank: int, what: str, vocab: int | None = None
+) -> None:
+    """Integer token ids of `rank` dims (`what` names them, e.g. "(batch, len)"), with
+    `vocab` also each id in 0..vocab - 1. The ids are read on the CPU only (~5 us): on an
+    accelerator the read would stall its queue, and the embedding's own index check stops an
+    id out of range there; a decoding step passes no `vocab` (its ids are the engine's picks)."""
     check_tensor(function, argument, tokens, (rank,))
     if not is_integer_tensor(tokens):
         fail(function, argument, f"integer token ids {what}", tokens.dtype, TypeError)
+    if vocab is not None and tokens.is_cpu and tokens.numel():
+        low, high = torch.aminmax(tokens)
+        if low < 0 or high >= vocab:
+            wanted = f"token ids in 0..{vocab - 1} (a vocabulary of {vocab})"
+            fail(function, argument, wanted, f"ids from {int(low)} to {int(high)}")
 
 
 def is_integer_tensor(tensor: torch.Tensor) -> bool:

@@ -101,8 +101,8 @@ class RecurrentLMOutput:
     weights: tuple[torch.Tensor, ...] | None = None
 
 
-def _check_inputs(function: str, tokens, mask) -> None:
-    check_tokens(function, "tokens", tokens, 2, "(batch, len)")
+def _check_inputs(function: str, tokens, mask, vocab: int) -> None:
+    check_tokens(function, "tokens", tokens, 2, "(batch, len)", vocab)
     if tokens.shape[1] == 0:
         fail(function, "tokens", "at least one position", tuple(tokens.shape))
     if mask is not None:
@@ -208,7 +208,7 @@ class LSTMNLM(_LMBase):
         """tokens (b, t) ids -> logits (b, t, V); with `return_weights`, the intra-attention
         weights (b, 1, t, t): row i over the states h_0 .. h_i written after tokens 0 .. i-1
         (column j: h_j, the state after token j - 1; column 0: the initial state)."""
-        _check_inputs("LSTMNLM", tokens, mask)
+        _check_inputs("LSTMNLM", tokens, mask, self.embed.num_embeddings)
         x = self.drop(self.embed(tokens))  # (b, t, E)
         b, t, _ = x.shape
         hid = self.config.hidden
@@ -262,7 +262,7 @@ class SimpleSelfAttentionLM(_LMBase):
         """tokens (b, t) ids -> logits (b, t, V) read from c_t; with `return_weights`, the
         weights (b, 1, t, t): row i over h_1 .. h_{i+1}, the states after tokens 0 .. i
         (column j: the state after token j, the diagonal the current one)."""
-        _check_inputs("SimpleSelfAttentionLM", tokens, mask)
+        _check_inputs("SimpleSelfAttentionLM", tokens, mask, self.embed.num_embeddings)
         x = self.drop(self.embed(tokens))  # (b, t, E)
         b, t, e = x.shape
         # A [x_t; c_{t-1}] + b = A_c c_{t-1} + (A_x x_t + b): the input half for every step
@@ -300,7 +300,7 @@ class LSTMLM(_LMBase):
     ) -> RecurrentLMOutput:
         """tokens (b, t) ids -> logits (b, t, V); no attention (weights None). `mask` must
         be right padding: True then False along each row."""
-        _check_inputs("LSTMLM", tokens, mask)
+        _check_inputs("LSTMLM", tokens, mask, self.embed.num_embeddings)
         if (
             mask is not None
             and mask.device.type != "meta"

@@ -482,10 +482,10 @@ _OLD_KEYS = (
 )
 
 
-def _check_source(function: str, source: object, lengths: object) -> None:
-    """source (b, j) integer ids and lengths (b,) integers in 1..j: a length past j or one
-    length for the whole batch would read padding as words."""
-    check_tokens(function, "source", source, 2, "(batch, source_len)")
+def _check_source(function: str, source: object, lengths: object, vocab: int) -> None:
+    """source (b, j) integer ids below `vocab` and lengths (b,) integers in 1..j: a length
+    past j or one length for the whole batch would read padding as words."""
+    check_tokens(function, "source", source, 2, "(batch, source_len)", vocab)
     b, j = source.shape
     values = f"values in 1..source_len = {j}"
     check_integers(
@@ -542,7 +542,7 @@ class Seq2Seq(nn.Module):
 
     def encode(self, source: torch.Tensor, lengths: torch.Tensor) -> EncoderOutput:
         """source: (b, j) ids, padded with 0; lengths: (b,) -> EncoderOutput."""
-        _check_source("Seq2Seq.encode", source, lengths)
+        _check_source("Seq2Seq.encode", source, lengths, self.source_embed.num_embeddings)
         return self._encode(source, lengths)
 
     def _encode(self, source: torch.Tensor, lengths: torch.Tensor) -> EncoderOutput:
@@ -566,8 +566,9 @@ class Seq2Seq(nn.Module):
     ) -> Seq2SeqOutput:
         """Teacher forcing. source: (b, j); lengths: (b,); target_in: (b, t) starting with BOS.
         Returns Seq2SeqOutput(logits (b, t, V), weights (b, t, j) or None)."""
-        _check_source("Seq2Seq", source, lengths)
-        check_tokens("Seq2Seq", "target_in", target_in, 2, "(batch, target_len)")
+        _check_source("Seq2Seq", source, lengths, self.source_embed.num_embeddings)
+        vocab = self.target_embed.num_embeddings
+        check_tokens("Seq2Seq", "target_in", target_in, 2, "(batch, target_len)", vocab)
         if target_in.shape[0] != source.shape[0]:
             wanted = f"batch size {source.shape[0]} (that of 'source')"
             fail("Seq2Seq", "target_in", wanted, target_in.shape[0])

@@ -504,7 +504,8 @@ class Transformer(nn.Module):
     ) -> TransformerMemory:
         """source: (b, j) ids padded with 0; lengths: (b,) real tokens per row.
         Returns TransformerMemory(states (b, j, d_model), mask (b, 1, j), ...)."""
-        check_tokens("Transformer.encode", "source", source, 2, "(batch, source_len)")
+        vocab = self.source_embed.embedding.num_embeddings
+        check_tokens("Transformer.encode", "source", source, 2, "(batch, source_len)", vocab)
         b, j = source.shape
         if not isinstance(lengths, torch.Tensor) or lengths.shape != (b,):
             got = tuple(lengths.shape) if isinstance(lengths, torch.Tensor) else lengths
@@ -531,7 +532,8 @@ class Transformer(nn.Module):
         """Teacher-forced decoder. target_in: (b, t) ids starting with BOS.
         Returns DecoderStates(hidden (b, t, d_model) before the vocabulary projection,
         per-layer self and cross weights when requested)."""
-        check_tokens("Transformer.decode", "target_in", target_in, 2, "(batch, target_len)")
+        vocab = self.target_embed.embedding.num_embeddings
+        check_tokens("Transformer.decode", "target_in", target_in, 2, "(batch, target_len)", vocab)
         x = self.target_embed(target_in)  # (b, t, d_model)
         self_weights, cross_weights = [], []
         for layer in self.decoder:
@@ -788,7 +790,8 @@ class TransformerLM(nn.Module):
     def forward(self, tokens: torch.Tensor, return_weights: bool = False) -> LMOutput:
         """tokens: (b, t) ids -> LMOutput(logits (b, t, V), per-layer causal self-attention
         weights (b, h, t, t) when requested). logits[:, i] predicts tokens[:, i + 1]."""
-        check_tokens("TransformerLM", "tokens", tokens, 2, "(batch, len)")
+        vocab = self.embed.embedding.num_embeddings
+        check_tokens("TransformerLM", "tokens", tokens, 2, "(batch, len)", vocab)
         logits, weights = self._run(self.embed(tokens), [None] * len(self.layers), return_weights)
         return LMOutput(logits, tuple(weights) if return_weights else None)
 
