@@ -394,8 +394,9 @@ def cpu_flags() -> set[str]:
 
 def machine_info(**extra: Any) -> dict[str, Any]:
     """Versions and hardware facts to store next to every result. torch's version comes from
-    its installed metadata: the driver never imports torch (its children do, forked from a
-    server that has), which spared every bench call a second import (~2 s)."""
+    its installed metadata: the driver imports torch only to check the defaults' stamps of
+    rows already there (`_defaults_stand`); its children import it (forked from a server that
+    has), and a second import in the driver cost each bench call ~2 s."""
     from importlib.metadata import version
 
     # thread-pool settings change timings on a shared machine (e.g. OMP_WAIT_POLICY)
