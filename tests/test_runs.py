@@ -48,6 +48,22 @@ def test_bad_overrides(item, pattern):
         runs.apply_overrides(runs.default_config("bahdanau", "dates"), [item])
 
 
+@pytest.mark.parametrize("lacks", ["model_name", "task_name", *rundir.SECTIONS])
+def test_a_config_without_a_key_is_an_error_naming_it_before_any_work(lacks, tmp_path):
+    """A config written by hand for the API (runs.build, runs.run_train) without one of its
+    keys: one error listing the keys, not a KeyError from deep inside."""
+    config = runs.default_config("bahdanau", "dates")
+    del config[lacks]
+    for call in (lambda: runs.build(config), lambda: runs.run_train(config, tmp_path / "run")):
+        with pytest.raises(ValueError, match="argument 'config' expected a run's config with"):
+            call()
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="argument 'config' .* got list"):
+        runs.build([config])
+    with pytest.raises(ValueError, match="argument 'MODEL' expected one of"):
+        runs.build({**runs.default_config("bahdanau", "dates"), "model_name": "nope"})
+
+
 def test_build_sizes_the_location_score_to_the_data():
     config = runs.apply_overrides(
         runs.default_config("luong", "reverse"),

@@ -117,7 +117,20 @@ def apply_overrides(config: dict, sets: list[str]) -> dict:
 
 
 def configs(config: dict) -> dict[str, Any]:
+    """Each section of a resolved config (`default_config`, then `apply_overrides`) built into
+    its dataclass, every field checked; a config without its names or sections is an error
+    naming what it lacks."""
+    check_keys(config, "config")
+    _check_names(config["model_name"], config["task_name"])
     return {s: overrides.build(cls, config[s], s) for s, cls in _classes(config).items()}
+
+
+def check_keys(config: object, argument: str) -> None:
+    """A dict with a model and a task name and every section (SECTIONS)."""
+    keys = ("model_name", "task_name", *SECTIONS)
+    if not isinstance(config, dict) or any(k not in config for k in keys):
+        got = sorted(config) if isinstance(config, dict) else type(config).__name__
+        fail("attnzoo", argument, f"a run's config with the keys {list(keys)}", got)
 
 
 def read_config(run_dir: Path) -> dict:
@@ -132,10 +145,7 @@ def read_config(run_dir: Path) -> dict:
     if not path.is_file():
         fail("attnzoo", "DIR", "a run directory with config.json", str(run_dir), FileNotFoundError)
     config = read_json(path, "a run's config")
-    keys = ("model_name", "task_name", *SECTIONS)
-    if not isinstance(config, dict) or any(k not in config for k in keys):
-        got = sorted(config) if isinstance(config, dict) else type(config).__name__
-        fail("attnzoo", str(path), f"a run's config with the keys {list(keys)}", got)
+    check_keys(config, str(path))
     try:
         _check_names(config["model_name"], config["task_name"])
         config["model"] = MODELS[config["model_name"]].upgrade(config["model"])
