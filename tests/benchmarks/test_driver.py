@@ -20,7 +20,8 @@ import _common  # noqa: E402
 # "race" exists: the calls before it would wait for nothing); every call is
 # logged. "u1" and "u2" are one-sided units, each calibration stamped with its time. "user"
 # needs the runs of "src" (one seed) and "src2" (two; seed 1 fails): "src" takes a while to
-# finish its run (a final.json in its run folder), and "user" reads both through sibling_run.
+# finish its run (a final.json in its run folder; once the file "slow" exists: the tests that
+# do not time the order need not wait), and "user" reads both through sibling_run.
 SCRIPT = textwrap.dedent(
     """
     import json, os, signal, sys, time
@@ -72,14 +73,14 @@ SCRIPT = textwrap.dedent(
             log.write(" ".join([ctx.id, str(ctx.seed), *needs]) + "\\n")
         if params.get("fail_seed") == ctx.seed:
             raise RuntimeError("this seed fails")
-        time.sleep(params.get("sleep", 0))
+        time.sleep(params.get("sleep", 0) * (HERE / "slow").exists())
         if params.get("run"):
             Path(ctx.run_dir).mkdir(parents=True, exist_ok=True)  # each run a new final.json
             (Path(ctx.run_dir) / "final.json").write_text(json.dumps(time.time_ns()))
         if params.get("kill_seed") == ctx.seed and not (HERE / "killed").exists():
             (HERE / "killed").touch()
             os.kill(driver(), signal.SIGKILL)
-            time.sleep(5)
+            time.sleep(1)  # (the driver is gone: SIGKILL takes effect at once)
         deadline = time.monotonic() + 120
         while params.get("wait_for") and time.monotonic() < deadline:
             if any(r["id"] == params["wait_for"] for r in results().get("rows", [])):
@@ -205,6 +206,7 @@ def test_a_call_keeps_the_rows_of_a_unit_another_call_calibrated_meanwhile(tmp_p
 
 def test_a_row_runs_after_the_runs_it_needs_which_run_first_when_missing(tmp_path):
     script = _script(tmp_path)
+    (tmp_path / "slow").touch()  # "src" finishes last of the first runs: "user 0" must wait
     done = subprocess.run(
         [*_command(script, "user"), "--jobs", "2"], capture_output=True, text=True
     )
