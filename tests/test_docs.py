@@ -80,6 +80,17 @@ def test_every_page_has_a_template():
     assert set(TEMPLATES) == set(report.PAGES), "docs/templates/ and report.PAGES disagree"
 
 
+def test_the_readme_names_every_task_and_links_every_page():
+    """The README's task list and its table of pages, against the registry and report.PAGES:
+    a task or a page added later is not left out of the front page."""
+    from attnzoo.tasks.registry import TASKS
+
+    text = (ROOT / "README.md").read_text()
+    named = set(re.findall(r"`(\w+)`", text))
+    assert set(TASKS) - named == set()
+    assert {p for p in report.PAGES if f"(docs/{p}.md)" not in text} == set()
+
+
 @pytest.mark.parametrize("page", TEMPLATES)
 def test_template_prose_types_no_number(page):
     text = (ROOT / "docs" / "templates" / f"{page}.md").read_text()
