@@ -113,11 +113,30 @@ def test_two_digit_years_follow_the_rfc5280_window():
     assert min(years) >= lo and max(years) <= hi
 
 
-def test_two_digit_year_patterns_need_an_overlapping_year_range():
-    with pytest.raises(ValueError):
-        dates.make_splits(
-            dates.DatesConfig(first_year=2050, last_year=2099, patterns=("dd.MM.yy",))
-        )
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"first_year": 2050, "last_year": 2099, "patterns": ("dd.MM.yy",)}, "first_year"),
+        ({"locales": ("en_US", "nan")}, "locales"),  # no such CLDR locale
+        ({"locales": ("-1",)}, "locales"),  # not a locale id at all
+        ({"patterns": ("medium", "0")}, "patterns"),  # no fields
+        ({"patterns": ("d MMM y G",)}, "patterns"),  # an era: a field that aligns to nothing
+        # far more dates than one locale and pattern write in a year
+        ({"locales": ("en_US",), "patterns": ("short",), "first_year": 2000, "last_year": 2000,
+          "n_train": 500, "n_valid": 0, "n_test": 0}, "n_train"),
+    ],
+)  # fmt: skip
+def test_a_config_babel_cannot_draw_is_an_error_naming_the_field(fields, named):
+    """Each a ValueError naming the field, as every config error (the command line prints it
+    as one line); an unknown locale was babel's UnknownLocaleError (a traceback) and the
+    others unnamed ValueErrors or a RuntimeError."""
+    with pytest.raises(ValueError, match=f"DatesConfig: argument '{named}' expected"):
+        dates.make_splits(dates.DatesConfig(**fields))
+
+
+def test_a_year_before_1000_is_refused_by_the_config():  # the ISO target has four digits
+    with pytest.raises(ValueError, match="argument 'first_year' expected a year in 1000..9999"):
+        dates.DatesConfig(first_year=999)
 
 
 # --- splits ------------------------------------------------------------------------------

@@ -69,8 +69,9 @@ class DatesConfig:
     def __post_init__(self):
         check_fields(self)
         check_counts("DatesConfig", self, ("n_train",), ("n_valid", "n_test", "seed"))
-        if not 1 <= self.first_year <= 9999:
-            fail("DatesConfig", "first_year", "a year in 1..9999", self.first_year)
+        # four-digit years: the target is ISO "YYYY-MM-DD"
+        if not 1000 <= self.first_year <= 9999:
+            fail("DatesConfig", "first_year", "a year in 1000..9999", self.first_year)
         if not self.first_year <= self.last_year <= 9999:
             fail("DatesConfig", "last_year", f"a year in {self.first_year}..9999", self.last_year)
         for name in ("locales", "patterns"):
@@ -242,20 +243,32 @@ def readings(text: str, config: DatesConfig | None = None) -> set[datetime.date]
 
 
 def _check(config: DatesConfig) -> None:
-    if min(config.n_train, config.n_valid, config.n_test) < 0:
-        raise ValueError("split sizes must be non-negative")
-    if not config.locales or not config.patterns:
-        raise ValueError("need at least one locale and one pattern")
-    if not 1000 <= config.first_year <= config.last_year <= 9999:
-        raise ValueError("years must satisfy 1000 <= first_year <= last_year <= 9999")
-    two_digit = any(
-        has_two_digit_year(p)
-        for loc in config.locales
-        for p in locale_patterns(loc, config.patterns)
-    )
+    """What only babel can tell (DatesConfig checks the rest): every locale is one CLDR knows,
+    every pattern resolves in every locale to one holding y, M (or L) and d once, and a
+    two-digit-year pattern has years to draw from."""
+    unknown = require("babel").UnknownLocaleError  # neither a ValueError nor a LookupError
+    for locale in config.locales:
+        try:
+            _locale(locale)
+        except (ValueError, unknown) as err:
+            fail("DatesConfig", "locales", "CLDR locale ids (e.g. en_US)", f"{locale!r} ({err})")
+    patterns = [p for loc in config.locales for p in _named_patterns(loc, config.patterns)]
     lo, hi = max(config.first_year, TWO_DIGIT_YEARS[0]), min(config.last_year, TWO_DIGIT_YEARS[1])
-    if two_digit and lo > hi:
-        raise ValueError(f"two-digit-year patterns need years overlapping {TWO_DIGIT_YEARS}")
+    if lo > hi and any(has_two_digit_year(p) for p in patterns):
+        wanted = f"years overlapping {TWO_DIGIT_YEARS} for the two-digit-year patterns"
+        fail("DatesConfig", "first_year", wanted, (config.first_year, config.last_year))
+
+
+def _named_patterns(locale: str, patterns: Sequence[str]) -> tuple[str, ...]:
+    """`locale_patterns`, each checked by `_tokens`; a bad one is an error naming `patterns`."""
+    resolved = locale_patterns(locale, patterns)
+    for pattern in resolved:
+        try:
+            _tokens(pattern)
+        except ValueError as err:
+            wanted = "CLDR format names (short, medium, long, full) or patterns with y, M, d once"
+            fail("DatesConfig", "patterns", wanted, f"{err} in {locale}")
+    return resolved
 
 
 def make_splits(config: DatesConfig | None = None) -> Splits:
@@ -286,7 +299,10 @@ def make_splits(config: DatesConfig | None = None) -> Splits:
     while len(examples) < total:
         attempts += 1
         if attempts > 20 * total + 1000:
-            raise RuntimeError("too few distinct dates for the requested sizes")
+            got = f"{total} ({len(examples)} drawn in {attempts - 1} tries)"
+            wanted = "n_train + n_valid + n_test within the distinct dates these locales, "
+            wanted += "patterns and years write"
+            fail("DatesConfig", "n_train", wanted, got)
         locale = rng.choice(config.locales)
         pattern = rng.choice(patterns[locale])
         date = datetime.date.fromordinal(rng.randint(*days[locale, pattern]))

@@ -85,6 +85,10 @@ class NumbersConfig:
         check_counts("NumbersConfig", self, ("n_train",), ("n_valid", "n_test", "seed"))
         if not 0 <= self.max_value <= MAX_SUPPORTED:
             fail("NumbersConfig", "max_value", f"an int in [0, {MAX_SUPPORTED}]", self.max_value)
+        total = self.n_train + self.n_valid + self.n_test  # distinct values, one per example
+        if total > self.max_value + 1:
+            wanted = f"at least n_train + n_valid + n_test - 1 = {total - 1} (distinct values)"
+            fail("NumbersConfig", "max_value", wanted, self.max_value)
 
 
 def german_words(value: int) -> str:
@@ -194,24 +198,17 @@ def make_splits(config: NumbersConfig | None = None) -> Splits:
     Test values are drawn first, then valid, then train, so a larger `n_train` leaves the
     held-out sets unchanged; no value (hence no source) is in two splits.
     """
-    config = config or NumbersConfig()
-    if not 0 <= config.max_value <= MAX_SUPPORTED:
-        raise ValueError(f"max_value must be in 0..{MAX_SUPPORTED}")
-    if config.target not in ("digits", "english"):
-        raise ValueError(f"target must be 'digits' or 'english', got {config.target!r}")
-    sizes = (config.n_test, config.n_valid, config.n_train)
-    if min(sizes) < 0 or sum(sizes) > config.max_value + 1:
-        raise ValueError(f"cannot draw {sum(sizes)} distinct values from 0..{config.max_value}")
+    config = config or NumbersConfig()  # (its sizes, range and target checked by the config)
     rng = random.Random(config.seed)
     values: list[int] = []
     seen: set[int] = set()
-    while len(values) < sum(sizes):
+    while len(values) < config.n_test + config.n_valid + config.n_train:
         value = rng.randint(0, config.max_value)
         if value not in seen:
             seen.add(value)
             values.append(value)
     examples = [make_example(v, config.target) for v in values]
-    n_test, n_valid, _ = sizes
+    n_test, n_valid = config.n_test, config.n_valid
     return Splits(
         train=examples[n_test + n_valid :],
         valid=examples[n_test : n_test + n_valid],
