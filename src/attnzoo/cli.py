@@ -2,7 +2,8 @@
 
 Wrong input (a command line, a `--set`, a run directory's damaged file, a path that cannot be
 written) prints one line `attnzoo: error: ...` naming the argument or the file, what was expected
-and what was given, and exits with status 2; `--debug` shows the traceback instead. An exception
+and what was given, and exits with status 2; so do sizes the device's memory cannot hold (`out of
+memory: ...`, the allocator's words); `--debug` shows the traceback instead. An exception
 of any other type is a bug and keeps its traceback (`_user_error`). `train --resume` continues
 with the run's saved config (`runs.resume_config`); `train` refuses a run directory that holds
 anything unless `--overwrite` (`attnzoo demo` replaces its own run).
@@ -243,11 +244,23 @@ def parser() -> argparse.ArgumentParser:
 def _user_error(err: BaseException) -> bool:
     """Whether `err` is a user's mistake (one line) rather than a bug (a traceback): a
     ValueError (the checks' errors, malformed files), an OSError (a path, a full disk), a
-    missing data package, or a TypeError worded by `attnzoo.core.checks.fail` (a value of the
-    wrong type); any other TypeError is a bug."""
-    if isinstance(err, ValueError | OSError | ModuleNotFoundError):
+    missing data package, a TypeError worded by `attnzoo.core.checks.fail` (a value of the
+    wrong type), or memory the sizes asked for and the device lacks (`_out_of_memory`); any
+    other TypeError or RuntimeError is a bug."""
+    if isinstance(err, ValueError | OSError | ModuleNotFoundError) or _out_of_memory(err):
         return True
     return isinstance(err, TypeError) and "argument '" in str(err) and " expected " in str(err)
+
+
+_OOM_MESSAGES = ("can't allocate memory", "out of memory")  # torch's CPU and CUDA allocators
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    """An allocation that failed: Python's MemoryError, or torch's allocators' RuntimeError
+    (`torch.OutOfMemoryError` on an accelerator)."""
+    if isinstance(err, MemoryError):
+        return True
+    return isinstance(err, RuntimeError) and any(m in str(err).lower() for m in _OOM_MESSAGES)
 
 
 def _check_train_args(args) -> None:
@@ -285,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         if args.debug or not _user_error(err):
             raise
-        print(f"attnzoo: error: {' '.join(str(err).split())}", file=sys.stderr)
+        message = " ".join(str(err).split())
+        if _out_of_memory(err):  # the sizes (model.*, train.batch_size, task.*) or the device
+            message = f"out of memory: {message or type(err).__name__} (smaller sizes or batch)"
+        print(f"attnzoo: error: {message}", file=sys.stderr)
         return 2
     return 0
 

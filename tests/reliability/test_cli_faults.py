@@ -221,6 +221,35 @@ def test_eval_of_a_run_without_checkpoints(trained, tmp_path, capsys):
     assert "a checkpoint under" in _error(["train", "--resume", "--out", str(run)], capsys)
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError(  # torch's CPU allocator, as a model sized beyond the memory raises it
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate 768000000000 bytes. Error code 12"
+        ),
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+        MemoryError(),
+    ],
+    ids=["cpu-allocator", "cuda", "MemoryError"],
+)
+def test_memory_the_sizes_ask_for_and_the_device_lacks_is_one_line(
+    error, monkeypatch, tmp_path, capsys
+):
+    """Sizes too large for the machine are the user's to change: one line saying so, the
+    allocator's own words kept (a traceback with --debug), not a traceback like a bug."""
+
+    def too_large(config):
+        raise error
+
+    monkeypatch.setattr(runs, "build", too_large)
+    line = _error([*TRAIN, "--out", str(tmp_path / "a"), *sets(TINY)], capsys)
+    assert line.startswith("attnzoo: error: out of memory: ") and "smaller sizes" in line
+    assert str(error).split(".")[0] in line
+    with pytest.raises(type(error)):
+        main(["--debug", *TRAIN, "--out", str(tmp_path / "b"), *sets(TINY)])
+
+
 def test_a_bug_still_shows_its_traceback(monkeypatch, tmp_path):
     """An exception type no user mistake raises is not hidden behind one line."""
 
