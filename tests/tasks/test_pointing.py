@@ -163,8 +163,11 @@ def test_config_errors_name_the_argument():
     PointingConfig(kind="tsp", n_min=5, n_max=20, objective="reinforce")
     with pytest.raises(ValueError, match="objective"):
         PointingConfig(kind="convex_hull", objective="reinforce")
-    with pytest.raises(ValueError, match="n_max"):
+    # the field that is wrong is the one named (a hull of two points named n_max before)
+    with pytest.raises(ValueError, match="argument 'n_min' expected an int >= 3 .*got 2"):
         PointingConfig(kind="convex_hull", n_min=2, n_max=5)
+    with pytest.raises(ValueError, match="argument 'n_max' expected an int >= n_min = 6, got 5"):
+        PointingConfig(kind="sort_numbers", n_min=6, n_max=5)
 
 
 def test_the_cli_config_builds_every_pointer_task():

@@ -65,14 +65,11 @@ class PointingConfig:
             fail("PointingConfig", "objective", f"one of {list(OBJECTIVES)}", repr(self.objective))
         if self.objective == "reinforce" and self.kind != "tsp":
             fail("PointingConfig", "objective", "'supervised' unless kind is 'tsp'", "reinforce")
-        smallest = 3 if self.kind == "convex_hull" else 1
-        if not smallest <= self.n_min <= self.n_max:
-            fail(
-                "PointingConfig",
-                "n_max",
-                f"an int >= n_min = {self.n_min} >= {smallest}",
-                self.n_max,
-            )
+        smallest = 3 if self.kind == "convex_hull" else 1  # a hull needs three points
+        if self.n_min < smallest:
+            fail("PointingConfig", "n_min", f"an int >= {smallest} for {self.kind}", self.n_min)
+        if self.n_max < self.n_min:
+            fail("PointingConfig", "n_max", f"an int >= n_min = {self.n_min}", self.n_max)
         if self.kind == "tsp" and self.objective == "supervised" and self.n_max > MAX_EXACT_TSP:
             fail(
                 "PointingConfig",
