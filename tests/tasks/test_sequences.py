@@ -29,6 +29,7 @@ def test_splits_deterministic_disjoint_and_in_range():
     [
         (dict(kind="shuffle"), "kind"),
         (dict(min_len=5, max_len=3), "max_len"),
+        (dict(min_len=0), "min_len"),  # was reported as max_len
         (dict(symbols=1), "symbols"),
     ],
 )

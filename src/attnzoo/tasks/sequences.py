@@ -37,13 +37,10 @@ class SequenceConfig:
         check_counts("SequenceConfig", self, ("n_train",), ("n_valid", "n_test", "seed"))
         if self.kind not in KINDS:
             fail("SequenceConfig", "kind", f"one of {list(KINDS)}", repr(self.kind))
-        if not 1 <= self.min_len <= self.max_len:
-            fail(
-                "SequenceConfig",
-                "max_len",
-                f"an int >= min_len = {self.min_len} >= 1",
-                self.max_len,
-            )
+        if self.min_len < 1:
+            fail("SequenceConfig", "min_len", "a positive int", self.min_len)
+        if self.max_len < self.min_len:
+            fail("SequenceConfig", "max_len", f"an int >= min_len = {self.min_len}", self.max_len)
         if self.symbols < 2:
             fail("SequenceConfig", "symbols", "at least 2", self.symbols)
 
