@@ -88,10 +88,16 @@ def check_tokens(
     if not is_integer_tensor(tokens):
         fail(function, argument, f"integer token ids {what}", tokens.dtype, TypeError)
     if vocab is not None and tokens.is_cpu and tokens.numel():
-        low, high = torch.aminmax(tokens)
+        low, high = _extremes(tokens)
         if low < 0 or high >= vocab:
             wanted = f"token ids in 0..{vocab - 1} (a vocabulary of {vocab})"
-            fail(function, argument, wanted, f"ids from {int(low)} to {int(high)}")
+            fail(function, argument, wanted, f"ids from {low} to {high}")
+
+
+def _extremes(tensor: torch.Tensor) -> tuple[int, int]:
+    """The smallest and largest value of a non-empty integer tensor: one pass, one read."""
+    low, high = torch.aminmax(tensor)
+    return int(low), int(high)
 
 
 def is_integer_tensor(tensor: torch.Tensor) -> bool:
@@ -120,9 +126,9 @@ def check_integers(
     if tuple(value.shape) != tuple(shape):
         fail(function, argument, f"shape {tuple(shape)}{shape_note}", tuple(value.shape))
     if value.device.type != "meta" and value.numel():
-        found = tuple(int(x) for x in torch.aminmax(value))
-        if found[0] < low or found[1] > high:
-            fail(function, argument, values, f"{found[0]} to {found[1]}")
+        smallest, largest = _extremes(value)
+        if smallest < low or largest > high:
+            fail(function, argument, values, f"{smallest} to {largest}")
 
 
 def check_labels(

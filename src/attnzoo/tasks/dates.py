@@ -242,21 +242,23 @@ def readings(text: str, config: DatesConfig | None = None) -> set[datetime.date]
     return set().union(*(reader.read(text) for reader in readers))
 
 
-def _check(config: DatesConfig) -> None:
-    """What only babel can tell (DatesConfig checks the rest): every locale is one CLDR knows,
-    every pattern resolves in every locale to one holding y, M (or L) and d once, and a
-    two-digit-year pattern has years to draw from."""
+def _checked_patterns(config: DatesConfig) -> dict[str, tuple[str, ...]]:
+    """Each locale's distinct patterns (`locale_patterns`), after what only babel can tell
+    (DatesConfig checks the rest): every locale is one CLDR knows, every pattern resolves in
+    every locale to one holding y, M (or L) and d once, and a two-digit-year pattern has
+    years to draw from."""
     unknown = require("babel").UnknownLocaleError  # neither a ValueError nor a LookupError
     for locale in config.locales:
         try:
             _locale(locale)
         except (ValueError, unknown) as err:
             fail("DatesConfig", "locales", "CLDR locale ids (e.g. en_US)", f"{locale!r} ({err})")
-    patterns = [p for loc in config.locales for p in _named_patterns(loc, config.patterns)]
+    patterns = {loc: _named_patterns(loc, config.patterns) for loc in config.locales}
     lo, hi = max(config.first_year, TWO_DIGIT_YEARS[0]), min(config.last_year, TWO_DIGIT_YEARS[1])
-    if lo > hi and any(has_two_digit_year(p) for p in patterns):
+    if lo > hi and any(has_two_digit_year(p) for ps in patterns.values() for p in ps):
         wanted = f"years overlapping {TWO_DIGIT_YEARS} for the two-digit-year patterns"
         fail("DatesConfig", "first_year", wanted, (config.first_year, config.last_year))
+    return patterns
 
 
 def _named_patterns(locale: str, patterns: Sequence[str]) -> tuple[str, ...]:
@@ -281,9 +283,8 @@ def make_splits(config: DatesConfig | None = None) -> Splits:
     held-out sets unchanged.
     """
     config = config or DatesConfig()
-    _check(config)
+    patterns = _checked_patterns(config)
     rng = random.Random(config.seed)
-    patterns = {loc: locale_patterns(loc, config.patterns) for loc in config.locales}
     readers = _readers(config.locales, config.patterns, (config.first_year, config.last_year))
     days = {
         (r.locale, r.pattern): (

@@ -202,7 +202,8 @@ def make_splits(config: NumbersConfig | None = None) -> Splits:
     rng = random.Random(config.seed)
     values: list[int] = []
     seen: set[int] = set()
-    while len(values) < config.n_test + config.n_valid + config.n_train:
+    total = config.n_test + config.n_valid + config.n_train
+    while len(values) < total:
         value = rng.randint(0, config.max_value)
         if value not in seen:
             seen.add(value)

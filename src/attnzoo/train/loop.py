@@ -315,15 +315,15 @@ def train(
         last = step == config.steps - 1
         checkpoint = ckpt_dir is not None and ((step + 1) % config.checkpoint_every == 0 or last)
         if (step + 1) % config.log_every == 0 or last:
-            stats = _window_stats(window_losses, window_items, device, env)
-            _check_finite(stats[0].item(), window_first, step)
+            loss_total, item_total = _window_stats(window_losses, window_items, device, env)
+            _check_finite(loss_total, window_first, step)
             elapsed = time.perf_counter() - window_start
-            items = max(1.0, stats[1].item())
+            items = max(1.0, item_total)
             record = {
                 "step": step,
-                "loss": stats[0].item() / items,
+                "loss": loss_total / items,
                 "lr": (phases[0][2] if phases else scheduler).get_last_lr()[0],
-                "items_per_s": stats[1].item() / max(elapsed, 1e-9),
+                "items_per_s": item_total / max(elapsed, 1e-9),
             }
             if phases is not None:
                 for name, _, phase_scheduler, _ in phases:
@@ -341,8 +341,8 @@ def train(
             window_losses, window_items, window_start = [], 0, time.perf_counter()
             window_first = step + 1
         elif checkpoint:  # between log steps: no weights of a diverged run are saved
-            stats = _window_stats(window_losses, window_items, device, env)
-            _check_finite(stats[0].item(), window_first, step)
+            loss_total, _ = _window_stats(window_losses, window_items, device, env)
+            _check_finite(loss_total, window_first, step)
         if env.main and checkpoint:
             elapsed = time.perf_counter() - loop_start
             timing = _timing(earlier, elapsed, eval_during, step + 1 - start)
@@ -373,14 +373,17 @@ class DivergedError(ValueError):
     silently wrong; a NaN row's argmax would still give a plausible-looking accuracy."""
 
 
-def _window_stats(losses: list[torch.Tensor], items: int, device, env: Distributed):
+def _window_stats(
+    losses: list[torch.Tensor], items: int, device, env: Distributed
+) -> tuple[float, float]:
     """(summed loss, items) of the steps since the last log step, over every process: one
     sync, and one all-reduce under DDP, so every process decides alike."""
     total = float(torch.stack(losses).double().sum()) if losses else 0.0
     stats = torch.tensor([total, float(items)], device=device)
     if env.world > 1:
         dist.all_reduce(stats)
-    return stats
+    loss_total, item_total = stats.tolist()  # one read of both
+    return loss_total, item_total
 
 
 def _check_finite(loss: float, first: int, step: int) -> None:
