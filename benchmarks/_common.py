@@ -644,21 +644,23 @@ def _with_needs(bench, experiments, todo, override, runs: Path) -> list[tuple[Ex
     return ordered
 
 
-def _listing(bench: Bench, experiments: list[Experiment], args: Any) -> dict[str, Any]:
-    """CPU-minutes of each experiment: declared, else timed by its current rows (those that
-    trained: a row re-read from its finished run took seconds), else untimed."""
-    path = (args.results or ROOT / "benchmarks/results") / f"{bench.name}.json"
+def listing(
+    bench: Bench, budget: str, seeds: int | None = None, results: Path | None = None
+) -> dict[str, Any]:
+    """CPU-minutes of each experiment at `budget`: declared, else timed by its current rows
+    (those that trained: a row re-read from its finished run took seconds), else untimed."""
+    path = (results or ROOT / "benchmarks/results") / f"{bench.name}.json"
     rows = json.loads(path.read_text()).get("rows", []) if path.exists() else []
     rows = [r for r in rows if r.get("seconds") and not r.get("metrics", {}).get("reused_run")]
-    listing = []
-    for e in experiments:
+    found = []
+    for e in bench.experiments(budget):
         # (a row's currency is looked up only where needed: it imports torch and attnzoo)
-        timed = [] if e.minutes else [r["seconds"] for r in rows if _current(r, e, args.budget)]
+        timed = [] if e.minutes else [r["seconds"] for r in rows if _current(r, e, budget)]
         each = e.minutes or (statistics.fmean(timed) * bench.threads / 60 if timed else None)
-        listing.append({**asdict(e), "seeds": _seeds(e, args.seeds), "minutes": each})
-    minutes = sum(x["minutes"] * x["seeds"] for x in listing if x["minutes"] is not None)
-    untimed = [x["id"] for x in listing if x["minutes"] is None]
-    return {"bench": bench.name, "minutes": minutes, "untimed": untimed, "experiments": listing}
+        found.append({**asdict(e), "seeds": _seeds(e, seeds), "minutes": each})
+    minutes = sum(x["minutes"] * x["seeds"] for x in found if x["minutes"] is not None)
+    untimed = [x["id"] for x in found if x["minutes"] is None]
+    return {"bench": bench.name, "minutes": minutes, "untimed": untimed, "experiments": found}
 
 
 class _Saver:
@@ -760,11 +762,11 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     args = parser.parse_args(argv)
     if args.seeds is not None and args.seeds < 1:
         parser.error(f"--seeds: expected a count >= 1, got {args.seeds}")
+    if args.list:
+        print(json.dumps(listing(bench, args.budget, args.seeds, args.results)))
+        return None
     experiments = bench.experiments(args.budget)
     jobs = args.jobs or (bench.jobs if isinstance(bench.jobs, int) else bench.jobs[args.budget])
-    if args.list:
-        print(json.dumps(_listing(bench, experiments, args)))
-        return None
     # full: results/ and runs/bench/ of the repository; smoke (or --results): one folder
     full = ROOT / "benchmarks/results"
     results = (args.results or (full if args.budget == "full" else ROOT / "runs/smoke")).resolve()

@@ -194,6 +194,7 @@ def test_list_names_every_page_with_its_budget():
     [
         (["repro", "nonesuch", "--budget", "smoke"], "PAGE"),
         (["repro", "ntm", "--budget", "smoke", "--seeds", "0"], "--seeds"),
+        (["repro", "--list", "--seeds", "0"], "--seeds"),
         (["repro", "ntm", "--budget", "full", "--out", "x"], "--out"),
         (["repro"], "PAGE or --list"),
     ],
@@ -206,3 +207,19 @@ def test_bad_input_is_one_line(args, named):
 def test_outside_a_checkout_is_one_line(tmp_path):
     r = attnzoo("repro", "ntm", cwd=tmp_path)
     assert r.returncode == 2 and "source checkout" in r.stderr
+
+
+def test_list_counts_the_seeds_asked_for():
+    """`--list --seeds 1` prices one seed of each experiment: below the default for a page
+    whose experiments run several seeds, and the sum of its experiments' minutes."""
+    default, one = report.budgets(), report.budgets(seeds=1)
+    assert [r["page"] for r in one] == list(report.PAGES)
+    for full, single in zip(default, one, strict=True):
+        each = [
+            x["minutes"] or 0
+            for b in single["benches"]
+            for x in report.listing(report.bench_module(b).BENCH, "full")["experiments"]
+        ]
+        assert single["cpu_minutes"] == pytest.approx(sum(each))
+        assert single["cpu_minutes"] <= full["cpu_minutes"]
+    assert sum(r["cpu_minutes"] for r in one) < sum(r["cpu_minutes"] for r in default)

@@ -67,32 +67,11 @@ def pages(root: Path) -> dict[str, dict[str, str]]:
 
 def listing(root: Path, seeds: int | None = None) -> list[dict]:
     """Each page with its benches, their full budget in CPU-minutes (a bench shared by two pages
-    counts for each) and the experiments no run has timed yet."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    known = pages(root)
-    scripts = {bench: script for benches in known.values() for bench, script in benches.items()}
+    counts for each) and how many of their experiments no run has timed yet."""
+    if seeds is not None and seeds < 1:
+        fail("attnzoo repro", "--seeds", "a count >= 1", seeds)
     extra = ["--seeds", str(seeds)] if seeds else []
-
-    def listed_by(script: str) -> dict:
-        out = _python(root, script, "--list", "--budget", "full", *extra, capture=True)
-        return json.loads(out.stdout.strip().splitlines()[-1])
-
-    # one process per bench (each imports torch, seconds apiece): run them side by side
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        found = dict(zip(scripts, pool.map(listed_by, scripts.values()), strict=True))
-    rows = []
-    for page, benches in known.items():
-        listed = [found[b] for b in benches]
-        rows.append(
-            {
-                "page": page,
-                "benches": sorted(benches),
-                "cpu_minutes": sum(x["minutes"] for x in listed),
-                "untimed": sum(len(x["untimed"]) for x in listed),
-            }
-        )
-    return rows
+    return json.loads(_python(root, "benchmarks/report.py", "--list", *extra, capture=True).stdout)
 
 
 def repro(

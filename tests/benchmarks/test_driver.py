@@ -250,8 +250,6 @@ def test_a_row_goes_stale_when_a_run_it_needs_is_trained_again(tmp_path):
 def test_list_times_an_untimed_experiment_by_the_rows_that_trained(tmp_path):
     """`--list`'s minutes for an experiment that declares none: the mean of its current rows'
     seconds, leaving out a row re-read from a finished run (its seconds are the re-reading's)."""
-    import argparse
-
     e = _common.Experiment("e", "g", {}, seeds=2)
     bench = _common.Bench("toy", __file__, lambda budget: [e], lambda p, c: {}, threads=2)
     row = {"id": "e", "group": "g", "budget": "full", "params": {}, "status": "ok"}
@@ -260,8 +258,7 @@ def test_list_times_an_untimed_experiment_by_the_rows_that_trained(tmp_path):
         {**row, "seed": 1, "seconds": 3.0, "metrics": {"reused_run": True}},
     ]
     (tmp_path / "toy.json").write_text(json.dumps({"rows": rows}))
-    args = argparse.Namespace(results=tmp_path, budget="full", seeds=None)
-    listed = _common._listing(bench, [e], args)
+    listed = _common.listing(bench, "full", results=tmp_path)
     assert listed["experiments"][0]["minutes"] == 600.0 * 2 / 60  # CPU-minutes: 2 threads
     assert listed["minutes"] == 2 * listed["experiments"][0]["minutes"] and not listed["untimed"]
 
