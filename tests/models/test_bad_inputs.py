@@ -37,6 +37,8 @@ BAD = {
     "pointer": [
         ((torch.ones(2, 5, 2, dtype=torch.long), torch.zeros(2, 6).long()), TypeError, "'points'"),
         ((torch.rand(2, 5, 2), torch.zeros(2, 6)), TypeError, "'targets' expected integer"),
+        ((torch.rand(2, 5, 2), torch.zeros(2, 6).bool()), TypeError, "'targets' expected integer"),
+        ((torch.rand(2, 5, 2), torch.full((2, 6), 6)), ValueError, "'targets' .* got 6 to 6"),
     ],
     "multi_image": [
         (((IMAGES * 255).to(torch.uint8),), TypeError, "'images' expected a floating-point"),
