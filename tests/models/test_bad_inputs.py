@@ -22,6 +22,7 @@ TOKENS, LENGTHS = torch.ones(2, 4, dtype=torch.long), torch.tensor([4, 3])
 OUT_OF_VOCAB = torch.tensor([[1, 2, 12, 3], [1, 1, 1, 1]])  # id 12 of a vocabulary of 12
 NEGATIVE = torch.tensor([[1, 2, 3, 4], [1, -1, 1, 1]])
 IMAGES = torch.rand(2, 1, 28, 28)
+IMAGES32 = torch.rand(2, 1, 32, 32)
 # (inputs of the model's interface, error type, message pattern)
 BAD = {
     "image": [
@@ -33,12 +34,15 @@ BAD = {
         ((torch.ones(2, 7, 5, dtype=torch.long),), TypeError, "'inputs' expected a floating"),
         ((torch.rand(7, 5),), ValueError, "'inputs' expected a \\(batch, length, 5\\) tensor"),
         ((torch.rand(2, 7, 6),), ValueError, "'inputs' expected a \\(batch, length, 5\\) tensor"),
+        ((torch.rand(2, 0, 5),), ValueError, "'inputs' expected .* with length >= 1, got"),
     ],
     "pointer": [
         ((torch.ones(2, 5, 2, dtype=torch.long), torch.zeros(2, 6).long()), TypeError, "'points'"),
         ((torch.rand(2, 5, 2), torch.zeros(2, 6)), TypeError, "'targets' expected integer"),
         ((torch.rand(2, 5, 2), torch.zeros(2, 6).bool()), TypeError, "'targets' expected integer"),
         ((torch.rand(2, 5, 2), torch.full((2, 6), 6)), ValueError, "'targets' .* got 6 to 6"),
+        # past n + 1 steps (the end token's) nothing is left to point at
+        ((torch.rand(2, 5, 2), torch.zeros(2, 7).long()), ValueError, "'targets' .* at most 6"),
     ],
     "multi_image": [
         (((IMAGES * 255).to(torch.uint8),), TypeError, "'images' expected a floating-point"),
@@ -51,12 +55,24 @@ BAD = {
             "'images'",
         ),
         ((torch.rand(2, 1, 28, 28), TOKENS, LENGTHS), ValueError, "'images' expected .*32, 32"),
+        ((IMAGES32, TOKENS.float(), LENGTHS), TypeError, "'tokens_in' expected integer token"),
+        ((IMAGES32, OUT_OF_VOCAB, LENGTHS), ValueError, "'tokens_in' expected token ids in 0..11"),
+        ((IMAGES32, TOKENS[:1], LENGTHS), ValueError, "'tokens_in' expected batch size 2"),
+        ((IMAGES32, TOKENS[:, :0], LENGTHS), ValueError, "'tokens_in' .* at least one position"),
+        # lengths mark the doubly stochastic term's real steps: 1..steps, an integer per caption
+        ((IMAGES32, TOKENS, LENGTHS + 1), ValueError, "'lengths' expected values in 1..steps = 4"),
+        ((IMAGES32, TOKENS, LENGTHS - 3), ValueError, "'lengths' expected values in 1..steps"),
+        ((IMAGES32, TOKENS, LENGTHS.float()), TypeError, "'lengths' expected an integer tensor"),
+        ((IMAGES32, TOKENS, LENGTHS[:1]), ValueError, "'lengths' expected shape \\(2,\\)"),
     ],
     "seq2seq": [
         ((TOKENS.float(), LENGTHS, TOKENS), TypeError, "'source' expected integer token ids"),
         ((OUT_OF_VOCAB, LENGTHS, TOKENS), ValueError, "'source' expected token ids in 0..11 "),
         ((NEGATIVE, LENGTHS, TOKENS), ValueError, "'source' .* got ids from -1 to 4"),
         ((TOKENS, LENGTHS, OUT_OF_VOCAB.clamp(max=9)), ValueError, "'target_in' .*0..8 .*1 to 9"),
+        ((TOKENS, LENGTHS, TOKENS[:1]), ValueError, "'target_in' expected batch size 2"),
+        ((TOKENS, LENGTHS, TOKENS[:, :0]), ValueError, "'target_in' .* at least one position"),
+        ((TOKENS, LENGTHS - 3, TOKENS), ValueError, "'lengths' expected values in 1..source_len"),
     ],
     "lm": [
         ((TOKENS.bool(),), TypeError, "'tokens' expected integer token ids"),

@@ -392,6 +392,11 @@ def test_runs_on_the_device(make, device):
             lambda: tiny_protonet()(episode()[0], episode()[1] - 1, episode()[2]),
             r"'support_labels' expected class indices in \[0, 3\), got -1 to 1",
         ),
+        # a label with no example: its prototype would be the zero vector
+        (
+            lambda: tiny_protonet()(episode()[0], episode()[1].clamp(max=1), episode()[2]),
+            r"'support_labels' expected every label 0..2 in each episode's support, got episode 0",
+        ),
     ],
 )
 def test_bad_values_are_named(make, message):

@@ -332,10 +332,20 @@ def test_input_errors_name_the_argument():
     source, lengths, target_in, _ = batch()
     with pytest.raises(ValueError, match="'source' expected a tensor of rank 2"):
         model.encode(source[0], lengths)
-    with pytest.raises(ValueError, match=r"'lengths' expected a tensor of shape \(3,\)"):
+    with pytest.raises(ValueError, match=r"'lengths' expected shape \(3,\), one per source"):
         model.encode(source, lengths[:2])
+    j = source.shape[1]
+    # a row of length 0 would attend to nothing; one past source_len would read past it
+    for bad in (0, j + 1):
+        with pytest.raises(ValueError, match=rf"'lengths' expected values in 1..source_len = {j}"):
+            model.encode(source, lengths.clone().fill_(bad))
+    memory = model.encode(source, lengths)
     with pytest.raises(TypeError, match="'target_in' expected integer token ids"):
-        model.decode(target_in.float(), model.encode(source, lengths))
+        model.decode(target_in.float(), memory)
+    with pytest.raises(ValueError, match="'target_in' expected batch size 3 \\(that of the memory"):
+        model.decode(target_in[:2], memory)
+    with pytest.raises(ValueError, match="'target_in' expected .* at least one position"):
+        model.decode(target_in[:, :0], memory)
     learned = make(positions="learned", max_target_len=4).eval()
     with pytest.raises(ValueError, match="max_len = 4"):
         learned(source, lengths, target_in)

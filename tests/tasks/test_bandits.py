@@ -154,6 +154,9 @@ def test_step_equals_the_forward_pass_at_every_position():
         model.step(tape, x[:, 0])
     with pytest.raises(ValueError, match="'inputs'"):
         model.step(model.start(x[:, 0]), x[:, 0, :5])
+    # one row would broadcast over the tape's three
+    with pytest.raises(ValueError, match="'inputs' expected batch size 3 \\(the tape's\\), got 1"):
+        model.step(model.start(x[:, 0]), x[:1, 0])
 
 
 def test_rollout_plays_what_the_policy_picks_on_every_prefix(task):

@@ -70,23 +70,42 @@ def check_images(
         fail(function, "images", wanted, tuple(images.shape))
 
 
-def check_sequences(function: str, argument: str, x: object, features: int) -> None:
-    """A floating (batch, length, features) tensor."""
+def check_sequences(
+    function: str, argument: str, x: object, features: int, *, empty: bool = True
+) -> None:
+    """A floating (batch, length, features) tensor; without `empty`, length >= 1 (a recurrent
+    model has no output for no steps)."""
     check_floating(function, argument, x)
-    if x.dim() != 3 or x.shape[-1] != features:
-        fail(function, argument, f"a (batch, length, {features}) tensor", tuple(x.shape))
+    if x.dim() != 3 or x.shape[-1] != features or (not empty and x.shape[1] == 0):
+        least = "" if empty else " with length >= 1"
+        fail(function, argument, f"a (batch, length, {features}) tensor{least}", tuple(x.shape))
 
 
 def check_tokens(
-    function: str, argument: str, tokens: object, rank: int, what: str, vocab: int | None = None
+    function: str,
+    argument: str,
+    tokens: object,
+    rank: int,
+    what: str,
+    vocab: int | None = None,
+    *,
+    batch: tuple[int, str] | None = None,
 ) -> None:
     """Integer token ids of `rank` dims (`what` names them, e.g. "(batch, len)"), with
     `vocab` also each id in 0..vocab - 1. The ids are read on the CPU only (~5 us): on an
     accelerator the read would stall its queue, and the embedding's own index check stops an
-    id out of range there; a decoding step passes no `vocab` (its ids are the engine's picks)."""
+    id out of range there; a decoding step passes no `vocab` (its ids are the engine's picks).
+    `batch` (size, whose): teacher-forced input, at least one position in a batch of that
+    size."""
     check_tensor(function, argument, tokens, (rank,))
     if not is_integer_tensor(tokens):
         fail(function, argument, f"integer token ids {what}", tokens.dtype, TypeError)
+    if batch is not None:
+        size, whose = batch
+        if tokens.shape[0] != size:
+            fail(function, argument, f"batch size {size} (that of {whose})", tokens.shape[0])
+        if tokens.shape[-1] == 0:
+            fail(function, argument, f"{what} with at least one position", tuple(tokens.shape))
     if vocab is not None and tokens.is_cpu and tokens.numel():
         low, high = _extremes(tokens)
         if low < 0 or high >= vocab:

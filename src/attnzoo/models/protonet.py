@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.checks import check_fields, check_image_size, check_size
+from attnzoo.core.checks import check_fields, check_image_size, check_size, fail
 from attnzoo.models.snail import ConvEmbedding, FewShotOutput, check_episode
 
 
@@ -79,12 +79,18 @@ class ProtoNet(nn.Module):
         check_episode(
             "ProtoNet", support, support_labels, query, self.channels, self.image_size, n, self.ways
         )
+        one_hot = F.one_hot(support_labels, self.ways)  # (b, n, N)
+        counts = one_hot.sum(1)  # (b, N)
+        # a class without an example would have the zero vector as its prototype
+        if support_labels.device.type != "meta" and not bool(counts.all()):
+            episode, label = (counts == 0).nonzero()[0].tolist()
+            wanted = f"every label 0..{self.ways - 1} in each episode's support"
+            fail("ProtoNet", "support_labels", wanted, f"episode {episode} without {label}")
         q = query.shape[1]
         embedded = self.embed(torch.cat([support, query], 1))  # (b, n + q, E)
         support_x, query_x = embedded.split([n, q], 1)
-        one_hot = F.one_hot(support_labels, self.ways).to(support_x.dtype)  # (b, n, N)
-        counts = one_hot.sum(1).clamp_min(1).unsqueeze(-1)  # (b, N, 1)
-        prototypes = one_hot.transpose(1, 2) @ support_x / counts  # (b, N, E)
+        one_hot = one_hot.to(support_x.dtype)
+        prototypes = one_hot.transpose(1, 2) @ support_x / counts.unsqueeze(-1)  # (b, N, E)
         distances = (query_x.unsqueeze(2) - prototypes.unsqueeze(1)).pow(2).sum(-1)  # (b, q, N)
         log_probs = torch.log_softmax(-distances, -1)
         named = []

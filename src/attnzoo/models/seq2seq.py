@@ -568,10 +568,10 @@ class Seq2Seq(nn.Module):
         Returns Seq2SeqOutput(logits (b, t, V), weights (b, t, j) or None)."""
         _check_source("Seq2Seq", source, lengths, self.source_embed.num_embeddings)
         vocab = self.target_embed.num_embeddings
-        check_tokens("Seq2Seq", "target_in", target_in, 2, "(batch, target_len)", vocab)
-        if target_in.shape[0] != source.shape[0]:
-            wanted = f"batch size {source.shape[0]} (that of 'source')"
-            fail("Seq2Seq", "target_in", wanted, target_in.shape[0])
+        batch = (source.shape[0], "'source'")
+        check_tokens(
+            *("Seq2Seq", "target_in", target_in, 2, "(batch, target_len)", vocab), batch=batch
+        )
         state = self.start(self._encode(source, lengths))
         logits, weights, _ = self._decode(target_in, state, return_weights)
         return Seq2SeqOutput(logits, weights)

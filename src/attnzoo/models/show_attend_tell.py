@@ -72,7 +72,9 @@ from attnzoo.core.checks import (
     check_fields,
     check_image_size,
     check_images,
+    check_integers,
     check_size,
+    check_tokens,
     fail,
 )
 from attnzoo.core.hard import MovingAverageBaseline
@@ -472,19 +474,23 @@ class ShowAttendTell(nn.Module):
         A hard model in training mode draws, from `generator`, which images attend by
         expectation (`expectation_rate_at(step)`; `CaptionOutput.expected`); with
         `expectation` every image does (as `start`'s)."""
-        if tokens_in.dim() != 2 or tokens_in.shape[0] != images.shape[0]:
-            fail(
-                "ShowAttendTell",
-                "tokens_in",
-                f"(batch = {images.shape[0]}, steps) token ids",
-                tuple(tokens_in.shape),
-            )
+        check_images("ShowAttendTell", images, self.encoder.net[0].in_channels, self.image_size)
+        vocab, batch = self.embed.num_embeddings, (images.shape[0], "'images'")
+        check_tokens(
+            *("ShowAttendTell", "tokens_in", tokens_in, 2, "(batch, steps)", vocab), batch=batch
+        )
+        steps = tokens_in.shape[1]
+        # the real steps of each caption (words + <end>): the doubly stochastic term's rows
+        check_integers(
+            *("ShowAttendTell", "lengths", lengths, batch[:1], 1, steps),
+            values=f"values in 1..steps = {steps}",
+            shape_note=", one per caption",
+        )
         state = self.start(images, generator, expectation=expectation)
         rate = self.expectation_rate_at(step)
         if self.config.variant == "hard" and sample and self.training and rate and not expectation:
             draw = torch.rand(images.shape[0], generator=generator, device=images.device)
             state.expected = draw < rate  # (b,)
-        steps = tokens_in.shape[1]
         logits, alphas, log_pis, entropies, locations = [], [], [], [], []
         for y_prev in tokens_in.unbind(1):
             out, state, alpha, log_pi, entropy, location = self._step(y_prev, state, sample)

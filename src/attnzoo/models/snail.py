@@ -466,6 +466,13 @@ class SnailPolicy(nn.Module):
         prefix."""
         self._check_inputs(inputs, "(batch, {})")
         t, x = tape.t, tape.x
+        if inputs.shape[0] != x.shape[0]:  # (one row would broadcast over the tape's batch)
+            fail(
+                "SnailPolicy.step",
+                "inputs",
+                f"batch size {x.shape[0]} (the tape's)",
+                inputs.shape[0],
+            )
         if t >= self.pulls:
             fail("SnailPolicy.step", "tape", f"fewer than {self.pulls} steps taken", t)
         x[:, t, : inputs.shape[1]] = inputs

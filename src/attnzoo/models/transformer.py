@@ -51,7 +51,7 @@ from attnzoo.core import (
     padding_mask,
     sinusoidal_encoding,
 )
-from attnzoo.core.checks import check_dropout, check_fields, check_tokens, fail
+from attnzoo.core.checks import check_dropout, check_fields, check_integers, check_tokens, fail
 from attnzoo.core.mha import StackedLinear
 
 POSITIONS = ("sinusoidal", "learned")
@@ -507,9 +507,13 @@ class Transformer(nn.Module):
         vocab = self.source_embed.embedding.num_embeddings
         check_tokens("Transformer.encode", "source", source, 2, "(batch, source_len)", vocab)
         b, j = source.shape
-        if not isinstance(lengths, torch.Tensor) or lengths.shape != (b,):
-            got = tuple(lengths.shape) if isinstance(lengths, torch.Tensor) else lengths
-            fail("Transformer.encode", "lengths", f"a tensor of shape ({b},)", got)
+        # a length of 0 would leave a row nothing to attend (zeros that read as a source)
+        values = f"values in 1..source_len = {j}"
+        check_integers(
+            *("Transformer.encode", "lengths", lengths, (b,), 1, j),
+            values=values,
+            shape_note=", one per source",
+        )
         lengths = lengths.to(source.device)
         mask = padding_mask(lengths, j)  # (b, 1, j)
         # No padding: no mask (the faster path). The meta device has no values to look at.
@@ -533,7 +537,11 @@ class Transformer(nn.Module):
         Returns DecoderStates(hidden (b, t, d_model) before the vocabulary projection,
         per-layer self and cross weights when requested)."""
         vocab = self.target_embed.embedding.num_embeddings
-        check_tokens("Transformer.decode", "target_in", target_in, 2, "(batch, target_len)", vocab)
+        batch = (memory.states.shape[0], "the memory")
+        check_tokens(
+            *("Transformer.decode", "target_in", target_in, 2, "(batch, target_len)", vocab),
+            batch=batch,
+        )
         x = self.target_embed(target_in)  # (b, t, d_model)
         self_weights, cross_weights = [], []
         for layer in self.decoder:

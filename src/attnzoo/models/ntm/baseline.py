@@ -60,6 +60,6 @@ class LSTMBaseline(nn.Module):
     def forward(self, inputs: torch.Tensor, return_weights: bool = False) -> LSTMOutput:
         """inputs (batch, T, input_size) -> logits (batch, T, output_size); an LSTM has no
         weightings, so `return_weights` changes nothing."""
-        check_sequences("LSTMBaseline", "inputs", inputs, self.lstm.input_size)
+        check_sequences("LSTMBaseline", "inputs", inputs, self.lstm.input_size, empty=False)
         hidden, _ = self.lstm(inputs)  # (b, T, hidden)
         return LSTMOutput(self.output(hidden))
