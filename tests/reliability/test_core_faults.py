@@ -356,6 +356,56 @@ def test_nan_at_a_position_some_queries_attend_is_never_a_wrong_number(monkeypat
         assert torch.equal(out.weights[:, :6], clean.weights[:, :6])
 
 
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+@pytest.mark.parametrize("mask_kind", ["none", "padding"])
+def test_a_nonfinite_key_every_query_attends_is_never_a_number(
+    monkeypatch, path, garbage, mask_kind
+):
+    """One feature of key 2 non-finite, its value finite, queries positive: a dot logit of
+    -inf gives that key a weight of 0 and the additive score's tanh saturates, so without a
+    probe the context would be a finite number made from garbage. Every query attends key 2:
+    every row is non-finite, context and weights alike (each weight the mask allows).
+    Padding (keys 6.. of row 1) stays out of the probe: row 0, whose keys are all finite,
+    keeps its exact clean output."""
+    name, kwargs, block = PATHS[path]
+    if block is not None:
+        monkeypatch.setattr(additive, "BLOCK_ELEMENTS", block)
+    kwargs = {**kwargs, "causal": False, "window": None}
+    score = make_score(name)
+    q, k, v = _inputs()
+    q = q.abs() + 0.1
+    mask = padding_mask(torch.tensor(LENGTHS), J) if mask_kind == "padding" else None
+    clean = attention(q, k, v, score=score, mask=mask, **kwargs)
+    k[1, 2, 0] = GARBAGE[garbage]
+    out = attention(q, k, v, score=score, mask=mask, **kwargs)
+    assert all_nonfinite(out.context[1])
+    assert torch.equal(out.context[0], clean.context[0])
+    if kwargs.get("return_weights"):  # a masked weight stays exactly 0
+        allowed = torch.ones(I, J, dtype=torch.bool) if mask is None else mask[1].expand(I, J)
+        assert all_nonfinite(out.weights[1][allowed])
+        assert not out.weights[1][~allowed].any()
+        assert torch.equal(out.weights[0], clean.weights[0])
+
+
+@pytest.mark.parametrize("path", [p for p, (name, _, _) in PATHS.items() if name == "additive"])
+@pytest.mark.parametrize("parameter", ["query_proj.weight", "key_proj.weight", "v"])
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+def test_a_nonfinite_additive_parameter_is_never_a_number(monkeypatch, path, parameter, garbage):
+    """W_a, U_a or v with one infinite entry: tanh would turn the projections into finite
+    logits; the outputs are non-finite instead (DESIGN.md: nothing silently wrong)."""
+    name, kwargs, block = PATHS[path]
+    if block is not None:
+        monkeypatch.setattr(additive, "BLOCK_ELEMENTS", block)
+    score = make_score(name)
+    with torch.no_grad():
+        score.get_parameter(parameter).view(-1)[0] = GARBAGE[garbage]
+    out = attention(*_inputs(), score=score, **kwargs)
+    assert not torch.isfinite(out.context).any()
+    if kwargs.get("return_weights"):
+        assert not torch.isfinite(out.weights).any()
+
+
 @pytest.mark.parametrize("garbage", list(GARBAGE))
 def test_garbage_in_padding_of_multi_head_attention(garbage):
     """Self-attention over a padded batch (garbage in the padded positions of x) and

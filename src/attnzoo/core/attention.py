@@ -12,9 +12,12 @@ Paths, chosen per call, all tested equal to a float64 reference:
 Non-finite values (DESIGN.md: nothing silently wrong), by construction, with no value read:
 - a NaN or Inf in an attended position (a query, a key or value some query may attend, a
   score's parameter) makes the outputs that depend on it non-finite, context and weights
-  alike; it is never turned into a number (every path adds 0 * sum(query) to its output,
-  see `normalisers.propagate_nonfinite`). A non-finite query row is non-finite also when it
-  has no allowed key; a finite one with no allowed key gets zeros;
+  alike; it is never turned into a number. Every path adds 0 * sum(query) to its output rows,
+  0 * sum(key) to the logits' columns (or, in a fused kernel, to the value rows) and, for the
+  additive score, probes the projections and v, whose tanh would hide garbage
+  (`normalisers.propagate_nonfinite`; on the CPU one read of each sum skips it all when the
+  inputs are finite). A non-finite query row is non-finite also when it has no allowed key;
+  a finite one with no allowed key gets zeros;
 - a key or value position that the mask excludes for every query (padding) is set to 0 by
   selection before use on every path, before the score projects the keys
   (`masks.clear_unattended`), so what it holds never reaches an output or a gradient;
@@ -46,7 +49,11 @@ from attnzoo.core.masks import (
     geometry_mask,
     same_mask,
 )
-from attnzoo.core.normalisers import masked_softmax, propagate_nonfinite
+from attnzoo.core.normalisers import (
+    masked_softmax,
+    propagate_nonfinite,
+    propagate_nonfinite_keys,
+)
 from attnzoo.core.scores import Score, resolve_score
 from attnzoo.core.types import AttentionOutput, PreparedKey, mask_version
 
@@ -206,7 +213,8 @@ def _plain(query, prepared, value, score, mask, causal, window, dropout, return_
         mask = combine_masks(mask, geometric)
     if mask is not None and not cleared:
         prepared, value = clear_unattended(mask, prepared, value)
-    weights = masked_softmax(score.logits(query, prepared), mask)  # (b, [h,] i, j)
+    logits = propagate_nonfinite_keys(score.logits(query, prepared), prepared)  # (b, [h,] i, j)
+    weights = masked_softmax(logits, mask)
     weights = propagate_nonfinite(weights, query)
     kept = F.dropout(weights, dropout) if dropout > 0 else weights
     return AttentionOutput(kept @ value, weights if return_weights else None)  # (b, [h,] i, d)

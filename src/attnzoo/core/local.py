@@ -18,7 +18,7 @@ from attnzoo.core.checks import (
     fail,
 )
 from attnzoo.core.masks import clear_unattended, window_mask
-from attnzoo.core.normalisers import masked_softmax, propagate_nonfinite
+from attnzoo.core.normalisers import masked_softmax, propagate_nonfinite, propagate_nonfinite_keys
 from attnzoo.core.types import AttentionOutput
 
 
@@ -107,6 +107,7 @@ class LocalAttention(nn.Module):
         # keys outside every window or masked for every query: their content is not read
         prepared, value = clear_unattended(allowed, prepared, value)
         logits = self.score.logits(query, prepared)  # (batch, query_len, key_len)
+        logits = propagate_nonfinite_keys(logits, prepared)  # an infinite key: not a number
         weights = masked_softmax(logits, allowed)
         # A NaN query has a NaN centre, hence an empty window and zero weights: the centre
         # joins the probe, and no row is exempt (an empty window may come from the query).

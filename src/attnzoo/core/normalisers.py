@@ -41,36 +41,68 @@ def masked_softmax(logits: torch.Tensor, mask: torch.Tensor | None = None) -> to
 _HALF = (torch.bfloat16, torch.float16)
 
 
-def propagate_nonfinite(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
-    """out + 0 * sum_d query: the same values, made non-finite in every row whose query is.
+def all_finite(*tensors: torch.Tensor) -> bool:
+    """Whether every value of `tensors` is finite, known from a read of each one's sum on the
+    CPU (a sync that costs nothing there; a sum is non-finite when any value is). False
+    elsewhere, without reading (on a GPU the read would stall the queue; `meta` has no
+    values): the caller then forms its probes regardless. Half precision sums in float32 so
+    that finite values never sum to inf."""
+    if not tensors[0].is_cpu:
+        return False
+    for t in tensors:  # a read per tensor: measured faster than one read of a sum of sums
+        if t.requires_grad:
+            t = t.detach()
+        total = t.sum(dtype=torch.float32) if t.dtype in _HALF else t.sum()
+        if not math.isfinite(total.item()):
+            return False
+    return True
 
-    SDPA's CPU kernel turns a query row of NaN logits into a finite context row at some sizes
-    (measured with torch 2.13 on an AVX-512 Xeon: every key_len from 1 to 15, float32 and
-    bfloat16, none from 16 to 69; with or without a mask; its math backend gives NaN), and
-    tanh turns an infinite query into finite additive logits: numbers made from garbage.
-    The product with zero applies to every row, also one with no allowed key: a query that is
-    garbage gets a garbage row, never a number (a finite query with no allowed key gets zeros,
-    DESIGN.md). Half precision sums in float32 so that a finite query never sums to inf. The
-    result has `out`'s dtype (under autocast a float32 query's context is bf16, as SDPA's is).
 
-    On the CPU the query's total is read first (a sync that costs nothing there): when it is
-    finite, so is every row, and `out` is returned as it is: one reduction instead of a row
-    sum and an add over `out` (measured 2.0 / 3.3 / 7.2 us against 5.5 / 11.4 / 59.5 us at
-    (4, 1, len, 64), len 16 / 128 / 512). Elsewhere (a GPU, where the read would stall the
-    queue, or `meta`) the product is formed without reading a value.
+def _summed(t: torch.Tensor) -> torch.dtype | None:
+    return torch.float32 if t.dtype in _HALF else None  # else the tensor's own dtype
+
+
+def propagate_nonfinite(out: torch.Tensor, rows: torch.Tensor, *, read: bool = True):
+    """out + 0 * sum_d rows: the same values, made non-finite in every row of `out` whose row
+    of `rows` is.
+
+    With `rows` the query: SDPA's CPU kernel turns a query row of NaN logits into a finite
+    context row at some sizes (measured with torch 2.13 on an AVX-512 Xeon: every key_len from
+    1 to 15, float32 and bfloat16, none from 16 to 69; with or without a mask; its math
+    backend gives NaN), and tanh turns an infinite query into finite additive logits: numbers
+    made from garbage. The product with zero applies to every row, also one with no allowed
+    key: a query that is garbage gets a garbage row, never a number (a finite query with no
+    allowed key gets zeros, DESIGN.md). With `rows` the keys and `out` the values (or, by
+    `propagate_nonfinite_keys`, the logits' columns): a key of -inf gives a dot logit of -inf
+    against a positive query, hence a weight of 0 and a finite context, and tanh saturates
+    an infinite additive key the same way; the probe makes what reads that key non-finite.
+    The result has `out`'s dtype (under autocast a float32 query's context is bf16, as
+    SDPA's is).
+
+    On the CPU `all_finite` reads the total first, unless the caller did (`read=False`):
+    when it is finite, so is every row, and `out` is returned as it is: one reduction
+    instead of a row sum and an add over `out` (measured 2.0 / 3.3 / 7.2 us against 5.5 /
+    11.4 / 59.5 us at (4, 1, len, 64), len 16 / 128 / 512).
 
     Args:
-        out: (..., query_len, n), e.g. context or weights.
-        query: (..., query_len, d).
+        out: (..., n, m), e.g. context or weights (n queries), or values (n keys).
+        rows: (..., n, d).
     """
-    if query.requires_grad:  # the probe's gradient is 0: spare the backward its ops
-        query = query.detach()
-    summed = torch.float32 if query.dtype in _HALF else None  # else the query's own dtype
-    if query.is_cpu and math.isfinite(query.sum(dtype=summed).item()):
+    if read and all_finite(rows):
         return out
-    probe = query.sum(-1, keepdim=True, dtype=summed)  # (..., i, 1); overflows past its max
+    if rows.requires_grad:  # the probe's gradient is 0: spare the backward its ops
+        rows = rows.detach()
+    probe = rows.sum(-1, keepdim=True, dtype=_summed(rows))  # (..., n, 1); overflows past max
     result = torch.add(out, probe, alpha=0)  # promoted where the probe is wider than `out`
     return result if result.dtype is out.dtype else result.to(out.dtype)
+
+
+def propagate_nonfinite_keys(logits: torch.Tensor, key: torch.Tensor, *, read: bool = True):
+    """logits (..., i, j) made non-finite in every column j whose key row (..., j, d) is, before
+    the mask fills them: a query the mask keeps from key j keeps its exact weights."""
+    if read and all_finite(key):
+        return logits
+    return propagate_nonfinite(logits.transpose(-2, -1), key, read=False).transpose(-2, -1)
 
 
 class HardSample(NamedTuple):

@@ -31,7 +31,12 @@ from torch import nn
 from attnzoo.core.additive import _additive_attention, _additive_logits
 from attnzoo.core.checks import check_floating, check_like_parameter, check_size, fail
 from attnzoo.core.masks import clear_unattended, combine_masks, geometry_mask
-from attnzoo.core.normalisers import masked_softmax, propagate_nonfinite
+from attnzoo.core.normalisers import (
+    all_finite,
+    masked_softmax,
+    propagate_nonfinite,
+    propagate_nonfinite_keys,
+)
 from attnzoo.core.types import AttentionOutput
 
 
@@ -115,8 +120,12 @@ class DotFamily(Score):
             # padding's content (NaN, Inf) must not reach the kernel's sums (the kernel adds
             # -inf to a NaN logit)
             k, value = clear_unattended(full, k, value)
+        clean = all_finite(q, k)  # on the CPU one read; else the probes below, unread
+        if not clean:  # a non-finite key row makes its value row so (what attends it reads it)
+            value = propagate_nonfinite(value, k, read=False)
         context = _sdpa(q, k, value, None if only_causal else full, only_causal, dropout, scale)
-        context = propagate_nonfinite(context, q)
+        if not clean:
+            context = propagate_nonfinite(context, q, read=False)
         if not return_weights:
             return AttentionOutput(context, None)
         # Weights, when asked for, come from their own small graph: the context keeps the
@@ -126,10 +135,13 @@ class DotFamily(Score):
         # to inf (NaN weights) beside the kernel's finite context.
         if q.dtype in _HALF:
             logits = (q.float() * scale) @ k.float().transpose(-2, -1)  # (b, [h,] i, j)
-            weights = masked_softmax(logits, full).to(q.dtype)
         else:
-            weights = masked_softmax((q * scale) @ k.transpose(-2, -1), full)  # (b, [h,] i, j)
-        return AttentionOutput(context, propagate_nonfinite(weights, q))
+            logits = (q * scale) @ k.transpose(-2, -1)  # (b, [h,] i, j)
+        if clean:
+            return AttentionOutput(context, masked_softmax(logits, full).to(q.dtype))
+        logits = propagate_nonfinite_keys(logits, k, read=False)
+        weights = masked_softmax(logits, full).to(q.dtype)
+        return AttentionOutput(context, propagate_nonfinite(weights, q, read=False))
 
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -358,7 +370,17 @@ class Additive(Score):
         return self.query_proj(query)  # (b, [h,] i, d_hidden)
 
     def logits(self, query, prepared_key):
-        return _additive_logits(self.prepare_query(query), prepared_key, self.v)
+        projected = self.prepare_query(query)
+        logits = _additive_logits(projected, prepared_key, self.v)
+        if all_finite(projected, self.v):
+            return logits
+        # tanh saturates: an infinite query, W_a or v would give finite logits
+        return propagate_nonfinite(logits, self._probe(projected), read=False)
+
+    def _probe(self, projected: torch.Tensor) -> torch.Tensor:
+        """The projected queries, non-finite everywhere if v is (its garbage reaches every
+        logit, through a tanh that may hide it)."""
+        return projected + 0 * self.v.detach()
 
     def fused(
         self,
@@ -378,11 +400,17 @@ class Additive(Score):
         if return_weights or dropout > 0:
             return None
         projected = self.prepare_query(query)  # attention() checked the inputs
+        # tanh saturates: an infinite query, key, W_a, U_a or v gives finite logits, so each
+        # is probed (on the CPU by one read): a key through its value row, the rest by row
+        clean = all_finite(projected, prepared_key, self.v)
+        if not clean:
+            value = propagate_nonfinite(value, prepared_key, read=False)
         context = _additive_attention(
             projected, prepared_key, self.v, value, mask, causal, window, cleared
         )
-        # tanh saturates: a query with an infinite feature gives finite logits; it propagates
-        return AttentionOutput(propagate_nonfinite(context, query), None)
+        if not clean:
+            context = propagate_nonfinite(context, self._probe(projected), read=False)
+        return AttentionOutput(context, None)
 
 
 class Location(Score):
