@@ -91,11 +91,13 @@ def cmd_train(args) -> None:
 def cmd_demo(args) -> None:
     """Bahdanau on dates; prints the result and writes runs/demo/figures/alignment.png and
     the explorer page runs/demo/explore.html. It replaces the run of an earlier demo in its
-    --out (and says so), so it can run again."""
+    --out (and says so), so it can run again; any other run there is refused, as `train`
+    refuses it without --overwrite."""
     from attnzoo import runs
 
-    args.model, args.task, args.resume, args.overwrite = "bahdanau", "dates", False, True
+    args.model, args.task, args.resume = "bahdanau", "dates", False
     args.out = args.out or "runs/demo"
+    args.overwrite = runs.demo_replaces(Path(args.out), args.model, args.task)
     task, model = cmd_train(args)
     console.print(f"alignment figure: {Path(args.out) / 'figures' / 'alignment.png'}")
     page = runs.write_explorer(

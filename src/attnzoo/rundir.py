@@ -71,6 +71,7 @@ RUN_FILES = (
     "timing.json",
     "checkpoints",
     "figures",
+    "scalars.jsonl",
     EXPLORER,
 )
 
@@ -317,7 +318,7 @@ def _replaceable(out: Path, resume: bool, overwrite: bool) -> list[Path]:
             f"{out} holding {names}",
             FileExistsError,
         )
-    foreign = [n for n in names if n not in RUN_FILES and not n.startswith(".")]
+    foreign = [n for n in names if not _run_file(n)]
     if foreign:
         fail(
             "attnzoo",
@@ -327,6 +328,12 @@ def _replaceable(out: Path, resume: bool, overwrite: bool) -> list[Path]:
             FileExistsError,
         )
     return entries
+
+
+def _run_file(name: str) -> bool:
+    """A file the run writes, or the temp file of one a killed process left (`.NAME.xxxx`,
+    `atomic_write`): a hidden entry of anything else (`.git`) is the user's."""
+    return name in RUN_FILES or any(name.startswith(f".{n}.") for n in RUN_FILES)
 
 
 def clear(out: Path, entries: list[Path]) -> None:

@@ -19,6 +19,7 @@ from attnzoo.core.checks import fail
 from attnzoo.models.registry import MODELS
 from attnzoo.rundir import (  # noqa: F401  (the config half of this module's public API)
     EXPLORER,
+    LOCK,
     RESUMABLE,
     apply_overrides,
     check_out,
@@ -99,6 +100,23 @@ def run_train(
                 note(f"--resume: {listing(changes)} (recorded in {out / 'config.json'})")
         final = train(task, model, train_config, out, resume=folder or False, progress=progress)
     return task, model, final
+
+
+def demo_replaces(out: Path, model: str, task: str) -> bool:
+    """Whether `attnzoo demo` replaces a run in `out`: one of its own model on its task (so
+    the demo runs again). A new or empty directory needs no replacing; one holding anything
+    else is the user's, refused before any work."""
+    held = sorted(p.name for p in out.iterdir() if p.name != LOCK) if out.is_dir() else []
+    if not held:
+        return False
+    try:
+        saved = read_config(out)
+    except (OSError, ValueError):  # not a run attnzoo reads
+        saved = {}
+    if (saved.get("model_name"), saved.get("task_name")) != (model, task):
+        wanted = f"a new or empty directory, or an earlier demo's run ({model} on {task})"
+        fail("attnzoo demo", "--out", wanted, f"{out} holding {held}", FileExistsError)
+    return True
 
 
 def init_checkpoint(run_dir: str) -> Path | None:

@@ -311,6 +311,37 @@ def test_overwrite_refuses_a_directory_that_is_not_a_run(trained, tmp_path, caps
     assert (run / "notes.txt").read_text() == "mine" and (run / "config.json").exists()
 
 
+def test_overwrite_refuses_a_hidden_folder_of_the_user_and_clears_its_own_leftovers(
+    trained, tmp_path, capsys
+):
+    """A `.git` in the run directory is the user's: refused, like any file the run did not
+    write. The temp file a killed write left (`.config.json.xxxx`) and a GAN's scalars.jsonl
+    are the run's own: cleared."""
+    run = copy_run(trained, tmp_path / "run")
+    (run / ".git").mkdir()
+    (run / ".git" / "HEAD").write_text("ref: refs/heads/main")
+    error = _error([*TRAIN, "--out", str(run), "--overwrite", *sets(TINY)], capsys)
+    assert "for --overwrite to clear" in error and "['.git']" in error
+    assert (run / ".git" / "HEAD").exists() and (run / "config.json").exists()
+    shutil.rmtree(run / ".git")
+    (run / ".config.json.k2j4x").write_text("{")
+    (run / "scalars.jsonl").write_text("")
+    assert main([*TRAIN, "--out", str(run), "--overwrite", *sets(TINY)]) == 0
+    assert ".config.json.k2j4x, checkpoints" in capsys.readouterr().err
+    assert not (run / ".config.json.k2j4x").exists() and not (run / "scalars.jsonl").exists()
+
+
+def test_demo_refuses_a_run_that_is_not_a_demo(trained, tmp_path, capsys):
+    """`attnzoo demo --out DIR` replaces only an earlier demo's run (its model on its task):
+    a user's other run there is refused, byte for byte untouched."""
+    run = copy_run(trained, tmp_path / "run")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    error = _error(["demo", "--out", str(run), "--no-progress", *sets(TINY)], capsys)
+    assert "attnzoo demo: argument '--out' expected a new or empty directory, or an " in error
+    assert "earlier demo's run (bahdanau on dates)" in error
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
 def test_demo_replaces_its_own_run(tmp_path, capsys):
     from tests.train.test_loop import sets as dates_sets
 
