@@ -87,6 +87,7 @@ def run_train(
                     train_config.steps,
                 )
         task, model = build(config)
+        getattr(task, "check_ready", lambda: None)()  # what scoring needs, before a step
         if start is not None:
             loaded = load_shared_weights(start, model, "train.init_from")
             listed = ", ".join(loaded[:4])

@@ -124,6 +124,17 @@ def test_command_line_mistakes_are_one_line(argv, expected, capsys):
     assert expected in _error(argv, capsys)
 
 
+def test_a_gan_run_without_its_classifier_is_refused_before_training(tmp_path, capsys):
+    """Its metrics need a trained classifier: without task.classifier the run was trained
+    for its whole budget and then failed, unscored for good; now it fails before a step."""
+    out = tmp_path / "gan"
+    argv = ["train", "sagan", "--task", "gan_mnist", "--out", str(out), "--no-progress"]
+    error = _error([*argv, "--set", "train.steps=2"], capsys)
+    assert "GanMnistConfig: argument 'classifier' expected the run directory of an MNIST" in error
+    assert "got '' (none given)" in error
+    assert not (out / "checkpoints").exists() and not (out / "config.json").exists()
+
+
 # Every field of TrainConfig and EvalConfig that can be invalid: (--set item, what names it)
 BAD_VALUES = [
     ("train.steps=0", "'steps' expected a positive int"),

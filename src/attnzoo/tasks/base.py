@@ -105,7 +105,9 @@ class Task(Protocol):
     `state_dict()` and `load_state_dict(tensors)`, saved with every checkpoint. A task whose
     metrics need another trained run (the GAN task's classifier) has `required_runs()` ->
     {config field: run directory} and `use_run(field, config, model)`: the runs layer loads
-    each run and hands it over (`attnzoo.runs.attach_runs`; a task imports no model). A task
+    each run and hands it over (`attnzoo.runs.attach_runs`; a task imports no model), and
+    `check_ready()`, which the runs layer calls before training: a run its metrics need but
+    the config does not name is an error then, not after the budget. A task
     trained by several optimisers (`attnzoo.train.loop`) takes `loss(model, batch, phase=...)`.
     """
 

@@ -169,6 +169,12 @@ class GanMnistTask:
         loads each, on the CPU, and hands it over with `use_run`)."""
         return {"classifier": self.config.classifier} if self.config.classifier else {}
 
+    def check_ready(self) -> None:
+        """Before training (the runs layer calls it): without a classifier no run of this task
+        can be scored, an error naming task.classifier now, not after the whole budget."""
+        if not self.config.classifier:
+            fail("GanMnistConfig", "classifier", CLASSIFIER_HINT, "'' (none given)")
+
     def use_run(self, field: str, config: dict, model: nn.Module) -> None:
         """Take the run of `field` (its resolved config and model), checked first."""
         if field != "classifier":
