@@ -297,6 +297,49 @@ class _LinearToy(torch.nn.Linear):  # no convolutions: (b, 1, 5, 5) -> a scalar
         return super().forward(x.flatten(1)).mean()
 
 
+def _rows(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_an_evaluation_step_between_log_steps_is_evaluated_and_logged(tmp_path):
+    """eval_every that is not a multiple of log_every: every evaluation runs, its metrics on
+    a row of its own step (it was skipped unless it fell on a log step)."""
+    from attnzoo.train import loop
+
+    config = TrainConfig(
+        steps=12, batch_size=2, warmup=0, threads=1, device="cpu", log_every=2, eval_every=3,
+        checkpoint_every=100,
+    )  # fmt: skip
+    loop.train(_ConvTask(), _LinearToy(), config, tmp_path, progress=False)
+    rows = _rows(tmp_path)
+    assert [r["step"] for r in rows if "w" in r] == [2, 5, 8]  # the last step: final.json
+    assert [r["step"] for r in rows] == [1, 2, 3, 5, 7, 8, 9, 11]
+
+
+def test_a_resumed_log_equals_an_uninterrupted_one_between_log_steps(tmp_path):
+    """checkpoint_every that is not a multiple of log_every: the resumed run's rows (steps and
+    losses) equal the uninterrupted run's (its first window used to restart at the resume
+    point and cover fewer steps under the same step number)."""
+    from attnzoo.train import loop
+
+    config = TrainConfig(
+        steps=8, batch_size=2, warmup=0, threads=1, device="cpu", log_every=4,
+        checkpoint_every=3, schedule="constant",
+    )  # fmt: skip
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    for run in (full, resumed):
+        run.mkdir()
+        torch.manual_seed(0)
+        loop.train(_ConvTask(), _LinearToy(), config, run, progress=False)
+    shutil.rmtree(resumed / "checkpoints" / "step_00000007")  # as if killed after step 5
+    torch.manual_seed(1)  # the resumed weights come from the checkpoint
+    folder = resumed / "checkpoints" / "step_00000005"
+    loop.train(_ConvTask(), _LinearToy(), config, resumed, resume=folder, progress=False)
+    assert [r["step"] for r in _rows(full)] == [2, 3, 5, 7]
+    for a, b in zip(_rows(full), _rows(resumed), strict=True):
+        assert (a["step"], a["loss"]) == (b["step"], b["loss"])
+
+
 def test_bad_autocast_is_a_one_line_error(capsys):
     from attnzoo.cli import main
 
@@ -357,7 +400,8 @@ class _DivergingTask(_ConvTask):
 
 @pytest.mark.parametrize(
     ("log_every", "checkpoint_every", "kept", "logged", "steps"),
-    [(2, 5, [], [1], "2 to 3"), (10, 2, ["step_00000001"], [], "0 to 3")],
+    # a checkpoint step also writes a row (its window ends there)
+    [(2, 5, [], [1], "2 to 3"), (10, 2, ["step_00000001"], [1], "2 to 3")],
     ids=["at-a-log-step", "at-a-checkpoint-between-log-steps"],
 )
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])

@@ -19,6 +19,11 @@ optimiser and schedule is checkpointed. A model without `optimizer_groups` train
 whose rate `model.lr_scales()` may scale for some parameters (`parameter_groups`).
 A model with `log_scalars()` -> {name: scalar tensor} has them logged after every step, one
 line per step in scalars.jsonl (trimmed on resume like metrics.jsonl).
+
+metrics.jsonl has a row every `log_every` steps and at every evaluation (`eval_every`, its
+metrics on the row), every checkpoint and the last step: each row's loss is the mean over the
+steps since the row before, so a run resumed from a checkpoint logs what an uninterrupted one
+does.
 """
 
 from __future__ import annotations
@@ -314,7 +319,10 @@ def train(
         window_items += count
         last = step == config.steps - 1
         checkpoint = ckpt_dir is not None and ((step + 1) % config.checkpoint_every == 0 or last)
-        if (step + 1) % config.log_every == 0 or last:
+        evaluating = config.eval_every and (step + 1) % config.eval_every == 0 and not last
+        # A row at every log step, and also at an evaluation (whose metrics it carries) and a
+        # checkpoint (a resumed run's windows then start where an uninterrupted run's do)
+        if (step + 1) % config.log_every == 0 or last or checkpoint or evaluating:
             loss_total, item_total = _window_stats(window_losses, window_items, device, env)
             _check_finite(loss_total, window_first, step)
             elapsed = time.perf_counter() - window_start
@@ -331,7 +339,7 @@ def train(
                     record[f"loss_{name}"] = summed / items
                     record[f"lr_{name}"] = phase_scheduler.get_last_lr()[0]
                     phase_losses[name] = []
-            if config.eval_every and (step + 1) % config.eval_every == 0 and not last:
+            if evaluating:
                 eval_start = time.perf_counter()
                 record.update(evaluate(task, model))
                 eval_during += time.perf_counter() - eval_start
@@ -340,9 +348,6 @@ def train(
             bar.update(step + 1, record)
             window_losses, window_items, window_start = [], 0, time.perf_counter()
             window_first = step + 1
-        elif checkpoint:  # between log steps: no weights of a diverged run are saved
-            loss_total, _ = _window_stats(window_losses, window_items, device, env)
-            _check_finite(loss_total, window_first, step)
         if env.main and checkpoint:
             elapsed = time.perf_counter() - loop_start
             timing = _timing(earlier, elapsed, eval_during, step + 1 - start)
