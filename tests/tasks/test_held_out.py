@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 import torch
 
+from attnzoo.tasks.base import SPLITS
 from attnzoo.tasks.registry import TASKS
 
 CASES = [
@@ -55,3 +56,72 @@ def test_a_held_out_field_leaves_the_training_batches_alone(name, field):
     for step in (0, 1):
         first, second = (task.batch(step, 4, "cpu") for task in tasks)
         assert _same(first, second), f"{name}: task.{field} changed the batch of step {step}"
+
+
+class _InOrder(torch.nn.Module):
+    """A pointer "model" that visits the inputs in their order: scores depend on the data."""
+
+    def decode(self, points, beam_size=1):
+        return torch.arange(points.shape[1]).expand(points.shape[0], -1)
+
+
+def test_a_pointing_task_scores_the_split_it_is_asked_for():
+    """eval.split=valid was accepted and the test set scored: each split is its own draw
+    (the tours' lengths of visiting the cities in order differ)."""
+    spec = TASKS["tsp"]
+    config = dataclasses.replace(spec.default_config(), n_test=50)
+
+    def scored(split):
+        eval_config = dataclasses.replace(spec.eval_config(), split=split)
+        return spec.build(config, seed=0, eval_config=eval_config).evaluate(_InOrder())
+
+    test, valid = scored("test"), scored("valid")
+    assert test == scored("test") and valid == scored("valid")
+    assert test.keys() == valid.keys() and test != valid
+
+
+def test_bits_and_bandits_draw_each_split_on_its_own():
+    for name, held, changes in (
+        ("bit_copy", lambda t: t.held_out(), {"n_test_per_length": 4}),
+        ("bandits", lambda t: t.held_out(30), {}),
+    ):
+        spec = TASKS[name]
+        built = {
+            split: spec.build(
+                dataclasses.replace(spec.default_config(), **changes),
+                seed=0,
+                eval_config=dataclasses.replace(spec.eval_config(), split=split),
+            )
+            for split in ("test", "valid")
+        }
+        test, valid = held(built["test"]), held(built["valid"])
+        assert _same(test, held(built["test"]))
+        assert not _same(test, valid), name
+
+
+def test_no_training_batch_of_the_bandits_is_a_held_out_batch():
+    """The held-out episodes were drawn from the seed of training step 2 at run seed 0: its
+    whole batch was the test set's first episodes. Now no early step of any small run seed
+    draws them."""
+    spec = TASKS["bandits"]
+    for split in ("test", "valid"):
+        eval_config = dataclasses.replace(spec.eval_config(), split=split)
+        for run_seed in range(3):
+            task = spec.build(spec.default_config(), seed=run_seed, eval_config=eval_config)
+            held = task.held_out(8).probs
+            for step in range(20):
+                assert not torch.equal(task.batch(step, 8, "cpu").probs, held), (run_seed, step)
+
+
+def test_held_out_streams_are_none_a_training_step_draws_from():
+    """torch's CPU generator reads the low 32 bits of a seed (the bit tasks' held-out seed
+    2**40 + seed was the seed of training step `seed` at run seed 0): the held-out generators'
+    states differ from every training batch's of small run seeds and early steps."""
+    from attnzoo.tasks.base import held_out_generator
+
+    held = [held_out_generator(seed, split).get_state() for seed in (0, 1) for split in SPLITS]
+    assert len({bytes(h.numpy()) for h in held}) == len(held)
+    for run_seed in range(3):
+        for step in range(0, 100_000, 997):
+            state = torch.Generator().manual_seed(run_seed * 1_000_003 + step).get_state()
+            assert not any(torch.equal(state, h) for h in held), (run_seed, step)

@@ -41,7 +41,13 @@ import torch
 from attnzoo.core.checks import check_fields, fail
 from attnzoo.core.hard import lambda_returns, reinforce_loss
 from attnzoo.core.normalisers import sample_hard
-from attnzoo.tasks.base import EvalConfig, check_counts, model_device, sampling_generator
+from attnzoo.tasks.base import (
+    EvalConfig,
+    check_counts,
+    held_out_generator,
+    model_device,
+    sampling_generator,
+)
 
 POLICIES = ("agent", "ucb1", "thompson", "bayes", "random", "oracle")
 # How a pull is shown to the agent at the next step (`inputs_of`): "arm_reward", the paper's
@@ -330,7 +336,11 @@ class BanditsTask:
         return terms.total, batch.items
 
     def held_out(self, count: int) -> BanditBatch:
-        return draw(self.config, count, torch.Generator().manual_seed(self.config.seed * 7919 + 2))
+        """The first `count` held-out episodes of eval.split, from seeds no training step uses
+        (`held_out_generator`; the seed `seed * 7919 + 2` they came from was that of training
+        step 2 at run seed 0, whose batch was then the test set's first episodes)."""
+        g = held_out_generator(self.config.seed, self.eval_config.split)
+        return draw(self.config, count, g)
 
     @torch.no_grad()
     def scores(self, model: torch.nn.Module | None, count: int) -> dict[str, np.ndarray]:

@@ -22,6 +22,16 @@ from attnzoo.core.checks import check_fields, fail
 
 INSTALL_HINT = "pip install 'attnzoo[data]'"
 SPLITS = ("valid", "test")  # the held-out splits `EvalConfig.split` may name
+HELD_OUT_SEEDS = 2**31  # `held_out_generator`'s seeds start here
+
+
+def held_out_generator(seed: int, split: str) -> torch.Generator:
+    """The CPU generator of a task's held-out draw of `split`, from the config's `seed`: seeded
+    at `HELD_OUT_SEEDS + 2 seed + (split is "valid")`. Training batches draw from
+    `run_seed * 1_000_003 + step`, below `HELD_OUT_SEEDS` for every run seed under 2147, so no
+    training step draws from a held-out stream. (torch's CPU generator reads only the low 32
+    bits of a seed: `2**40 + s` is the seed `s`.)"""
+    return torch.Generator().manual_seed(HELD_OUT_SEEDS + 2 * seed + (split == "valid"))
 
 
 class MissingDataDependency(ModuleNotFoundError):

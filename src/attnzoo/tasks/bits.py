@@ -31,10 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.core.checks import check_fields, fail
-from attnzoo.tasks.base import EvalConfig, check_counts, model_device
+from attnzoo.tasks.base import EvalConfig, check_counts, held_out_generator, model_device
 
 KINDS = ("copy", "repeat_copy", "associative_recall")
-_TEST_STREAM = 2**40  # held-out data comes from seeds no training step uses
 
 
 @dataclass(frozen=True)
@@ -187,8 +186,9 @@ class BitsTask:
         config: `BitsConfig`.
         seed: draws the training batches; step s's batch depends only on (seed, s).
         eval_config: `batch_size` is the number of held-out sequences per forward pass;
-            `split`, `limit`, `beam_size` and `label_smoothing` are unused (the held-out set is
-            sized by `config.n_test_per_length`).
+            `split` picks the held-out draw ("valid" from other seeds than "test"), each
+            sized by `config.n_test_per_length`; `limit`, `beam_size` and `label_smoothing`
+            are unused.
     """
 
     metric = "bit_errors"
@@ -221,10 +221,11 @@ class BitsTask:
 
     def held_out(self) -> dict[int, list[BitsBatch]]:
         """Length -> the held-out sequences of that length, grouped by shape (one group per
-        repeat count for repeat_copy). Built once, from `config.seed`."""
+        repeat count for repeat_copy). Built once, from `config.seed` and eval.split."""
         if self._held_out is None:
             c = self.config
-            g = torch.Generator().manual_seed(_TEST_STREAM + c.seed)
+            # (from seeds no training step uses: the earlier 2**40 + seed was read as seed)
+            g = held_out_generator(c.seed, self.eval.split)
             lengths = sorted({*range(c.min_len, c.max_len + 1), *c.test_lengths})
             held = {}
             for length in lengths:

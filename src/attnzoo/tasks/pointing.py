@@ -122,7 +122,7 @@ class PointingTask:
         self.config, self.seed = config, seed
         self.eval_config = eval_config
         self.end_token = config.kind == "convex_hull"
-        self._test: dict[int, tuple[torch.Tensor, list[list[int]]]] = {}
+        self._test: dict[tuple[str, int], tuple[torch.Tensor, list[list[int]]]] = {}
         self._baseline: torch.nn.Module | None = None
         self._pending: dict[str, torch.Tensor] = {}  # baseline weights restored before use
 
@@ -216,15 +216,17 @@ class PointingTask:
             self._baseline.load_state_dict(tensors)
 
     # ----- evaluation -----
-    def test_set(self, n: int) -> tuple[torch.Tensor, list[list[int]]]:
-        """The held-out instances with n inputs and their true outputs (cached)."""
-        if n not in self._test:
+    def test_set(self, n: int, split: str = "test") -> tuple[torch.Tensor, list[list[int]]]:
+        """The held-out instances of `split` with n inputs and their true outputs (cached):
+        n_test of them, "valid" drawn from other seeds than "test"."""
+        if (split, n) not in self._test:
             c = self.config
-            g = torch.Generator().manual_seed(c.seed * 7919 + n + 1_000_000_007)
+            stream = 1_000_000_007 if split == "test" else 2_000_000_011
+            g = torch.Generator().manual_seed(c.seed * 7919 + n + stream)
             points = draw(c.kind, g, c.n_test, n)
             exact = c.kind != "tsp" or n <= MAX_EXACT_TSP
-            self._test[n] = (points, solve(c.kind, points) if exact else [])
-        return self._test[n]
+            self._test[split, n] = (points, solve(c.kind, points) if exact else [])
+        return self._test[split, n]
 
     def predict(self, model, points: torch.Tensor) -> list[list[int]]:
         """Decode (beam_size from the eval config) in batches; input indices per instance."""
@@ -241,8 +243,9 @@ class PointingTask:
     def evaluate(self, model) -> dict[str, float]:
         metrics: dict[str, float] = {}
         limit = self.eval_config.limit if self.eval_config else 0
+        split = self.eval_config.split if self.eval_config else "test"
         for k, n in enumerate(self.config.sizes):
-            points, truth = self.test_set(n)
+            points, truth = self.test_set(n, split)
             if limit:
                 points, truth = points[:limit], truth[:limit]
             predicted = self.predict(model, points)
