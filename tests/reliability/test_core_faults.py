@@ -61,6 +61,20 @@ def all_nonfinite(t: torch.Tensor) -> bool:
 # -- 1. shared mutable state -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("name", list(scores.SCORE_NAMES))
+def test_a_module_owns_its_parameter_free_score(name):
+    """Two layers built with the same name keep a score each: Cosine's beta set on one (to
+    sharpen it) changed every other layer's and every attention(score="cosine") call."""
+    q, k, v = _inputs()
+    before = attention(q, k, v, score=name).context
+    first, second = (MultiHeadAttention(8, 2, name) for _ in range(2))
+    assert first.score is not second.score
+    assert first.score is not scores.SCORE_NAMES[name]
+    first.score.beta = 10.0  # (an attribute only Cosine reads)
+    assert getattr(second.score, "beta", 1.0) == 1.0
+    assert torch.equal(attention(q, k, v, score=name).context, before)
+
+
 def _additive_problem(seed):
     g = torch.Generator().manual_seed(seed)
     shapes = ((2, 64, 16), (2, 48, 16), (16,), (2, 48, 3))

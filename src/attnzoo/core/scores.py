@@ -448,8 +448,10 @@ def _finite_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-# The parameter-free scores by name, built once (an nn.Module costs ~7 us to construct); they
-# hold no state, so sharing them between calls and threads is safe.
+# The parameter-free scores by name, built once for `attention(score=NAME)` (an nn.Module
+# costs ~7 us to construct), which only reads them. A module that keeps a score
+# (`make_score`: MultiHeadAttention, the models) gets its own instance, so that setting
+# Cosine's beta on one never changes another.
 SCORE_NAMES = {"dot": Dot(), "scaled_dot": ScaledDot(), "cosine": Cosine()}
 
 
@@ -466,7 +468,7 @@ def _same_size(name: str, d_query: int, d_key: int) -> None:
 def _parameter_free(name: str):
     def build(d_query: int, d_key: int, d_hidden: int | None, max_keys: int | None) -> Score:
         _same_size(name, d_query, d_key)
-        return SCORE_NAMES[name]
+        return type(SCORE_NAMES[name])()
 
     return build
 
