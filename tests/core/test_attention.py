@@ -319,6 +319,48 @@ def test_a_key_prepared_with_its_mask_is_cleared_once_and_gives_the_same_result(
     torch.testing.assert_close(out.context, expected.context[rows])
 
 
+@pytest.mark.parametrize("name", ["scaled_dot", "additive", "general", "location"])
+@pytest.mark.parametrize("given", ["none", "all", "per-query"])
+def test_a_key_prepared_under_padding_keeps_it_under_another_mask(name, given):
+    """The keys prepare_key cleared under its mask hold zeros: called with another mask (none,
+    or one that allows them), they stay excluded, as attention() on the raw keys with that
+    mask and the padding (they used to be attended as zero keys, a silently wrong context)."""
+    torch.manual_seed(0)
+    score = scores.make_score(name, 6, 6, d_hidden=5, max_keys=7)
+    padding = attnzoo.padding_mask(torch.tensor([7, 4, 2]), 7)  # (3, 1, 7)
+    k, v, q = torch.randn(3, 7, 6), torch.randn(3, 7, 6), torch.randn(3, 2, 6)
+    prepared = attnzoo.prepare_key(score, k, value=v, mask=padding)
+    mask = {
+        "none": None,
+        "all": torch.ones(3, 1, 7, dtype=torch.bool),
+        "per-query": torch.rand(3, 2, 7) < 0.8,
+    }[given]
+    expected = attnzoo.attention(
+        q, k, v, score=score, mask=padding if mask is None else mask & padding
+    )
+    for weights in (False, True):
+        out = attnzoo.attention(
+            q, prepared, prepared.value, score=score, mask=mask, return_weights=weights
+        )
+        torch.testing.assert_close(out.context, expected.context)
+
+
+@pytest.mark.parametrize("given", [None, (3, 1, 7), (3, 2, 1, 7)])
+def test_a_cross_attention_cache_keeps_the_padding_it_was_filled_under(given):
+    """A cross-attention KVCache holds keys and values of memory cleared under the first
+    step's mask: a later step with another mask (none, or one allowing the padding) keeps the
+    padding excluded, as a fresh call with that mask and the padding."""
+    torch.manual_seed(0)
+    mha = attnzoo.MultiHeadAttention(8, 2).eval()
+    x, memory = torch.randn(3, 1, 8), torch.randn(3, 7, 8)
+    padding = attnzoo.padding_mask(torch.tensor([7, 4, 2]), 7)
+    cache = attnzoo.KVCache()
+    mha(x, memory, mask=padding, cache=cache)
+    mask = None if given is None else torch.ones(given, dtype=torch.bool)
+    got = mha(x, memory, mask=mask, cache=cache).context
+    torch.testing.assert_close(got, mha(x, memory, mask=padding).context)
+
+
 @pytest.mark.parametrize("name", ["scaled_dot", "additive"])
 def test_a_mask_changed_in_place_after_prepare_key_is_cleared_again(name):
     """The keys were cleared under the mask prepare_key saw: when the caller narrows that same

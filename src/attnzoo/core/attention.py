@@ -44,6 +44,7 @@ from attnzoo.core.checks import (
     fail,
 )
 from attnzoo.core.masks import (
+    attended_keys,
     clear_unattended,
     combine_masks,
     geometry_mask,
@@ -71,7 +72,10 @@ def prepare_key(
 
     With `value` and the padding `mask` the steps will pass, the keys and values are also
     cleared under the mask once here (`masks.clear_unattended`): `attention(query, prepared,
-    prepared.value, mask=prepared.mask)` then skips that work at every step.
+    prepared.value, mask=prepared.mask)` then skips that work at every step. The keys it
+    cleared (those no query of `mask` attends) hold zeros from then on, so they stay excluded
+    whatever mask a call passes: a call with another mask, or none, gives what the raw keys
+    give under that mask and the padding.
     """
     score = resolve_score(score)
     _check_prepare_inputs(key, value, mask)
@@ -136,18 +140,15 @@ def attention(
         AttentionOutput(context, weights or None).
     """
     score = resolve_score(score)
-    cleared = False
+    cleared, padding = False, None
     if isinstance(key, PreparedKey):
         _check_prepared(key, score)
+        same = mask is not None and same_mask(mask, (key.mask, key.mask_version))
         # cleared once by prepare_key under this very mask, unchanged since, for these values:
         # not again (geometry may leave other keys unattended, so only without it)
-        cleared = (
-            mask is not None
-            and same_mask(mask, (key.mask, key.mask_version))
-            and key.value is value
-            and not causal
-            and window is None
-        )
+        cleared = same and key.value is value and not causal and window is None
+        if key.mask is not None and not same:
+            padding = key.mask  # its cleared keys hold zeros: they stay excluded (below)
         key, prepared = key.tensor, True
     else:
         prepared = False
@@ -161,6 +162,8 @@ def attention(
             else broadcast_shape(query.shape[:-2], key.shape[:-2], value.shape[:-2])
         )
         check_mask("attention", mask, (*lead, query.shape[-2], key.shape[-2]), query.device)
+    if padding is not None:  # (..., 1, key_len): the keys its mask let some query attend
+        mask = combine_masks(mask, attended_keys(padding).transpose(-2, -1))
     if dropout.__class__ is not float or not 0.0 <= dropout < 1.0:
         check_dropout("attention", dropout)  # (an int 0 passes it)
     if causal.__class__ is not bool:

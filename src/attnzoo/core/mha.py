@@ -27,6 +27,7 @@ from attnzoo.core.checks import (
     fail,
 )
 from attnzoo.core.masks import (
+    attended_keys,
     clear_unattended,
     combine_masks,
     geometry_mask,
@@ -425,11 +426,17 @@ class MultiHeadAttention(nn.Module):
             if mask is not None and not static:
                 # padding cleared before the projection (W_k and W_v's gradients read it);
                 # the projected rows there are finite and get weight 0: not cleared again
-                (memory,) = clear_unattended(mask.any(1) if mask.dim() == 4 else mask, memory)
+                (memory,) = clear_unattended(_per_batch(mask), memory)
                 cleared = True
             q, k, v = self._project_cross(query, None if static else memory)  # (b, h, *, d_head)
             if static:
                 k, v, cleared = cache.key, cache.value, same_mask(mask, cache._cleared_under)
+                if cache._cleared_under is not None and not cleared:
+                    # its keys and values were made from memory cleared under that mask:
+                    # the keys no query of it attended stay excluded (they hold no memory)
+                    kept = attended_keys(_per_batch(cache._cleared_under[0])).transpose(-2, -1)
+                    kept = kept if mask is None or mask.dim() == 3 else kept.unsqueeze(1)
+                    mask = combine_masks(mask, kept)
             elif cache is not None:
                 cache.key, cache.value, cache.static = k, v, True
                 cache.owner = weakref.ref(self)
@@ -571,3 +578,9 @@ class MultiHeadAttention(nn.Module):
                     new.v_proj.bias.copy_(bv)
                 new.out_proj.bias.copy_(module.out_proj.bias)
         return new
+
+
+def _per_batch(mask: torch.Tensor) -> torch.Tensor:
+    """A (b, i, j) mask as it is, a per-head (b, h, i, j) one as (b, i, j): where some head may
+    attend (the memory rows the heads share are cleared under it)."""
+    return mask.any(1) if mask.dim() == 4 else mask
