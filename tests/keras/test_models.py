@@ -159,6 +159,19 @@ def test_call_errors():
         built(torch.randn(2, 3, 6), q)
     with pytest.raises(TypeError, match="argument 'value' expected a floating-point"):
         built(q, q.long())
+    # masks of another length: Keras's own shapes, named (they failed inside torch)
+    v, short = torch.randn(2, 5, 4), torch.ones(2, 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"'mask\[0\] \(query_mask\)' expected shape \(2, 3\)"):
+        ak.Attention()([q, v], mask=[short, None])
+    with pytest.raises(ValueError, match=r"'mask\[1\] \(value_mask\)' expected shape \(2, 5\)"):
+        ak.Attention()([q, v], mask=[None, short])
+    for name in ("query_mask", "value_mask", "key_mask"):
+        with pytest.raises(ValueError, match=f"argument '{name}' expected shape"):
+            built(q, v, **{name: torch.ones(2, 7, dtype=torch.bool)})
+    with pytest.raises(
+        ValueError, match=r"'attention_mask' expected \(batch = 2, \[heads,\] 3, 5\)"
+    ):
+        built(q, v, attention_mask=torch.ones(2, 3, 4, dtype=torch.bool))
     with pytest.raises(TypeError, match="argument 'layer' expected a keras.layers.Multi"):
         ak.MultiHeadAttention.from_keras(keras.layers.Attention())
     with pytest.raises(ValueError, match="argument 'layer' expected a built layer"):

@@ -870,6 +870,11 @@ BAD_CALLS = {
             "'mask' expected dtype torch.bool",
         ),
         (lambda: additive_attention(q3, k3, torch.randn(4), v3, window=0), ValueError, "'window'"),
+        (
+            lambda: additive_attention(q3, k3, torch.randn(4), v3, causal="no"),
+            TypeError,
+            "'causal'",
+        ),
     ],
     "additive_logits": [
         (lambda: additive_logits(q3.long(), k3.long(), torch.randn(4)), TypeError, FLOATING),
@@ -905,6 +910,11 @@ BAD_CALLS = {
             lambda: MultiHeadAttention(8, 2)(torch.randn(2, 3, 8, device="meta")),
             ValueError,
             "'query' expected device cpu",
+        ),
+        (
+            lambda: MultiHeadAttention(8, 2)(torch.randn(2, 3, 8), mask=[[True] * 3] * 3),
+            TypeError,
+            "'mask' expected a bool torch.Tensor, got list",
         ),
     ],
     "KVCache": [],  # section 3
@@ -950,6 +960,25 @@ BAD_CALLS = {
             ValueError,
             "'prepared_key'",
         ),
+        # local-p: the query's size against w_p, and source lengths within the keys
+        (lambda: LocalAttention(scores.Dot(), 2, 6)(q3, k3, v3), ValueError, "'query'.*= 6"),
+        (
+            lambda: LocalAttention(scores.Dot(), 2, 4)(q3, k3, v3, lengths=torch.tensor([-5, 4])),
+            ValueError,
+            r"'lengths' expected source lengths in 1..key_len = 5, got -5 to 4",
+        ),
+        (
+            lambda: LocalAttention(scores.Dot(), 2, 4)(q3, k3, v3, lengths=torch.tensor([5, 40])),
+            ValueError,
+            "'lengths' expected source lengths in 1..key_len = 5",
+        ),
+        (
+            lambda: LocalAttention(scores.Dot(), 2, 4)(
+                q3, k3, v3, lengths=torch.tensor([5, 4], device="meta")
+            ),
+            ValueError,
+            "'lengths' expected device cpu",
+        ),
     ],
     "padding_mask": [
         (lambda: padding_mask([1, 2]), TypeError, "'lengths'"),
@@ -992,6 +1021,13 @@ BAD_CALLS = {
             r"hard_argmax: argument 'logits' expected at least one key.*\(2, 3, 0\)",
         ),
         (lambda: hard_argmax(torch.ones(2, 3, dtype=torch.long)), TypeError, "'logits'"),
+        # masks as masked_softmax takes them (a larger one broadcast the logits)
+        (lambda: hard_argmax(torch.randn(2, 3), torch.ones(2, 3).long()), TypeError, "'mask'"),
+        (
+            lambda: hard_argmax(torch.randn(3), torch.ones(2, 3, dtype=torch.bool)),
+            ValueError,
+            "hard_argmax: argument 'mask' expected a shape broadcastable",
+        ),
     ],
     "sample_hard": [
         (
@@ -999,6 +1035,7 @@ BAD_CALLS = {
             ValueError,
             "sample_hard: argument 'logits' expected at least one key",
         ),
+        (lambda: sample_hard(torch.randn(2, 3), torch.ones(2, 3)), TypeError, "'mask'"),
     ],
     "gumbel_softmax_st": [
         (
@@ -1008,6 +1045,11 @@ BAD_CALLS = {
         ),
         (lambda: gumbel_softmax_st(torch.randn(4, 3), tau=NAN), ValueError, "'tau'"),
         (lambda: gumbel_softmax_st(torch.randn(4, 3), tau=0), ValueError, "'tau'"),
+        (
+            lambda: gumbel_softmax_st(torch.randn(2, 4), torch.ones(2, 3, dtype=torch.bool)),
+            ValueError,
+            "gumbel_softmax_st: argument 'mask'",
+        ),
     ],
     "HardSample": [],
     "LearnedPositionalEmbedding": [
@@ -1161,6 +1203,17 @@ BAD_CALLS = {
         (lambda: scores.Location(4, 0), ValueError, "Location: argument 'max_keys'"),
         (lambda: scores.Location(0.5, 4), ValueError, "Location: argument 'd_query'"),
         (lambda: scores.Cosine(beta=NAN), ValueError, "Cosine: argument 'beta'"),
+        # a per-query beta of the wrong size, dtype or device (it broadcast the logits)
+        (
+            lambda: attention(q3, k3, v3, score=scores.Cosine(beta=torch.ones(7))),
+            ValueError,
+            r"Cosine: argument 'beta' expected a floating tensor on cpu broadcastable to \(2, 3\)",
+        ),
+        (
+            lambda: scores.Cosine().logits(q3, k3, torch.ones(2, 3, dtype=torch.long)),
+            ValueError,
+            "Cosine: argument 'beta'",
+        ),
         (lambda: scores.make_score("additive", 4, 4, d_hidden=0), ValueError, "'d_hidden'"),
         (lambda: scores.make_score("nope", 4, 4), ValueError, "'score'"),
         (

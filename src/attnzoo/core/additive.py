@@ -26,6 +26,7 @@ from torch.autograd.function import once_differentiable
 
 from attnzoo.core.checks import (
     broadcast_shape,
+    check_flag,
     check_floating,
     check_mask,
     check_same_kind,
@@ -313,6 +314,8 @@ def additive_attention(
     lead = _check_inputs("additive_attention", query, key, v, value)
     check_mask("additive_attention", mask, (*lead, query.shape[-2], key.shape[-2]), query.device)
     check_window("additive_attention", window)
+    if causal.__class__ is not bool:
+        check_flag("additive_attention", "causal", causal)
     return _additive_attention(query, key, v, value, mask, causal, window, cleared)
 
 

@@ -142,6 +142,23 @@ class LocalAttention(nn.Module):
         ):
             got = tuple(lengths.shape) if isinstance(lengths, torch.Tensor) else lengths
             fail(name, "lengths", f"a ({b},) integer tensor of source lengths", got)
+        if lengths is not None:
+            if lengths.device not in (query.device, torch.device("cpu")):
+                fail(
+                    name,
+                    "lengths",
+                    f"device {query.device} (that of 'query') or cpu",
+                    lengths.device,
+                )
+            # S of eq. 9 scales the centre: a length past key_len centres windows past the keys.
+            # Read on the CPU only (a step's sync elsewhere would stall the queue)
+            if lengths.is_cpu and lengths.numel():
+                low, high = (int(x) for x in torch.aminmax(lengths))
+                if low < 1 or high > j:
+                    fail(name, "lengths", f"source lengths in 1..key_len = {j}", f"{low} to {high}")
+        if self.predictive and query.shape[-1] != self.w_p.in_features:
+            wanted = f"last dimension d_query = {self.w_p.in_features}"
+            fail(name, "query", wanted, query.shape[-1])
         if positions is not None and (
             not isinstance(positions, torch.Tensor) or positions.shape not in ((i,), (b, i))
         ):

@@ -408,6 +408,14 @@ class MultiHeadAttention(nn.Module):
         if return_weights.__class__ is not bool:
             check_flag("MultiHeadAttention", "return_weights", return_weights)
         if mask is not None:  # checked before a cache is touched, in the caller's shape
+            if not isinstance(mask, torch.Tensor):  # (its rank picks the shape to check)
+                fail(
+                    "MultiHeadAttention",
+                    "mask",
+                    "a bool torch.Tensor",
+                    type(mask).__name__,
+                    TypeError,
+                )
             b, i = query.shape[:2]
             past_len = cache.length if cache is not None else 0
             j = memory.shape[1] if memory is not None else i + past_len

@@ -111,19 +111,21 @@ class HardSample(NamedTuple):
     index: torch.Tensor  # (batch, [heads,] query_len) chosen key
 
 
-def _check_logits(function: str, logits: object) -> None:
-    """Hard attention chooses one key per row: it needs a floating tensor with at least one."""
+def _check_logits(function: str, logits: object, mask: object) -> None:
+    """Hard attention chooses one key per row: it needs a floating tensor with at least one,
+    and a bool mask broadcastable to it (a larger one would broadcast the logits)."""
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
         got = logits.dtype if isinstance(logits, torch.Tensor) else type(logits).__name__
         fail(function, "logits", "a floating torch.Tensor", got, TypeError)
     if logits.dim() == 0 or logits.shape[-1] == 0:
         fail(function, "logits", "at least one key (key_len >= 1)", f"shape {tuple(logits.shape)}")
+    check_mask(function, mask, logits.shape, logits.device)
 
 
 def hard_argmax(logits: torch.Tensor, mask: torch.Tensor | None = None) -> HardSample:
     """Deterministic hard attention: the most likely allowed key. A row of allowed logits with
     a NaN gets NaN weights and log-probability, not a one-hot chosen from garbage."""
-    _check_logits("hard_argmax", logits)
+    _check_logits("hard_argmax", logits, mask)
     log_p = torch.log_softmax(masked_fill_lowest(logits, mask), dim=-1)
     return _one_hot(log_p, log_p.argmax(dim=-1), mask)
 
@@ -139,7 +141,7 @@ def sample_hard(
     The weights carry no gradient; train the score with REINFORCE on `log_prob`. A row of
     allowed logits with a NaN gets NaN weights and log-probability, as in `hard_argmax`.
     """
-    _check_logits("sample_hard", logits)
+    _check_logits("sample_hard", logits, mask)
     log_p = torch.log_softmax(masked_fill_lowest(logits, mask), dim=-1)
     flat = log_p.detach().exp().reshape(-1, log_p.shape[-1])  # (rows, key_len)
     # A row with a non-finite allowed logit samples from uniform, a stand-in that multinomial
@@ -166,7 +168,7 @@ def gumbel_softmax_st(
     logits: torch.Tensor, mask: torch.Tensor | None = None, *, tau: float = 1.0
 ) -> torch.Tensor:
     """Straight-through Gumbel-softmax (Jang 2017): one-hot forward, soft gradient backward."""
-    _check_logits("gumbel_softmax_st", logits)
+    _check_logits("gumbel_softmax_st", logits, mask)
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau < math.inf:
         fail("gumbel_softmax_st", "tau", "a positive finite temperature", repr(tau))
     weights = F.gumbel_softmax(masked_fill_lowest(logits, mask), tau=tau, hard=True, dim=-1)

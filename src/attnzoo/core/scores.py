@@ -29,7 +29,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.core.additive import _additive_attention, _additive_logits
-from attnzoo.core.checks import check_floating, check_like_parameter, check_size, fail
+from attnzoo.core.checks import (
+    broadcast_shape,
+    check_floating,
+    check_like_parameter,
+    check_size,
+    fail,
+)
 from attnzoo.core.masks import clear_unattended, combine_masks, geometry_mask
 from attnzoo.core.normalisers import (
     all_finite,
@@ -314,6 +320,7 @@ class Cosine(DotFamily):
         q = F.normalize(query, dim=-1, eps=self.eps)
         beta = self.beta if beta is None else beta
         if isinstance(beta, torch.Tensor):
+            _check_beta(beta, query)
             return q * beta.unsqueeze(-1), prepared_key, 1.0
         return q, prepared_key, float(beta)
 
@@ -442,6 +449,21 @@ class Location(Score):
             )
         check_like_parameter("Location", "query", query, self.proj.weight)
         return self.proj(query)[..., :key_len]  # (b, [h,] i, j)
+
+
+def _check_beta(beta: torch.Tensor, query: torch.Tensor) -> None:
+    """A key strength per query: floating, on the query's device, broadcastable to (batch,
+    [heads,] query_len) without enlarging it (a larger one would broadcast the logits)."""
+    lead = tuple(query.shape[:-1])
+    if (
+        not beta.is_floating_point()
+        or beta.device != query.device
+        or broadcast_shape(beta.shape, lead) != lead
+    ):
+        wanted = f"a floating tensor on {query.device} broadcastable to {lead} (one per query)"
+        fail(
+            "Cosine", "beta", wanted, f"{beta.dtype} of shape {tuple(beta.shape)} on {beta.device}"
+        )
 
 
 def _finite_number(x: object) -> bool:

@@ -156,6 +156,8 @@ class _ListInputAttention(keras.layers.Layer, abc.ABC):
             fail(self._label(), "mask", "a list [query_mask, value_mask]", mask)
         query_mask = keras_mask(mask[0], query) if mask else None
         value_mask = keras_mask(mask[1], query) if mask else None
+        _check_shape(self._label(), "mask[0] (query_mask)", query_mask, query.shape[:-1])
+        _check_shape(self._label(), "mask[1] (value_mask)", value_mask, value.shape[:-1])
         step = query.dim() == 2  # one decoder step: (batch, d_query)
         if step:
             query = query.unsqueeze(1)  # (b, 1, d_query)
@@ -538,13 +540,17 @@ class MultiHeadAttention(keras.layers.Layer):
         v = self._heads(self._linear(value, wv, bias["value_bias"]), 1, n)[0]  # (b, n, j, dv)
         return q, k, v
 
-    def _mask(self, query, query_mask, value_mask, key_mask, attention_mask):
+    def _mask(self, query, value, query_mask, value_mask, key_mask, attention_mask):
         """Keras's masks combined as Keras combines them, True = may attend:
         (batch, 1 | heads, query_len, key_len), or None."""
+        label, (b, i), j = "attnzoo.keras.MultiHeadAttention", query.shape[:2], value.shape[1]
         allowed = keras_mask(query_mask, query)
+        _check_shape(label, "query_mask", allowed, (b, i))
         if allowed is not None:
             allowed = allowed[:, :, None]  # (b, i, 1)
-        for keep in (keras_mask(value_mask, query), keras_mask(key_mask, query)):
+        for name, given in (("value_mask", value_mask), ("key_mask", key_mask)):
+            keep = keras_mask(given, query)
+            _check_shape(label, name, keep, (b, j))
             if keep is not None:
                 keep = keep[:, None, :]  # (b, 1, j)
                 allowed = keep if allowed is None else allowed & keep
@@ -557,6 +563,15 @@ class MultiHeadAttention(keras.layers.Layer):
                     "(batch, query_len, key_len), (query_len, key_len) or "
                     "(batch, heads, query_len, key_len)",
                     f"shape {tuple(attention_mask.shape)}",
+                )
+            if tuple(attention_mask.shape[-2:]) != (i, j) or (
+                attention_mask.dim() > 2 and attention_mask.shape[0] != b
+            ):
+                fail(
+                    label,
+                    "attention_mask",
+                    f"(batch = {b}, [heads,] {i}, {j})",
+                    tuple(attention_mask.shape),
                 )
             if attention_mask.dim() == 4:  # per head
                 return attention_mask if allowed is None else attention_mask & allowed[:, None]
@@ -583,7 +598,7 @@ class MultiHeadAttention(keras.layers.Layer):
             # the features the layer was built for (the kernels' first dims)
             features = getattr(self, f"{name}_kernel").shape[0]
             check_sequences("attnzoo.keras.MultiHeadAttention", name, x, features)
-        mask = self._mask(query, query_mask, value_mask, key_mask, attention_mask)
+        mask = self._mask(query, value, query_mask, value_mask, key_mask, attention_mask)
         if mask is not None and not (query is value and key is value):
             # padding cleared before the projections, whose kernels' gradients read it
             rows = mask.any(1) if mask.dim() == 4 else mask  # (b, i, j) or (i, j)
@@ -686,3 +701,9 @@ class MultiHeadAttention(keras.layers.Layer):
             if new.use_bias:
                 getattr(new, f"{ours}_bias").assign(by_path[f"{theirs}/bias"].value)
         return new
+
+
+def _check_shape(label: str, argument: str, mask, shape) -> None:
+    """A Keras mask of exactly `shape` (a different one would broadcast, or fail inside)."""
+    if mask is not None and tuple(mask.shape) != tuple(shape):
+        fail(label, argument, f"shape {tuple(shape)}", tuple(mask.shape))
