@@ -93,6 +93,10 @@ def _break(folder: Path, how: str) -> None:
         (folder / "state.json").unlink()
     elif how == "bad state":
         (folder / "state.json").write_text('{"step": ')
+    elif how == "bad rng":  # restored last: a resume recorded its changes, then failed unnamed
+        state = json.loads((folder / "state.json").read_text())
+        state["python_rng"] = [3, [1, 2], None]
+        (folder / "state.json").write_text(json.dumps(state))
 
 
 @pytest.mark.parametrize("how", ["truncated", "flipped", "garbage"])
@@ -103,7 +107,9 @@ def test_a_damaged_newest_checkpoint_is_named_by_eval(run, how, capsys):
     assert "expected an intact checkpoint file" in error
 
 
-@pytest.mark.parametrize("how", ["truncated", "flipped", "garbage", "no state", "bad state"])
+@pytest.mark.parametrize(
+    "how", ["truncated", "flipped", "garbage", "no state", "bad state", "bad rng"]
+)
 def test_resume_falls_back_to_the_newest_intact_checkpoint(run, trained, how, capsys):
     _break(run / "checkpoints" / STEP9, how)
     code, err = _resume(run, capsys)

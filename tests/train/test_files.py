@@ -5,6 +5,7 @@ import torch
 
 from attnzoo.train.checkpoint import (
     CheckpointError,
+    atomic_write,
     find_resumable,
     latest_checkpoint,
     load_checkpoint,
@@ -149,3 +150,14 @@ def test_a_checkpoint_records_its_timing_and_a_malformed_one_is_named(tmp_path):
         (folder / "state.json").write_text(json.dumps({**state, "timing": bad}))
         with pytest.raises(CheckpointError, match="malformed 'timing'"):
             saved_timing(folder)
+
+
+def test_an_atomically_written_file_has_the_mode_a_plain_one_has(tmp_path):
+    """mkstemp makes 0o600 files: config.json, final.json and the checkpoints came out
+    unreadable to another user while metrics.jsonl (a plain open) did not."""
+    atomic_write(tmp_path / "atomic.json", b"{}")
+    (tmp_path / "plain.json").write_bytes(b"{}")
+    mode = {
+        name: (tmp_path / name).stat().st_mode & 0o777 for name in ("atomic.json", "plain.json")
+    }
+    assert mode["atomic.json"] == mode["plain.json"]

@@ -39,6 +39,17 @@ TENSORS, STATE = "tensors.safetensors", "state.json"
 _FOLDER = re.compile(r"step_(\d{8})")
 
 
+def _file_mode() -> int:
+    """The mode a plain `open()` gives a new file here: 0o666 less the process's umask (read
+    by setting it and putting it back, once, when this module is imported)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+FILE_MODE = _file_mode()  # mkstemp makes 0o600 files: another user could not read a run
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used: its message names the file and what is wrong."""
 
@@ -54,6 +65,8 @@ def atomic_write(path: Path, data: bytes) -> None:
     except OSError as err:
         raise _naming(err, path) from err
     try:
+        if hasattr(os, "fchmod"):  # (not on Windows, whose files have no such modes)
+            os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -226,6 +239,10 @@ def _read_state(folder: Path) -> dict:
         _corrupt(path, f"not a checkpoint state (expected the keys {list(needed)})")
     if isinstance(state["step"], bool) or not isinstance(state["step"], int):
         _corrupt(path, f"a non-integer step {state['step']!r}")
+    try:  # restored last on resume: checked here, before a resume records or changes anything
+        random.Random().setstate(_tupled(state["python_rng"]))
+    except (TypeError, ValueError) as err:
+        _corrupt(path, f"a malformed 'python_rng' state ({err})")
     return state
 
 
@@ -274,6 +291,9 @@ def read_checkpoint(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
         _corrupt(path, f"not a safetensors file ({' '.join(str(err).split())})")
     if "rng.torch" not in tensors:
         _corrupt(path, "no 'rng.torch' tensor (not a checkpoint's tensors)")
+    rng = tensors["rng.torch"]
+    if rng.dtype != torch.uint8 or rng.shape != torch.get_rng_state().shape:
+        _corrupt(path, f"an 'rng.torch' of {rng.dtype} {tuple(rng.shape)}, not a CPU RNG state")
     return tensors, state
 
 
