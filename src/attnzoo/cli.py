@@ -82,9 +82,10 @@ def cmd_train(args) -> None:
         overwrite=args.overwrite,
         progress=not args.no_progress,
     )
-    runs.write_figures(out, task, model)
-    final = {**final, "train_minutes": (time.perf_counter() - start) / 60}
-    console.print(_table(f"{config['model_name']} on {config['task_name']} -> {out}", final))
+    if runs.main_process():  # under torchrun, rank 0 alone writes the run directory
+        runs.write_figures(out, task, model)
+        final = {**final, "train_minutes": (time.perf_counter() - start) / 60}
+        console.print(_table(f"{config['model_name']} on {config['task_name']} -> {out}", final))
     return task, model
 
 

@@ -123,7 +123,20 @@ def configs(config: dict) -> dict[str, Any]:
     naming what it lacks."""
     check_keys(config, "config")
     _check_names(config["model_name"], config["task_name"])
-    return {s: overrides.build(cls, config[s], s) for s, cls in _classes(config).items()}
+    built = {s: overrides.build(cls, config[s], s) for s, cls in _classes(config).items()}
+    _check_kind(config["task_name"], getattr(built["task"], "kind", None))
+    return built
+
+
+def _check_kind(task: str, kind: object) -> None:
+    """A task name that fixes its config's kind (copy, reverse, tsp, ...) keeps it: another
+    kind trains another task under this one's name (its run directory, its docs row)."""
+    named = TASKS[task].defaults.get("kind")
+    if named is None or kind == named:
+        return
+    other = [n for n, s in TASKS.items() if s.defaults.get("kind") == kind]
+    hint = f"; --task {other[0]} trains {kind!r}" if other else ""
+    fail("attnzoo", "task.kind", f"{named!r}, the kind --task {task} names{hint}", repr(kind))
 
 
 def check_keys(config: object, argument: str) -> None:

@@ -100,6 +100,10 @@ def _error(argv, capsys) -> str:
 TRAIN_MISTAKES = [
     (["train", "nosuch", "--task", "reverse"], "argument 'MODEL' expected one of"),
     (["train", "luong", "--task", "nosuch"], "argument '--task' expected one of"),
+    (
+        ["train", "transformer", "--task", "copy", "--set", "task.kind=reverse"],
+        "argument 'task.kind' expected 'copy', the kind --task copy names; --task reverse trains",
+    ),
     (["train", "transformer-lm", "--task", "reverse"], "a model for --task reverse"),
     (["train", "luong", "--task", "reverse", "--set", "train.steps"], "key=value"),
     (["train", "luong", "--task", "reverse", "--set", "train.stepz=3"], "'train.stepz'"),
@@ -340,6 +344,21 @@ def test_overwrite_refuses_a_hidden_folder_of_the_user_and_clears_its_own_leftov
     assert main([*TRAIN, "--out", str(run), "--overwrite", *sets(TINY)]) == 0
     assert ".config.json.k2j4x, checkpoints" in capsys.readouterr().err
     assert not (run / ".config.json.k2j4x").exists() and not (run / "scalars.jsonl").exists()
+
+
+def test_a_torchrun_worker_other_than_rank_0_draws_and_prints_nothing(
+    monkeypatch, tmp_path, capsys
+):
+    """Rank 0 alone writes the run directory: every rank drew the figures and printed the
+    results table (identical bytes, written twice into one folder)."""
+    from attnzoo import runs
+
+    monkeypatch.setattr(runs, "main_process", lambda: False)
+    out = tmp_path / "run"
+    out.mkdir()
+    assert train(out) == 0
+    assert not (out / "figures").exists()
+    assert "->" not in capsys.readouterr().out
 
 
 def test_demo_refuses_a_run_that_is_not_a_demo(trained, tmp_path, capsys):
