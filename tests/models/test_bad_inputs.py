@@ -23,18 +23,22 @@ OUT_OF_VOCAB = torch.tensor([[1, 2, 12, 3], [1, 1, 1, 1]])  # id 12 of a vocabul
 NEGATIVE = torch.tensor([[1, 2, 3, 4], [1, -1, 1, 1]])
 IMAGES = torch.rand(2, 1, 28, 28)
 IMAGES32 = torch.rand(2, 1, 32, 32)
+DTYPE = "expected dtype torch.float32 \\(that of the module's parameters\\), got torch.float64"
 # (inputs of the model's interface, error type, message pattern)
 BAD = {
     "image": [
         (((IMAGES * 255).to(torch.uint8),), TypeError, "'images' expected a floating-point"),
         ((IMAGES[:, 0],), ValueError, "'images' expected \\(batch, 1, "),
         ((IMAGES.expand(2, 3, 28, 28),), ValueError, "'images' expected \\(batch, 1, "),
+        # float64 into a float32 model: torch's 'mat1 and mat2 must have the same dtype'
+        ((IMAGES.double(),), TypeError, "'images' " + DTYPE),
     ],
     "bits": [
         ((torch.ones(2, 7, 5, dtype=torch.long),), TypeError, "'inputs' expected a floating"),
         ((torch.rand(7, 5),), ValueError, "'inputs' expected a \\(batch, length, 5\\) tensor"),
         ((torch.rand(2, 7, 6),), ValueError, "'inputs' expected a \\(batch, length, 5\\) tensor"),
         ((torch.rand(2, 0, 5),), ValueError, "'inputs' expected .* with length >= 1, got"),
+        ((torch.rand(2, 7, 5).double(),), TypeError, "'inputs' " + DTYPE),
     ],
     "pointer": [
         ((torch.ones(2, 5, 2, dtype=torch.long), torch.zeros(2, 6).long()), TypeError, "'points'"),
@@ -43,10 +47,12 @@ BAD = {
         ((torch.rand(2, 5, 2), torch.full((2, 6), 6)), ValueError, "'targets' .* got 6 to 6"),
         # past n + 1 steps (the end token's) nothing is left to point at
         ((torch.rand(2, 5, 2), torch.zeros(2, 7).long()), ValueError, "'targets' .* at most 6"),
+        ((torch.rand(2, 5, 2).double(), torch.zeros(2, 6).long()), TypeError, "'points' " + DTYPE),
     ],
     "multi_image": [
         (((IMAGES * 255).to(torch.uint8),), TypeError, "'images' expected a floating-point"),
         ((IMAGES.expand(2, 3, 28, 28),), ValueError, "'images' expected \\(batch, 1, 28, 28\\)"),
+        ((IMAGES.double(),), TypeError, "'images' " + DTYPE),
     ],
     "caption": [
         (
@@ -56,6 +62,7 @@ BAD = {
         ),
         ((torch.rand(2, 1, 28, 28), TOKENS, LENGTHS), ValueError, "'images' expected .*32, 32"),
         ((IMAGES32, TOKENS.float(), LENGTHS), TypeError, "'tokens_in' expected integer token"),
+        ((IMAGES32.double(), TOKENS, LENGTHS), TypeError, "'images' " + DTYPE),
         ((IMAGES32, OUT_OF_VOCAB, LENGTHS), ValueError, "'tokens_in' expected token ids in 0..11"),
         ((IMAGES32, TOKENS[:1], LENGTHS), ValueError, "'tokens_in' expected batch size 2"),
         ((IMAGES32, TOKENS[:, :0], LENGTHS), ValueError, "'tokens_in' .* at least one position"),

@@ -424,3 +424,11 @@ def test_bad_values_are_named(make, message):
 def test_bad_dtypes_are_named(make, message):
     with pytest.raises(TypeError, match=message):
         make()
+
+
+@pytest.mark.parametrize("make", [tiny_snail, tiny_protonet], ids=["snail", "protonet"])
+def test_an_episode_of_another_dtype_is_named(make):
+    """float64 images into a float32 model: torch's own 'same dtype' error, named now."""
+    support, labels, query = episode(dtype=torch.float64)
+    with pytest.raises(TypeError, match="argument 'support' expected dtype torch.float32"):
+        make()(support, labels, query)

@@ -56,10 +56,13 @@ def check_images(
     images: object,
     channels: int | None = None,
     size: Sequence[int] | None = None,
+    like: torch.nn.Module | None = None,
 ) -> None:
     """A floating (batch, channels, H, W) tensor, with the model's channels and (height,
-    width) where given (an integer image, e.g. uint8 pixels, must be scaled by the caller)."""
+    width) where given (an integer image, e.g. uint8 pixels, must be scaled by the caller),
+    and the dtype and device of the parameters of `like` (the model)."""
     check_floating(function, "images", images)
+    check_like_module(function, "images", images, like)
     if (
         images.dim() != 4
         or (channels is not None and images.shape[1] != channels)
@@ -71,11 +74,18 @@ def check_images(
 
 
 def check_sequences(
-    function: str, argument: str, x: object, features: int, *, empty: bool = True
+    function: str,
+    argument: str,
+    x: object,
+    features: int,
+    *,
+    empty: bool = True,
+    like: torch.nn.Module | None = None,
 ) -> None:
     """A floating (batch, length, features) tensor; without `empty`, length >= 1 (a recurrent
-    model has no output for no steps)."""
+    model has no output for no steps); the dtype and device of `like`'s parameters."""
     check_floating(function, argument, x)
+    check_like_module(function, argument, x, like)
     if x.dim() != 3 or x.shape[-1] != features or (not empty and x.shape[1] == 0):
         least = "" if empty else " with length >= 1"
         fail(function, argument, f"a (batch, length, {features}) tensor{least}", tuple(x.shape))
@@ -271,6 +281,16 @@ def check_like_parameter(
             f"device {parameter.device} (that of the module's parameters)",
             tensor.device,
         )
+
+
+def check_like_module(
+    function: str, argument: str, tensor: torch.Tensor, module: torch.nn.Module | None
+) -> None:
+    """`check_like_parameter` against `module`'s first parameter (nothing without one): a
+    float64 input to a float32 model was torch's 'mat1 and mat2 must have the same dtype'."""
+    parameter = None if module is None else next(module.parameters(), None)
+    if parameter is not None:
+        check_like_parameter(function, argument, tensor, parameter)
 
 
 def check_dropout(function: str, dropout: float) -> None:

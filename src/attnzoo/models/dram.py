@@ -204,7 +204,7 @@ class DRAM(nn.Module):
     ) -> DRAMOutput:
         """images (batch, channels, height, width) -> DRAMOutput; `sample=False`: every
         location is the policy's mean."""
-        check_images("DRAM", images, self.channels, self.image_size)
+        check_images("DRAM", images, self.channels, self.image_size, like=self)
         b, h = images.shape[0], self.config.hidden
         coarse = F.adaptive_avg_pool2d(images, self.config.context)  # (b, c, context, context)
         upper = (self.context(coarse), images.new_zeros(b, h))  # r^(2)_0: the context

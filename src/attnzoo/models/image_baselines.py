@@ -95,7 +95,7 @@ class FullyConnected(nn.Module):
 
     def forward(self, images: torch.Tensor, **_sampling) -> ClassifierOutput:
         """images (batch, channels, height, width); sampling options are ignored."""
-        check_images("FullyConnected", images, self.channels, self.image_size)
+        check_images("FullyConnected", images, self.channels, self.image_size, like=self)
         return ClassifierOutput(torch.log_softmax(self.net(images.flatten(1)), -1))
 
 
@@ -125,7 +125,7 @@ class ConvNet(nn.Module):
 
     def flat(self, images: torch.Tensor, owner: str = "ConvNet") -> torch.Tensor:
         """The two convolutional layers' output, flattened: (batch, 2c H/4 W/4)."""
-        check_images(owner, images, self.channels, self.image_size)
+        check_images(owner, images, self.channels, self.image_size, like=self)
         x = F.max_pool2d(F.relu(self.conv1(images)), 2)  # (b, c, H/2, W/2)
         return F.max_pool2d(F.relu(self.conv2(x)), 2).flatten(1)  # (b, 2c, H/4, W/4) flat
 

@@ -32,7 +32,14 @@ import torch
 from torch import nn
 
 from attnzoo import decoding
-from attnzoo.core.checks import check_fields, check_floating, check_integers, check_size, fail
+from attnzoo.core.checks import (
+    check_fields,
+    check_floating,
+    check_integers,
+    check_like_module,
+    check_size,
+    fail,
+)
 from attnzoo.core.normalisers import masked_fill_lowest
 from attnzoo.core.scores import Additive
 
@@ -116,6 +123,7 @@ class PointerNet(nn.Module):
 
     def _check(self, points: torch.Tensor) -> None:
         check_floating("PointerNet", "points", points)
+        check_like_module("PointerNet", "points", points, self)
         if points.dim() != 3 or points.shape[-1] != self.input_dim or points.shape[1] < 1:
             fail(
                 "PointerNet",

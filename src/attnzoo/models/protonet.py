@@ -77,7 +77,8 @@ class ProtoNet(nn.Module):
         log_probs (b, q, N)."""
         n = self.ways * self.shots
         check_episode(
-            "ProtoNet", support, support_labels, query, self.channels, self.image_size, n, self.ways
+            *("ProtoNet", support, support_labels, query, self.channels, self.image_size),
+            *(n, self.ways, self),
         )
         one_hot = F.one_hot(support_labels, self.ways)  # (b, n, N)
         counts = one_hot.sum(1)  # (b, N)

@@ -323,7 +323,7 @@ class RAM(nn.Module):
     ) -> RAMOutput:
         """images (batch, channels, height, width) -> RAMOutput. `sample=False`: every
         location is the policy's mean (the deterministic test-time pass)."""
-        check_images("RAM", images, self.channels, self.image_size)
+        check_images("RAM", images, self.channels, self.image_size, like=self)
         b = images.shape[0]
         zeros = images.new_zeros(b, self.config.hidden)  # (b, hidden)
         state = (zeros, zeros) if self.config.core == "lstm" else zeros

@@ -297,7 +297,7 @@ class EncoderClassifier(nn.Module):
     def forward(self, images: torch.Tensor, **_sampling) -> ClassifierOutput:
         """images (batch, channels, H, W) -> log_probs (batch, classes); sampling options
         are ignored."""
-        check_images("EncoderClassifier", images, self.channels)
+        check_images("EncoderClassifier", images, self.channels, like=self)
         pooled = self.encoder(images).amax(1)  # (b, D)
         return ClassifierOutput(torch.log_softmax(self.head(pooled), -1))
 
@@ -403,7 +403,9 @@ class ShowAttendTell(nn.Module):
         sum_i alpha_ti a_i instead of a sampled cell, as the authors' released caption
         generator does for hard models by default (arctic-captions, `generate_caps.py`
         without `-sampling`)."""
-        check_images("ShowAttendTell", images, self.encoder.net[0].in_channels, self.image_size)
+        check_images(
+            "ShowAttendTell", images, self.encoder.net[0].in_channels, self.image_size, like=self
+        )
         if expectation and self.config.variant != "hard":
             fail("ShowAttendTell.start", "expectation", "False for a model without hard "
                  "attention", f"True with variant {self.config.variant!r}")  # fmt: skip
@@ -474,7 +476,9 @@ class ShowAttendTell(nn.Module):
         A hard model in training mode draws, from `generator`, which images attend by
         expectation (`expectation_rate_at(step)`; `CaptionOutput.expected`); with
         `expectation` every image does (as `start`'s)."""
-        check_images("ShowAttendTell", images, self.encoder.net[0].in_channels, self.image_size)
+        check_images(
+            "ShowAttendTell", images, self.encoder.net[0].in_channels, self.image_size, like=self
+        )
         vocab, batch = self.embed.num_embeddings, (images.shape[0], "'images'")
         check_tokens(
             *("ShowAttendTell", "tokens_in", tokens_in, 2, "(batch, steps)", vocab), batch=batch

@@ -40,6 +40,7 @@ from attnzoo.core.checks import (
     check_floating,
     check_image_size,
     check_labels,
+    check_like_module,
     check_size,
     fail,
 )
@@ -53,12 +54,14 @@ class FewShotOutput(NamedTuple):
 
 
 def check_episode(
-    owner: str, support, support_labels, query, channels, image_size, n_support, ways
+    owner: str, support, support_labels, query, channels, image_size, n_support, ways, model=None
 ):
     """Fail naming the first argument whose dtype, shape or labels do not fit the model."""
     side = (channels, *image_size)
     check_floating(owner, "support", support)
     check_floating(owner, "query", query)
+    check_like_module(owner, "support", support, model)
+    check_like_module(owner, "query", query, model)
     if support.dim() != 5 or tuple(support.shape[1:]) != (n_support, *side):
         wanted = f"(batch, {n_support}, {', '.join(map(str, side))})"
         fail(owner, "support", wanted, tuple(support.shape))
@@ -334,7 +337,8 @@ class SNAIL(nn.Module):
         after the support (`sequence`'s `support`)."""
         n = self.ways * self.shots
         check_episode(
-            "SNAIL", support, support_labels, query, self.channels, self.image_size, n, self.ways
+            *("SNAIL", support, support_labels, query, self.channels, self.image_size),
+            *(n, self.ways, self),
         )
         b, q = query.shape[:2]
         embedded = self.embed(torch.cat([support, query], 1))  # (b, n + q, E)
@@ -442,6 +446,7 @@ class SnailPolicy(nn.Module):
 
     def _check_inputs(self, inputs: torch.Tensor, shape: str):
         check_floating("SnailPolicy", "inputs", inputs)
+        check_like_module("SnailPolicy", "inputs", inputs, self)
         if inputs.dim() != shape.count(",") + 1 or inputs.shape[-1] != self.width:
             fail("SnailPolicy", "inputs", shape.format(self.width), tuple(inputs.shape))
 

@@ -60,6 +60,8 @@ class LSTMBaseline(nn.Module):
     def forward(self, inputs: torch.Tensor, return_weights: bool = False) -> LSTMOutput:
         """inputs (batch, T, input_size) -> logits (batch, T, output_size); an LSTM has no
         weightings, so `return_weights` changes nothing."""
-        check_sequences("LSTMBaseline", "inputs", inputs, self.lstm.input_size, empty=False)
+        check_sequences(
+            "LSTMBaseline", "inputs", inputs, self.lstm.input_size, empty=False, like=self
+        )
         hidden, _ = self.lstm(inputs)  # (b, T, hidden)
         return LSTMOutput(self.output(hidden))

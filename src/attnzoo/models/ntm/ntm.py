@@ -148,7 +148,7 @@ class NTM(nn.Module):
 
     def forward(self, inputs: torch.Tensor, return_weights: bool = False) -> NTMOutput:
         """inputs (batch, T, input_size) -> `NTMOutput`; the step loop runs over T."""
-        check_sequences("NTM", "inputs", inputs, self.input_size, empty=False)
+        check_sequences("NTM", "inputs", inputs, self.input_size, empty=False, like=self)
         c = self.config
         b, steps, _ = inputs.shape
         r, w, m, s = c.read_heads, c.write_heads, c.memory_cols, c.shifts
