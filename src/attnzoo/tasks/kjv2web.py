@@ -92,8 +92,10 @@ def make_splits(config: Kjv2WebConfig | None = None) -> Splits:
     2. Shuffle the kept verse ids with `random.Random(seed)`.
     3. Walk the shuffled ids: the first `n_test` form the test set, then the validation set
        takes the next `n_valid` whose source is not in the test set.
-    4. Every other kept verse is for training, except those whose source is held out: the KJV
-       repeats some verses word for word (Numbers 7), and a copy in training would leak.
+    4. Every other kept verse is for training, except those whose source or target is held
+       out: the KJV repeats some verses word for word (Numbers 7), and near-identical verses
+       ("unto moses and unto aaron" / "unto moses and to aaron") share one WEB rendering, so
+       a copy of either side in training would leak.
     Each split is returned in canonical (book, chapter, verse) order. Filtering first makes
     the held-out sizes exact; a different `max_source_len` gives different held-out verses.
     """
@@ -108,17 +110,22 @@ def make_splits(config: Kjv2WebConfig | None = None) -> Splits:
     ids = list(pairs)
     random.Random(config.seed).shuffle(ids)
     test = ids[: config.n_test]
-    held_out = {pairs[v].source for v in test}
+    # a held-out source, or target: near-identical KJV verses can share one WEB rendering
+    held_out = {side for v in test for side in (("s", pairs[v].source), ("t", pairs[v].target))}
+
+    def seen(verse: int) -> bool:
+        return ("s", pairs[verse].source) in held_out or ("t", pairs[verse].target) in held_out
+
     valid: list[int] = []
     for verse in ids[config.n_test :]:
         if len(valid) == config.n_valid:
             break
-        if pairs[verse].source not in held_out:
+        if not seen(verse):
             valid.append(verse)
     if len(valid) < config.n_valid:
         raise ValueError(f"only {len(valid)} verses left for validation")
-    held_out |= {pairs[v].source for v in valid}
-    train = [v for v in ids if pairs[v].source not in held_out]
+    held_out |= {side for v in valid for side in (("s", pairs[v].source), ("t", pairs[v].target))}
+    train = [v for v in ids if not seen(v)]
     return Splits(
         train=[pairs[v] for v in sorted(train)],
         valid=[pairs[v] for v in sorted(valid)],
