@@ -125,3 +125,16 @@ def test_held_out_streams_are_none_a_training_step_draws_from():
         for step in range(0, 100_000, 997):
             state = torch.Generator().manual_seed(run_seed * 1_000_003 + step).get_state()
             assert not any(torch.equal(state, h) for h in held), (run_seed, step)
+
+
+def test_a_large_run_seed_never_draws_a_held_out_batch():
+    """Run seed 139586 at step 18362 drew the bandits' test episodes: its unreduced training
+    seed's low 32 bits were the held-out seed. Training seeds are now reduced below every
+    held-out seed; a run seed of 2**31 or more is refused (torch would read s + 2**32 as s)."""
+    from attnzoo.train.loop import TrainConfig
+
+    spec = TASKS["bandits"]
+    task = spec.build(spec.default_config(), seed=139586, eval_config=spec.eval_config())
+    assert not torch.equal(task.batch(18362, 64, "cpu").probs, task.held_out(64).probs)
+    with pytest.raises(ValueError, match="TrainConfig: argument 'seed' expected a seed below"):
+        TrainConfig(seed=2**32 + 5)

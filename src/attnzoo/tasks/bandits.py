@@ -47,6 +47,7 @@ from attnzoo.tasks.base import (
     held_out_generator,
     model_device,
     sampling_generator,
+    training_generator,
 )
 
 POLICIES = ("agent", "ucb1", "thompson", "bayes", "random", "oracle")
@@ -307,7 +308,7 @@ class BanditsTask:
     def batch(
         self, step: int, batch_size: int, device: torch.device | str, rank: int = 0, world: int = 1
     ) -> BanditBatch:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        g = training_generator(self.seed, step)
         whole = draw(self.config, batch_size, g)
         probs, payoff = whole.probs[rank::world], whole.payoff[rank::world]
         move = {"device": device, "non_blocking": True}

@@ -25,12 +25,18 @@ SPLITS = ("valid", "test")  # the held-out splits `EvalConfig.split` may name
 HELD_OUT_SEEDS = 2**31  # `held_out_generator`'s seeds start here
 
 
+def training_generator(seed: int, step: int) -> torch.Generator:
+    """The CPU generator of the training batch of `step` for the run seed `seed`: seeded at
+    `(seed * 1_000_003 + step) mod HELD_OUT_SEEDS`, below every held-out seed whatever the run
+    seed (torch's CPU generator reads only the low 32 bits of a seed, so an unreduced
+    `seed * 1_000_003 + step` of a large run seed could land on one)."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + step) % HELD_OUT_SEEDS)
+
+
 def held_out_generator(seed: int, split: str) -> torch.Generator:
     """The CPU generator of a task's held-out draw of `split`, from the config's `seed`: seeded
-    at `HELD_OUT_SEEDS + 2 seed + (split is "valid")`. Training batches draw from
-    `run_seed * 1_000_003 + step`, below `HELD_OUT_SEEDS` for every run seed under 2147, so no
-    training step draws from a held-out stream. (torch's CPU generator reads only the low 32
-    bits of a seed: `2**40 + s` is the seed `s`.)"""
+    at `HELD_OUT_SEEDS + 2 seed + (split is "valid")`, where no training batch draws
+    (`training_generator`). (`2**40 + s` would be the seed `s`: torch keeps the low 32 bits.)"""
     return torch.Generator().manual_seed(HELD_OUT_SEEDS + 2 * seed + (split == "valid"))
 
 

@@ -31,7 +31,13 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.core.checks import check_fields, fail
-from attnzoo.tasks.base import EvalConfig, check_counts, held_out_generator, model_device
+from attnzoo.tasks.base import (
+    EvalConfig,
+    check_counts,
+    held_out_generator,
+    model_device,
+    training_generator,
+)
 
 KINDS = ("copy", "repeat_copy", "associative_recall")
 
@@ -206,7 +212,7 @@ class BitsTask:
         """The global batch of `step`, one length (and repeat count) for all its sequences;
         this process's rows, generated on the CPU and moved to `device`."""
         c = self.config
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        g = training_generator(self.seed, step)
         length = int(torch.randint(c.min_len, c.max_len + 1, (), generator=g))
         repeats = int(torch.randint(c.min_repeats, c.max_repeats + 1, (), generator=g))
         full = generate(c, batch_size, length, g, repeats)

@@ -57,6 +57,7 @@ from attnzoo.tasks.base import (
     model_device,
     require,
     sampling_generator,
+    training_generator,
 )
 from attnzoo.tasks.mnist import DIGIT, TRAIN_DIGITS, load_digits
 
@@ -354,7 +355,7 @@ class DigitCaptionsTask:
     def batch(
         self, step: int, batch_size: int, device: torch.device | str, rank: int = 0, world: int = 1
     ) -> CaptionBatch:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        g = training_generator(self.seed, step)
         d = self.digits
         scene = compose(
             self.config,

@@ -47,7 +47,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.core.checks import check_fields, fail
-from attnzoo.tasks.base import EvalConfig, check_counts, model_device, require, sampling_generator
+from attnzoo.tasks.base import (
+    EvalConfig,
+    check_counts,
+    model_device,
+    require,
+    sampling_generator,
+    training_generator,
+)
 from attnzoo.tasks.mnist import DIGIT, TRAIN_DIGITS, load_digits
 
 PHASES = ("discriminator", "generator")  # the loss phases, in the order the loop steps them
@@ -194,7 +201,7 @@ class GanMnistTask:
     def batch(
         self, step: int, batch_size: int, device: torch.device | str, rank: int = 0, world: int = 1
     ) -> GanBatch:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        g = training_generator(self.seed, step)
         index = torch.randint(self.n_train, (batch_size,), generator=g)[rank::world]
         images = pad_digits(self.digits.train_images[index], self.config.pad) * 2 - 1
         labels = self.digits.train_labels[index]

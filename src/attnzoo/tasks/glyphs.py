@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.core.checks import check_fields, fail
-from attnzoo.tasks.base import EvalConfig, check_counts, model_device, require
+from attnzoo.tasks.base import EvalConfig, check_counts, model_device, require, training_generator
 
 SIDE = 28  # the side of an instance, Omniglot's side as the few-shot papers resize it
 CANVAS = 2 * SIDE  # the side glyphs are drawn at before the warp
@@ -455,7 +455,7 @@ class GlyphsTask:
     ) -> EpisodeBatch:
         """`batch_size` episodes of the background classes (this process's share), drawn on
         the CPU, then moved to `device`."""
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        g = training_generator(self.seed, step)
         whole = episodes(
             self.config, self.inventory, self.inventory.background, batch_size,
             self.config.queries, g,

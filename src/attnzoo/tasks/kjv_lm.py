@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.core.checks import check_fields, fail
-from attnzoo.tasks.base import EvalConfig, check_counts, model_device
+from attnzoo.tasks.base import EvalConfig, check_counts, model_device, training_generator
 from attnzoo.tasks.kjv2web import verse_pairs
 from attnzoo.tasks.text import Vocab
 
@@ -185,7 +185,7 @@ class CharLmTask:
     ) -> torch.Tensor:
         """Windows of context + 1 characters at uniformly random offsets: (b, context + 1)
         ids, this process's rows of the global batch, on `device`."""
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        g = training_generator(self.seed, step)
         starts = torch.randint(len(self._train) - self.context, (batch_size,), generator=g)
         starts = starts[rank::world]  # (b,)
         offsets = torch.arange(self.context + 1)  # (context + 1,)

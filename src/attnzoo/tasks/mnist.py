@@ -44,6 +44,7 @@ from attnzoo.tasks.base import (
     check_counts,
     model_device,
     sampling_generator,
+    training_generator,
 )
 
 KINDS = ("mnist", "translated", "cluttered")
@@ -260,7 +261,7 @@ class MnistTask:
         self, step: int, batch_size: int, device: torch.device | str, rank: int = 0, world: int = 1
     ) -> ImageBatch:
         """Composed on the CPU, then moved to `device`."""
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        g = training_generator(self.seed, step)
         index = torch.randint(self.n_train, (batch_size,), generator=g)
         pool = self.digits.train_images[: self.n_train]
         images = compose(self.config, pool[index], pool, g)[rank::world]

@@ -28,7 +28,13 @@ import torch
 
 from attnzoo.core.checks import check_fields, fail
 from attnzoo.core.hard import hybrid_loss, reinforce_loss, rewards_to_go
-from attnzoo.tasks.base import EvalConfig, check_counts, model_device, sampling_generator
+from attnzoo.tasks.base import (
+    EvalConfig,
+    check_counts,
+    model_device,
+    sampling_generator,
+    training_generator,
+)
 from attnzoo.tasks.mnist import DIGIT, TRAIN_DIGITS, explore_glimpses, load_digits
 
 KINDS = ("multi", "addition")
@@ -139,7 +145,7 @@ class MultiMnistTask:
     def batch(
         self, step: int, batch_size: int, device: torch.device | str, rank: int = 0, world: int = 1
     ) -> MultiBatch:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        g = training_generator(self.seed, step)
         index = torch.randint(self.n_train, (batch_size, self.config.digits), generator=g)
         images = compose(self.config, self.digits.train_images[index], g)[rank::world]
         labels = targets(self.config, self.digits.train_labels[index])[rank::world]

@@ -33,7 +33,14 @@ import torch
 from attnzoo.core.checks import check_fields, fail
 from attnzoo.core.hard import reinforce_loss
 from attnzoo.tasks import geometry
-from attnzoo.tasks.base import EvalConfig, check_counts, model_device, require, sampling_generator
+from attnzoo.tasks.base import (
+    EvalConfig,
+    check_counts,
+    model_device,
+    require,
+    sampling_generator,
+    training_generator,
+)
 
 KINDS = ("sort_numbers", "convex_hull", "tsp")
 OBJECTIVES = ("supervised", "reinforce")
@@ -137,7 +144,7 @@ class PointingTask:
         self, step: int, batch_size: int, device: torch.device | str, rank: int = 0, world: int = 1
     ) -> PointerBatch:
         """Drawn and solved on the CPU, then moved to `device`."""
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        g = training_generator(self.seed, step)
         c = self.config
         n = int(torch.randint(c.n_min, c.n_max + 1, (), generator=g))
         points = draw(c.kind, g, batch_size, n)[rank::world]
@@ -191,7 +198,7 @@ class PointingTask:
         significantly shorter (paired one-sided t-test, alpha 0.05) on fresh instances."""
         stats = require("scipy.stats")
         c = self.config
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step + 11)
+        g = training_generator(self.seed, step + 11)
         points = draw(c.kind, g, c.baseline_instances, c.n_max).to(model_device(policy))
         was_training = policy.training
         policy.eval()

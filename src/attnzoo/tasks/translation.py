@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.decoding import decode
-from attnzoo.tasks.base import EvalConfig, model_device
+from attnzoo.tasks.base import EvalConfig, model_device, training_generator
 from attnzoo.tasks.text import Splits, Vocab, alignment_score, bleu, chrf, exact_match
 
 DECODE_MARGIN = 5  # decoding may run this many tokens past the longest training target
@@ -142,7 +142,7 @@ class TranslationTask:
     def batch(
         self, step: int, batch_size: int, device: torch.device | str, rank: int = 0, world: int = 1
     ) -> Batch:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        g = training_generator(self.seed, step)
         index = torch.randint(len(self._train), (batch_size,), generator=g)
         return self.collate([self._train[i] for i in index[rank::world].tolist()], device)
 

@@ -91,6 +91,8 @@ class TrainConfig:
             _check_int(name, getattr(self, name), 1, "a positive int")
         for name in ("eval_every", "warmup", "threads", "seed"):
             _check_int(name, getattr(self, name), 0, "a non-negative int")
+        if self.seed >= 2**31:  # torch's generators read 32 bits: s and s + 2**32 would agree
+            fail("TrainConfig", "seed", "a seed below 2**31", self.seed)
         if not _real(self.lr) or self.lr <= 0:
             fail("TrainConfig", "lr", "a positive, finite learning rate", self.lr)
         for name in ("weight_decay", "clip"):
