@@ -169,3 +169,26 @@ def test_image_layout_checks_its_fields():
         validate({**data, "examples": [{**example, "glimpses": np.ones((3, 2))}]})
     with pytest.raises(ValueError, match="sizes"):
         validate({**data, "examples": [{**example, "sizes": [0]}]})
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("field", ["signals", "points", "glimpses"])
+def test_a_non_finite_number_the_page_draws_is_refused(field, bad):
+    """JSON has no NaN: the page embedded one, its parse failed and it stayed blank while the
+    command said it wrote it (a diverged NTM's outputs). The field is named instead."""
+    data = tokens_data(rows=("1", "2"), columns=("end", "0", "1"))
+    example = data["examples"][0]
+    if field == "signals":
+        data["layout"] = "memory"
+        example["signals"] = {"outputs": torch.tensor([[0.5], [bad]])}
+    elif field == "points":
+        data["layout"] = "points"
+        example.update(
+            points=[[0.1, bad], [0.5, 0.5]], column_points=[None, 0, 1], output=[1, 0], truth=None
+        )
+        example["closed"] = True
+    else:
+        data["layout"] = "image"
+        example.update(image=torch.zeros(4, 4), glimpses=[[0.1, 0.2], [bad, 0.3]], sizes=[2])
+    with pytest.raises(ValueError, match=rf"{field}.*expected finite values \(a NaN or inf"):
+        explorer_html(data, heading="h")

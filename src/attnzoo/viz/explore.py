@@ -76,6 +76,14 @@ def _fail(where: str, expected: str, received: object) -> None:
     raise ValueError(f"explorer data: {where!r} expected {expected}, got {received}")
 
 
+def _check_finite(where: str, values: np.ndarray) -> None:
+    """Numbers the page draws: JSON has no NaN (the page's parse would fail, leaving it
+    blank), and a model that gives one has diverged; its figures mark it, the page refuses."""
+    if values.size and not np.isfinite(values).all():
+        bad = int((~np.isfinite(values)).sum())
+        _fail(where, "finite values (a NaN or inf: has the model diverged?)", f"{bad} non-finite")
+
+
 def _array(x, dtype=float) -> np.ndarray:
     if hasattr(x, "detach"):
         x = x.detach().cpu().float()
@@ -118,6 +126,7 @@ def validate(data: dict[str, Any]) -> None:
                 shape = _array(values).shape
                 if len(shape) != 2 or (rows and shape[0] not in rows):
                     _fail(f"{where}.signals.{name}", f"(steps {sorted(rows)}, channels)", shape)
+                _check_finite(f"{where}.signals.{name}", _array(values))
 
 
 def _check_kind(where: str, kind: dict) -> None:
@@ -139,6 +148,7 @@ def _check_points(where: str, example: dict) -> None:
     points = _array(example["points"])
     if points.ndim != 2 or points.shape[1] not in (1, 2):
         _fail(f"{where}.points", "shape (n, 1 or 2)", points.shape)
+    _check_finite(f"{where}.points", points)
     n = points.shape[0]
     columns = example["column_points"]
     if any(c is not None and not 0 <= c < n for c in columns):
@@ -160,6 +170,7 @@ def _check_image(where: str, example: dict) -> None:
     if image.ndim != 2 or not np.isfinite(image).all():
         _fail(f"{where}.image", "finite (height, width) grey levels", image.shape)
     glimpses = _array(example["glimpses"]).reshape(-1, 2)
+    _check_finite(f"{where}.glimpses", glimpses)
     for kind in example["attention"]:
         if len(kind["rows"]) != len(glimpses):
             _fail(f"{where}.glimpses", f"{len(kind['rows'])} (x, y) centres", len(glimpses))
@@ -228,7 +239,7 @@ def _asset(name: str) -> str:
 
 def _script_json(value: Any) -> str:
     """JSON safe inside <script>: no '<', '>' or '&' that could end or open a tag."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
