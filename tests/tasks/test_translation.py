@@ -63,3 +63,34 @@ def test_by_source_length_reports_no_bucket_under_min_bucket():
     assert [(r["min_len"], r["max_len"]) for r in rows] == [(4, 9), (10, 19), (20, 29), (30, 40)]
     assert sum(r["n"] for r in rows) == len(lengths) == 400
     assert min(r["n"] for r in rows) >= MIN_BUCKET
+
+
+@pytest.mark.parametrize("model_name", ["bahdanau", "transformer"])
+def test_the_alignment_figure_shows_the_attention_of_the_models_own_output(
+    model_name, monkeypatch, tmp_path
+):
+    """Its rows were the reference's tokens, teacher-forced, under a title giving the model's
+    output and an axis saying 'output': the figure now draws what the explorer draws, the
+    attention the model had when it wrote each token of its own output."""
+    from tests.test_devices import tiny_config
+
+    from attnzoo import runs, viz
+
+    task, model = runs.build(tiny_config(model_name, "dates"))
+    model.eval()
+    drawn, draw = [], viz.alignment_figure
+
+    def capture(weights, source, target, title=None):
+        drawn.append((weights, source, target, title))
+        return draw(weights, source, target, title=title)
+
+    monkeypatch.setattr(viz, "alignment_figure", capture)
+    with torch.no_grad():
+        task.figures(model, tmp_path, count=2)
+        examples = task.examples()[:2]
+        outputs = task.translate(model, examples)
+        assert len(drawn) == 2
+        for (weights, source, rows, title), e, out in zip(drawn, examples, outputs, strict=True):
+            assert rows == task.output_labels(out) and source == [*e.source, "<eos>"]
+            torch.testing.assert_close(weights, task.attention_of(model, e, out)[0])
+            assert title == f"reference: {task.detokenize(e.target)}"

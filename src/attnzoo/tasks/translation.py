@@ -240,8 +240,10 @@ class TranslationTask:
 
     # ----- pictures -----
     def figures(self, model, folder: Path, count: int = 3) -> list[Path]:
-        """alignment.png (+ alignment_1.png ...) of the first `count` held-out examples; for a
-        model whose forward returns per-head maps, also heads_encoder_self.png,
+        """alignment.png (+ alignment_1.png ...) of the first `count` held-out examples: the
+        attention the model had when it wrote each token of its own output (teacher-forced on
+        that output, as the explorer shows it; the title gives the reference); for a model
+        whose forward returns per-head maps, also heads_encoder_self.png,
         heads_decoder_self.png and heads_cross.png of the first example; none for a model
         without attention."""
         from attnzoo.viz import alignment_figure
@@ -249,23 +251,26 @@ class TranslationTask:
         examples = self.examples()[:count]
         outputs = self.translate(model, examples)
         written = []
-        for k, (e, w) in enumerate(zip(examples, self.alignments(model, examples), strict=False)):
-            title = f"output: {self.detokenize(outputs[k])}"
-            fig = alignment_figure(w, [*e.source, "<eos>"], [*e.target, "<eos>"], title=title)
+        for k, (e, output) in enumerate(zip(examples, outputs, strict=True)):
+            w, _ = self.attention_of(model, e, output)
+            if w is None:
+                break
+            title = f"reference: {self.detokenize(e.target)}"
+            fig = alignment_figure(w, [*e.source, "<eos>"], self.output_labels(output), title=title)
             path = Path(folder) / ("alignment.png" if k == 0 else f"alignment_{k}.png")
             fig.savefig(path, dpi=110)
             written.append(path)
         if examples:
-            written += self.head_figures(model, examples[0], folder)
+            written += self.head_figures(model, examples[0], folder, outputs[0])
         return written
 
-    def head_figures(self, model, example, folder: Path) -> list[Path]:
-        """One grid of per-head maps (layers x heads) per attention kind the model's
-        teacher-forced forward returns (`attention_of`)."""
+    def head_figures(self, model, example, folder: Path, target=None) -> list[Path]:
+        """One grid of per-head maps (layers x heads) per attention kind the model's forward
+        teacher-forced on `target` (default: the reference) returns (`attention_of`)."""
         from attnzoo.viz import head_grid_figure
 
         written = []
-        for field, title, weights, queries, keys in self.attention_of(model, example)[1]:
+        for field, title, weights, queries, keys in self.attention_of(model, example, target)[1]:
             fig = head_grid_figure(weights.float(), keys, queries, title=title)
             path = Path(folder) / f"heads_{HEAD_KINDS[field][0]}.png"
             fig.savefig(path, dpi=110)
