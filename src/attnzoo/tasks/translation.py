@@ -244,9 +244,9 @@ class TranslationTask:
         attention the model had when it wrote each token of its own output (teacher-forced on
         that output, as the explorer shows it; the title gives the reference); for a model
         whose forward returns per-head maps, also heads_encoder_self.png,
-        heads_decoder_self.png and heads_cross.png of the first example; none for a model
-        without attention."""
-        from attnzoo.viz import alignment_figure
+        heads_decoder_self.png and heads_cross.png of the first example on its reference;
+        none for a model without attention."""
+        from attnzoo.viz import alignment_figure, save_figure
 
         examples = self.examples()[:count]
         outputs = self.translate(model, examples)
@@ -258,22 +258,23 @@ class TranslationTask:
             title = f"reference: {self.detokenize(e.target)}"
             fig = alignment_figure(w, [*e.source, "<eos>"], self.output_labels(output), title=title)
             path = Path(folder) / ("alignment.png" if k == 0 else f"alignment_{k}.png")
-            fig.savefig(path, dpi=110)
+            save_figure(fig, path, dpi=110)
             written.append(path)
         if examples:
-            written += self.head_figures(model, examples[0], folder, outputs[0])
+            written += self.head_figures(model, examples[0], folder)
         return written
 
-    def head_figures(self, model, example, folder: Path, target=None) -> list[Path]:
+    def head_figures(self, model, example, folder: Path) -> list[Path]:
         """One grid of per-head maps (layers x heads) per attention kind the model's forward
-        teacher-forced on `target` (default: the reference) returns (`attention_of`)."""
-        from attnzoo.viz import head_grid_figure
+        teacher-forced on the reference returns (`attention_of`; its rows and columns are
+        labelled with the reference's tokens)."""
+        from attnzoo.viz import head_grid_figure, save_figure
 
         written = []
-        for field, title, weights, queries, keys in self.attention_of(model, example, target)[1]:
+        for field, title, weights, queries, keys in self.attention_of(model, example)[1]:
             fig = head_grid_figure(weights.float(), keys, queries, title=title)
             path = Path(folder) / f"heads_{HEAD_KINDS[field][0]}.png"
-            fig.savefig(path, dpi=110)
+            save_figure(fig, path, dpi=110)
             written.append(path)
         return written
 
