@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from attnzoo.core.checks import fail
+from attnzoo.core.files import atomic_write, atomic_write_json
 from attnzoo.models.registry import MODELS
 from attnzoo.rundir import (  # noqa: F401  (the config half of this module's public API)
     EXPLORER,
@@ -37,8 +38,6 @@ from attnzoo.rundir import (  # noqa: F401  (the config half of this module's pu
 )
 from attnzoo.tasks.registry import TASKS
 from attnzoo.train.checkpoint import (
-    atomic_write,
-    atomic_write_json,
     checkpoint_step,
     latest_checkpoint,
     load_model_weights,
@@ -179,7 +178,7 @@ def load_run(run_dir: Path, device: str = "auto", sets: list[str] = ()):
 def write_figures(run_dir: Path, task, model, *, count: int = 3) -> list[Path]:
     """The task's figures (`task.figures`), loss.png, the learning curve, and scalars.png, the
     model's per-step scalars (scalars.jsonl, when the model logs any), in figures/."""
-    from attnzoo.viz import loss_figure
+    from attnzoo.viz import loss_figure, save_figure
 
     figures = Path(run_dir) / "figures"
     figures.mkdir(parents=True, exist_ok=True)
@@ -189,7 +188,7 @@ def write_figures(run_dir: Path, task, model, *, count: int = 3) -> list[Path]:
     rows = read_metrics(metrics) if metrics.exists() else []
     if rows:
         fig = loss_figure([r["step"] for r in rows], [r["loss"] for r in rows])
-        fig.savefig(figures / "loss.png", dpi=110)
+        save_figure(fig, figures / "loss.png", dpi=110)
         written.append(figures / "loss.png")
     scalars = Path(run_dir) / "scalars.jsonl"
     rows = read_metrics(scalars, None) if scalars.exists() else []
@@ -199,7 +198,7 @@ def write_figures(run_dir: Path, task, model, *, count: int = 3) -> list[Path]:
         names = [k for k in rows[0] if k != "step"]
         curves = {k: ([r["step"] for r in rows], [r[k] for r in rows]) for k in names}
         fig = scalars_figure(curves, title="logged every step")
-        fig.savefig(figures / "scalars.png", dpi=100)
+        save_figure(fig, figures / "scalars.png", dpi=100)
         written.append(figures / "scalars.png")
     return written
 

@@ -3,9 +3,9 @@ import json
 import pytest
 import torch
 
+from attnzoo.core.files import atomic_write
 from attnzoo.train.checkpoint import (
     CheckpointError,
-    atomic_write,
     find_resumable,
     latest_checkpoint,
     load_checkpoint,

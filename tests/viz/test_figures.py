@@ -1,5 +1,6 @@
 import io
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -293,3 +294,37 @@ def test_caption_and_gan_attention_maps_mark_non_finite_weights():
         # finite weight: a NaN maximum had made every cell NaN)
         panel = fig.axes[-1].get_window_extent()
         assert 20 < green < panel.width * panel.height / 4
+
+
+def test_a_figure_that_fails_to_save_leaves_the_earlier_one(tmp_path, monkeypatch):
+    """savefig straight to the path left a truncated PNG on a full disk (and truncated the
+    earlier figure first); save_figure writes atomically, naming the file on failure."""
+    from matplotlib.figure import Figure
+
+    from attnzoo.viz import save_figure
+
+    path = tmp_path / "alignment.png"
+    save_figure(loss_figure([0, 1], [2.0, 1.0]), path)
+    before = path.read_bytes()
+
+    def disk_full(self, fname, **kwargs):
+        fname.write(b"\x89PNG\r\n")  # what a writer got out before the disk filled
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", disk_full)
+    with pytest.raises(OSError, match="No space left on device"):
+        save_figure(loss_figure([0, 1], [2.0, 1.0]), path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_every_figure_of_the_package_is_saved_by_save_figure():
+    """A task or the runs layer calling savefig itself would write non-atomically again."""
+    import attnzoo
+
+    root = Path(attnzoo.__file__).parent
+    direct = [
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if ".savefig(" in p.read_text() and p.name != "figures.py"
+    ]
+    assert not direct, direct

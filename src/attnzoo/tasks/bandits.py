@@ -438,6 +438,8 @@ class BanditsTask:
         held-out draws."""
         from matplotlib.figure import Figure
 
+        from attnzoo.viz import save_figure
+
         found = self.scores(model, self.eval_config.limit or self.config.test_episodes)
         fig = Figure(figsize=(8, 4.5), dpi=100)
         ax = fig.add_subplot()
@@ -449,7 +451,7 @@ class BanditsTask:
         ax.grid(alpha=0.3)
         ax.legend()
         path = Path(folder) / "bandit_rewards.png"
-        fig.savefig(path)
+        save_figure(fig, path)
         return [path]
 
 

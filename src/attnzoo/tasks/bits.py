@@ -296,7 +296,7 @@ class BitsTask:
     def figures(self, model, folder: Path, count: int = 3) -> list[Path]:
         """Graves 2014 Fig. 6 for held-out examples: `count` figures, the first of length
         max_len, then the test lengths, longest first; memory_{kind}_len{L}.png."""
-        from attnzoo.viz import memory_figure
+        from attnzoo.viz import memory_figure, save_figure
 
         c = self.config
         longest_first = sorted(c.test_lengths, reverse=True)
@@ -324,7 +324,7 @@ class BitsTask:
                 **extra,
             )
             path = Path(folder) / f"memory_{c.kind}_len{length}.png"
-            fig.savefig(path, dpi=110)
+            save_figure(fig, path, dpi=110)
             written.append(path)
         return written
 

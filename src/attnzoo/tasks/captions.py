@@ -614,6 +614,7 @@ class DigitCaptionsTask:
         """figures/captions.png: `count` test images, each followed by one panel per word with
         its attention upsampled and overlaid (Xu 2015, Fig. 2/3); hard attention shows the
         sampled location of each step. None for a model without attention."""
+        from attnzoo.viz import save_figure
         from attnzoo.viz.captions import caption_attention_figure
 
         g = sampling_generator(model_device(model)).manual_seed(self.config.seed + 29)
@@ -627,7 +628,7 @@ class DigitCaptionsTask:
         ]
         fig = caption_attention_figure(rows)
         path = Path(folder) / "captions.png"
-        fig.savefig(path, dpi=100)
+        save_figure(fig, path, dpi=100)
         return [path]
 
 

@@ -371,20 +371,20 @@ class GanMnistTask:
         """figures/samples.png (8 samples of each class, one row per class) and, for a model
         with attention, figures/attention.png (Zhang 2018, Fig. 1: `count` samples, each
         query pixel's attention map)."""
+        from attnzoo.viz import save_figure
         from attnzoo.viz.gan import attention_map_figure, sample_grid_figure
 
         labels = torch.arange(CLASSES).repeat_interleave(8)
         images = self.generate(model, labels, self.config.seed + 53)[:, 0].cpu()
         written = []
         path = Path(folder) / "samples.png"
-        sample_grid_figure(images.view(CLASSES, 8, *images.shape[-2:])).savefig(path, dpi=100)
+        save_figure(sample_grid_figure(images.view(CLASSES, 8, *images.shape[-2:])), path, dpi=100)
         written.append(path)
         images, labels, maps, queries = self.attention_maps(model, count)
         if maps is not None:
             path = Path(folder) / "attention.png"
-            attention_map_figure(images, maps, queries, labels=labels.tolist()).savefig(
-                path, dpi=100
-            )
+            fig = attention_map_figure(images, maps, queries, labels=labels.tolist())
+            save_figure(fig, path, dpi=100)
             written.append(path)
         return written
 

@@ -571,7 +571,7 @@ class GlyphsTask:
         """figures/episodes.png: `count` test episodes, the support images with their labels,
         the query with its true and predicted label, and (a model with attention) the query's
         weights over the support in the last attention block."""
-        from attnzoo.viz import episode_figure
+        from attnzoo.viz import episode_figure, save_figure
 
         chunk = self.held_out("test", min(max(1, count), EVAL_CHUNK))[0]
         chunk = chunk._replace(query=chunk.query[:, :1], query_labels=chunk.query_labels[:, :1])
@@ -593,7 +593,7 @@ class GlyphsTask:
             columns,
         )
         path = Path(folder) / "episodes.png"
-        fig.savefig(path, dpi=100)
+        save_figure(fig, path, dpi=100)
         return [path]
 
 

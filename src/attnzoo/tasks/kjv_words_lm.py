@@ -196,7 +196,7 @@ class WordLmTask(CharLmTask):
         intra_attention.png (+ _1, _2 ...: the word-by-word layout of Cheng 2016 Fig. 1, the
         current word in red, earlier words shaded by their weight) and
         intra_attention_heatmap.png (+ _1 ...). None for a model without attention."""
-        from attnzoo.viz.figures import alignment_figure, intra_attention_figure
+        from attnzoo.viz.figures import alignment_figure, intra_attention_figure, save_figure
 
         written = []
         for k, sentence in enumerate(self._figure_sentences(count)):
@@ -208,13 +208,13 @@ class WordLmTask(CharLmTask):
             title = "intra-attention over earlier words (current word in red)"
             fig = intra_attention_figure(shown, by_word, title=title)
             path = Path(folder) / f"intra_attention{suffix}.png"
-            fig.savefig(path, dpi=80)
+            save_figure(fig, path, dpi=80)
             written.append(path)
             fig = alignment_figure(weights, columns, shown, title="intra-attention weights")
             fig.axes[0].set_xlabel("state read (written after the word shown)")
             fig.axes[0].set_ylabel("current word")
             path = Path(folder) / f"intra_attention_heatmap{suffix}.png"
-            fig.savefig(path, dpi=100)
+            save_figure(fig, path, dpi=100)
             written.append(path)
         return written
 

@@ -350,7 +350,7 @@ class MnistTask:
         """figures/glimpses_correct.png and glimpses_wrong.png (hard-attention models): for
         `count` test images each, the glimpse path over the image and every glimpse's retina
         (Mnih 2014, Fig. 3). Models that see the whole image draw none."""
-        from attnzoo.viz import glimpse_figure
+        from attnzoo.viz import glimpse_figure, save_figure
 
         sensor = getattr(getattr(model, "glimpse", None), "sensor", None)
         if sensor is None:
@@ -378,7 +378,7 @@ class MnistTask:
                 titles=[f"true {int(labels[r])}, predicted {int(predicted[r])}" for r in rows],
             )
             path = Path(folder) / f"glimpses_{name}.png"
-            fig.savefig(path, dpi=110)
+            save_figure(fig, path, dpi=110)
             written.append(path)
         return written
 

@@ -235,7 +235,7 @@ class MultiMnistTask:
     @torch.no_grad()
     def figures(self, model: torch.nn.Module, folder: Path, count: int = 3) -> list[Path]:
         """figures/glimpses.png: the glimpse paths over `count` test images (hard attention)."""
-        from attnzoo.viz import glimpse_figure
+        from attnzoo.viz import glimpse_figure, save_figure
 
         sensor = getattr(getattr(model, "glimpse", None), "sensor", None)
         if sensor is None:
@@ -260,7 +260,7 @@ class MultiMnistTask:
             ],
         )
         path = Path(folder) / "glimpses.png"
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, dpi=110)
         return [path]
 
 

@@ -287,7 +287,7 @@ class PointingTask:
         """figures/pointer.png (+ pointer_1.png ...): the pointer distribution at every
         output step over the inputs, beside the output drawn (tour, hull or sorted values)
         with the true output as a light band under it."""
-        from attnzoo.viz import pointer_figure
+        from attnzoo.viz import pointer_figure, save_figure
 
         points, truth = self.test_set(self.config.sizes[0])
         points = points[:count]
@@ -304,7 +304,7 @@ class PointingTask:
                 title=f"{self.config.kind}, n = {points.shape[1]}",
             )
             path = Path(folder) / ("pointer.png" if k == 0 else f"pointer_{k}.png")
-            fig.savefig(path, dpi=110)
+            save_figure(fig, path, dpi=110)
             written.append(path)
         return written
 

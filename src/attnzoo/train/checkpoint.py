@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -33,66 +31,15 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from attnzoo.core.checks import fail
+from attnzoo.core.files import atomic_write, atomic_write_json
 from attnzoo.train.files import warn
 
 TENSORS, STATE = "tensors.safetensors", "state.json"
 _FOLDER = re.compile(r"step_(\d{8})")
 
 
-def _file_mode() -> int:
-    """The mode a plain `open()` gives a new file here: 0o666 less the process's umask (read
-    by setting it and putting it back, once, when this module is imported)."""
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-FILE_MODE = _file_mode()  # mkstemp makes 0o600 files: another user could not read a run
-
-
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used: its message names the file and what is wrong."""
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename over `path`. A failed
-    write (a full disk, a read-only folder) leaves `path` as it was and no temporary file, and
-    raises an OSError naming `path`."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    except OSError as err:
-        raise _naming(err, path) from err
-    try:
-        if hasattr(os, "fchmod"):  # (not on Windows, whose files have no such modes)
-            os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise _naming(err, path) from err
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def _naming(err: OSError, path: Path) -> OSError:
-    """`err` as the same kind of OSError whose message names `path`."""
-    if err.errno is None:
-        return err
-    return type(err)(err.errno, f"{err.strerror} (writing {path})")
-
-
-def atomic_write_json(path: Path, obj) -> None:
-    atomic_write(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
 def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

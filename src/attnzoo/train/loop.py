@@ -42,10 +42,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from attnzoo.core.checks import check_fields, fail
+from attnzoo.core.files import atomic_write, atomic_write_json
 from attnzoo.train.checkpoint import (
     TIMING,
-    atomic_write,
-    atomic_write_json,
     checkpoint_step,
     load_checkpoint,
     resume_point,

@@ -9,6 +9,7 @@ from attnzoo.viz.figures import (
     loss_figure,
     memory_figure,
     pointer_figure,
+    save_figure,
 )
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "loss_figure",
     "memory_figure",
     "pointer_figure",
+    "save_figure",
 ]

@@ -3,11 +3,15 @@ the caller's business. Uses the non-interactive Agg canvas, so it works without 
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+
+from attnzoo.core.files import atomic_write
 
 # Tokens and titles are drawn as the characters they are: a "$" would otherwise start TeX
 # (matplotlib's mathtext), so "a$b$c" would lose its dollars and "$\frac$" would crash savefig.
@@ -39,6 +43,16 @@ def note_nonfinite(fig: Figure, *arrays, what: str = "weight") -> None:
     if bad:
         text = f"{bad} non-finite {what}{'s' * (bad > 1)} (NaN or inf), drawn in bright green"
         fig.text(0.01, 0.005, text, color="green", fontsize=7, va="bottom")
+
+
+def save_figure(fig: Figure, path: str | Path, dpi: float | None = None) -> Path:
+    """`fig` as a PNG at `path` (at `dpi`, else the figure's own), written atomically
+    (`attnzoo.core.files.atomic_write`): a full disk or a kill leaves the earlier figure, never
+    a truncated one, and the error names the file."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi="figure" if dpi is None else dpi)
+    atomic_write(Path(path), buffer.getvalue())
+    return Path(path)
 
 
 def alignment_figure(
