@@ -204,3 +204,16 @@ def test_figures_and_explorer(digits, model, mnist_classifier, tmp_path):
 def test_bad_config_is_an_error_naming_the_field(fields, argument):
     with pytest.raises(ValueError, match=f"'{argument}'"):
         G.GanMnistConfig(**fields)
+
+
+def test_scoring_the_valid_split_needs_a_classifier_that_held_its_digits_out(mnist_classifier):
+    """The valid split's real digits are the last n_valid training digits: a classifier that
+    held out fewer trained on some of them, and its accuracy on them was inflated."""
+    config = G.GanMnistConfig(n_fid=40, n_valid=100, classifier=mnist_classifier)  # it held 16
+    for split in ("test", "valid"):
+        built = G.GanMnistTask(config, seed=0, eval_config=EvalConfig(batch_size=16, split=split))
+        if split == "test":
+            runs.attach_runs(built)
+            continue
+        with pytest.raises(ValueError, match=r"held out at least this task's n_valid = 100"):
+            runs.attach_runs(built)

@@ -183,3 +183,11 @@ def test_the_episode_figure_names_the_weights_columns():
         for fig in (over_classes, over_positions)
     ]
     assert ticks == [["c0", "c1", "c2"], ["2", "0", "1", "q"]]
+
+
+def test_every_tensor_of_a_batch_is_on_the_device_asked_for(task):
+    """classes stayed on the CPU (Task protocol: a batch's tensors on `device`)."""
+    batch = task.batch(0, 2, "meta")
+    tensors = {k: v for k, v in batch._asdict().items() if isinstance(v, torch.Tensor)}
+    assert "classes" in tensors
+    assert {k: v.device.type for k, v in tensors.items()} == dict.fromkeys(tensors, "meta")

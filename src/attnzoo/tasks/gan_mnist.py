@@ -149,16 +149,21 @@ class ClassifierFeatures(nn.Module):
         return self.classifier(self.crop(images)).log_probs.argmax(-1)
 
 
-def check_classifier(config: dict, model: nn.Module) -> None:
+def check_classifier(config: dict, model: nn.Module, n_valid: int = 0) -> None:
     """A run usable as the metrics' classifier: an MNIST classifier (task `mnist`, 28 x 28
-    digits) whose model has a `features` layer; anything else is an error naming
-    task.classifier and what the run holds."""
+    digits) whose model has a `features` layer and which never trained on this task's
+    validation digits (the last `n_valid` training digits: its own n_valid at least);
+    anything else is an error naming task.classifier and what the run holds."""
     got = f"a run of {config.get('model_name')} on {config.get('task_name')}"
     kind = config.get("task", {}).get("kind")
     if config.get("task_name") != "mnist" or kind != "mnist":
         fail("GanMnistConfig", "classifier", CLASSIFIER_HINT, got)
     if not hasattr(model, "features") or not hasattr(model, "feature_size"):
         fail("GanMnistConfig", "classifier", "a classifier with a features layer (convnet)", got)
+    held = config["task"].get("n_valid", 0)
+    if held < n_valid:  # its training digits would include some of this task's valid ones
+        wanted = f"a classifier held out at least this task's n_valid = {n_valid} digits"
+        fail("GanMnistConfig", "classifier", wanted, f"{got} with task.n_valid = {held}")
 
 
 class GanMnistTask:
@@ -186,7 +191,9 @@ class GanMnistTask:
         """Take the run of `field` (its resolved config and model), checked first."""
         if field != "classifier":
             fail("GanMnistTask.use_run", "field", "'classifier'", repr(field))
-        check_classifier(config, model)
+        # scoring the valid split, whose digits the classifier must not have trained on
+        valid = self.eval_config.split == "valid"
+        check_classifier(config, model, self.config.n_valid if valid else 0)
         self._loaded, self._classifier = model.eval(), {}
 
     def model_dims(self) -> dict:

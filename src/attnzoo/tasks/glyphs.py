@@ -407,6 +407,7 @@ def _to(batch: EpisodeBatch, device, step: int) -> EpisodeBatch:
         support_labels=batch.support_labels.to(**move),
         query=batch.query.to(**move),
         query_labels=batch.query_labels.to(**move),
+        classes=batch.classes.to(**move),
         step=step,
     )
 
