@@ -52,7 +52,7 @@ def test_wrong_inputs_are_one_line_errors(run, tmp_path, capsys):
     missing = tmp_path / "no" / "x.html"
     one_line_error(capsys, ["explore", str(run), "--out", str(missing)], "'--out'", "no such")
     one_line_error(capsys, ["explore", str(tmp_path / "nothing")], "'DIR'", "no such directory")
-    one_line_error(capsys, ["explore", str(run), "--device", "tpu"], "tpu")
+    one_line_error(capsys, ["explore", str(run), "--device", "tpu"], "'--device'", "tpu")
     one_line_error(capsys, ["explore"], "DIR")
 
 

@@ -169,7 +169,7 @@ def load_run(run_dir: Path, device: str = "auto", sets: list[str] = ()):
     if folder is None:
         fail("attnzoo", "DIR", "a run with a checkpoint", f"none under {run_dir}/checkpoints")
     read_checkpoint(folder)  # its files, before the data is built
-    device = resolve_device(device)
+    device = resolve_device(device, ("attnzoo", "--device"))
     task, model = build(config)
     load_model_weights(folder, model.to(device))
     return config, task, model.eval()
