@@ -342,6 +342,7 @@ def test_init_from_fails_naming_it_before_any_work(tmp_path):
     with pytest.raises(ValueError, match=r"train.init_from.*encoder.net.0.bias of shape \(16,\)"):
         _tiny_run("show-attend-tell", "digit_captions", tmp_path / "cap2",
                   *CAPTION_SETS, f"train.init_from={tmp_path / 'enc'}")  # fmt: skip
+    assert not (tmp_path / "cap2").exists()  # (the weights are read after --out is claimed)
     _tiny_run("luong", "reverse", tmp_path / "other", "task.n_train=8", "task.n_test=2",
               "task.n_valid=2", "model.hidden=8", "eval.limit=2")  # fmt: skip
     with pytest.raises(ValueError, match="train.init_from.*weights named as this model's"):

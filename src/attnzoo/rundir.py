@@ -288,6 +288,7 @@ def check_out(out: Path, *, resume: bool = False, overwrite: bool = False) -> It
     out = Path(out)
     if resume and overwrite:
         fail("attnzoo", "--overwrite", "either --resume or --overwrite", "both")
+    made = not out.exists()  # removed again if the block fails before it writes anything
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = open(out / LOCK, "a+")  # noqa: SIM115 (held open to the block's end)
@@ -314,7 +315,15 @@ def check_out(out: Path, *, resume: bool = False, overwrite: bool = False) -> It
             lock.truncate(0)
             lock.write(str(os.getpid()))
             lock.flush()
-        yield _replaceable(out, resume, overwrite)
+        try:
+            yield _replaceable(out, resume, overwrite)
+        except BaseException:
+            # a check that failed before any work (init_from's weights, a task's needs) leaves
+            # no empty run directory behind it
+            if made and [p.name for p in out.iterdir()] == [LOCK]:
+                (out / LOCK).unlink()
+                out.rmdir()
+            raise
 
 
 def _replaceable(out: Path, resume: bool, overwrite: bool) -> list[Path]:
