@@ -465,6 +465,9 @@ class Transformer(nn.Module):
             sinusoidal ones (longer inputs compute their sinusoidal encoding).
     """
 
+    # what `forward(...).weights` is, for a figure of it (the task's alignment.png)
+    alignment_note = "last layer's cross-attention, mean over heads"
+
     def __init__(
         self,
         config: TransformerConfig,

@@ -256,6 +256,8 @@ class TranslationTask:
             if w is None:
                 break
             title = f"reference: {self.detokenize(e.target)}"
+            if getattr(model, "alignment_note", None):  # a model whose map is a summary
+                title += f"\n({model.alignment_note})"
             fig = alignment_figure(w, [*e.source, "<eos>"], self.output_labels(output), title=title)
             path = Path(folder) / ("alignment.png" if k == 0 else f"alignment_{k}.png")
             save_figure(fig, path, dpi=110)
