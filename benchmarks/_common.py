@@ -18,6 +18,7 @@ import functools
 import gc
 import hashlib
 import json
+import math
 import operator
 import os
 import platform
@@ -185,7 +186,9 @@ def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
 
 
 def summarise(values: Sequence[float]) -> dict[str, Any]:
-    std = statistics.stdev(values) if len(values) > 1 else None
+    # (statistics.stdev fails on a NaN or inf: its spread is then NaN, as its mean is)
+    finite = all(math.isfinite(v) for v in values)
+    std = (statistics.stdev(values) if finite else math.nan) if len(values) > 1 else None
     stats = {"mean": statistics.fmean(values), "std": std, "min": min(values), "max": max(values)}
     return {**stats, "n": len(values), "values": list(values)}
 
@@ -290,7 +293,10 @@ def cell(entry: Mapping[str, Any], column: Column, experiment_id: str, item: str
         return f"{mid} ({lo}-{hi})"
     if column.sci and key in metrics:
         return f"{metrics[key]['mean']:.{column.digits}e}"
-    return format_stat(metrics.get(key), column.digits)
+    text, stat = format_stat(metrics.get(key), column.digits), metrics.get(key)
+    if stat is not None and stat["n"] < len(entry["seeds"]):  # fewer seeds than the row's n
+        text += f" (n={stat['n']})"
+    return text
 
 
 STALE_MARK = "†"
@@ -326,6 +332,8 @@ def render_table(
                 keep = [c.key == "each" or c.key.startswith(("id", "params.")) for c in each]
                 cells = [x if k else status.upper() for x, k in zip(cells, keep, strict=True)]
             n = f"{len(summary[i]['seeds'])}{STALE_MARK * bool(stale.get(i))}"
+            if summary[i].get("failed"):  # seeds whose rows failed: not in any cell
+                n += f" ({len(summary[i]['failed'])} failed)"
             lines.append("| " + " | ".join([*cells, n]) + " |")
     note = stale_note(stale, ids)
     return "\n".join([*lines, "", note] if note else lines)
@@ -866,9 +874,11 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         print(f"\n{bench.name}: {table.name}\n{render_table(table, data, stale)}")
     for t in data["targets"]:
         print(f"target {t['name']}: {t['verdict']} (mean {t['mean']}, n={t['n']})")
-    for r in data["rows"]:
-        if r.get("status") != STATUS_OK:
-            print(f"[{bench.name}] FAILED {r['id']} seed {r['seed']}: {r.get('error')}", flush=True)
+    failed = [r for r in data["rows"] if r.get("status") != STATUS_OK]
+    for r in failed:
+        print(f"[{bench.name}] FAILED {r['id']} seed {r['seed']}: {r.get('error')}", flush=True)
+    if failed:  # the tables and targets stand on the other seeds: a caller must not miss it
+        raise SystemExit(f"[{bench.name}] {len(failed)} rows failed (the lines above)")
     return data
 
 

@@ -120,7 +120,11 @@ class Page:
         return stale_note(self.stale(bench), ids)
 
     def stat(self, bench: str, id: str, key: str, digits: int = 2) -> str:
-        return format_stat(self.metric(bench, id, key), digits)
+        """ "mean ± std", and its own n where fewer seeds have the metric than the
+        experiment has (the n a table's n column gives)."""
+        metric, seeds = self.metric(bench, id, key), self.n(bench, id)
+        note = f" (n={metric['n']})" if metric["n"] < seeds else ""
+        return format_stat(metric, digits) + note
 
     def mean(self, bench: str, id: str, key: str, digits: int = 2) -> str:
         return f"{self.metric(bench, id, key)['mean']:.{digits}f}"

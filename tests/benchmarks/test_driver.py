@@ -210,7 +210,8 @@ def test_a_row_runs_after_the_runs_it_needs_which_run_first_when_missing(tmp_pat
     done = subprocess.run(
         [*_command(script, "user"), "--jobs", "2"], capture_output=True, text=True
     )
-    assert done.returncode == 0, done.stderr
+    # src2 seed 1 fails, and user seed 1 with it: the call says so and exits 1
+    assert done.returncode == 1 and "[toy] 2 rows failed" in done.stderr, done.stderr
     assert "src seed 0 runs first: user needs its run" in done.stdout
     calls = (tmp_path / "calls.log").read_text().splitlines()
     # each "user" run started after the runs it needs had finished (sibling_run found them):
@@ -223,7 +224,7 @@ def test_a_row_runs_after_the_runs_it_needs_which_run_first_when_missing(tmp_pat
     assert status["user", 1] == ("error", "not run: src2 seed 1 failed")  # never started
 
     again = subprocess.run(_command(script, "user"), capture_output=True, text=True)
-    assert again.returncode == 0, again.stderr
+    assert again.returncode == 1, again.stderr  # the same seeds fail again
     calls = (tmp_path / "calls.log").read_text().splitlines()[4:]
     assert calls == ["src2 1"]  # "user 1" is not run again: its need failed again
     assert "runs first" in again.stdout and "src seed 0" not in again.stdout
@@ -233,7 +234,7 @@ def test_a_row_goes_stale_when_a_run_it_needs_is_trained_again(tmp_path):
     script = _script(tmp_path)
     for only in (["user"], ["src", "--rerun"]):
         done = subprocess.run(_command(script, *only), capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
+        assert done.returncode == 1, done.stderr  # the JSON holds src2 seed 1's failure
     spec = importlib.util.spec_from_file_location("bench_toy", script)
     bench_toy = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench_toy)
@@ -241,7 +242,7 @@ def test_a_row_goes_stale_when_a_run_it_needs_is_trained_again(tmp_path):
     found = _common.stale_rows(data, bench_toy.experiments("full"))
     assert found == {"user": {0: _common.NEEDS_CHANGED}}  # seed 1 never ran (its need failed)
     again = subprocess.run(_command(script, "user"), capture_output=True, text=True)
-    assert again.returncode == 0, again.stderr
+    assert again.returncode == 1, again.stderr
     assert f"user seed 0 runs again: {_common.NEEDS_CHANGED}" in again.stdout
     data = json.loads((tmp_path / "results" / "toy.json").read_text())
     assert _common.stale_rows(data, bench_toy.experiments("full")) == {}

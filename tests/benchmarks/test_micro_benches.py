@@ -68,3 +68,25 @@ def test_render_table_shows_a_string_metric_only_where_every_seed_agrees():
         "| same | a | 1.5 ± 0.7 | 2 |",
         "| differ | - | 1.5 ± 0.7 | 2 |",
     ]
+
+
+def test_a_cell_names_its_own_n_and_the_row_its_failed_seeds():
+    """The n column counted the ok seeds while a cell averaged only those that had its metric
+    (docs/ram.md's multi-dram sampled error: 2 seeds under n = 3), and a failed seed vanished
+    from every cell without a word."""
+    rows = [
+        {"id": "e", "seed": 0, "status": "ok", "metrics": {"err": 1.0}},
+        {"id": "e", "seed": 1, "status": "ok", "metrics": {"err": 3.0, "mc": 2.0}},
+        {"id": "e", "seed": 2, "status": "error", "metrics": {}},
+    ]
+    summary = _common.summary_of(rows, [_common.Experiment("e", "g", {}, seeds=3)])
+    table = _common.Table("t", [("err", "err", 1), ("mc", "mc", 1)], groups=["g"])
+    text = _common.render_table(table, {"summary": summary, "rows": rows})
+    assert text.splitlines()[2:] == ["| 2.0 ± 1.4 | 2.0 (n=1) | 2 (1 failed) |"]
+
+
+def test_a_non_finite_metric_is_summarised_not_a_crash():
+    """statistics.stdev raised on a NaN or inf, and the driver lost every row not yet saved."""
+    for bad in (float("nan"), float("inf")):
+        stat = _common.summarise([1.0, bad, 2.0])
+        assert stat["n"] == 3 and stat["std"] != stat["std"]  # NaN
