@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 from pathlib import Path
 
 import jinja2
@@ -136,7 +137,11 @@ class Page:
         found = [t for t in self.data(bench)["targets"] if t["name"] == name]
         if not found:
             raise KeyError(f"{bench}.json has no target {name!r}")
-        t, g = found[0], readable
+        t = found[0]
+
+        def g(x: float) -> str:  # never a value that reads as the threshold it misses or meets
+            return readable_apart(x, t["threshold"])
+
         if t["n"] == 0:
             return f"**not measured** (target {t['op']} {t['threshold']:g})"
         spread = "" if t["n"] == 1 else f", range {g(t['min'])} to {g(t['max'])}"
@@ -159,6 +164,16 @@ class Page:
         names += ("machine", "data")
         body = env.get_template(f"{self.page}.md").render({f: getattr(self, f) for f in names})
         return HEADER.format(page=self.page) + body
+
+
+def readable_apart(x: float, threshold: float) -> str:
+    """`readable(x)`, with as many more significant digits as it takes (up to 8) not to read
+    as `threshold` when it is not: 0.9996 against a target of >= 1 reads 0.9996, not 1."""
+    text, digits = readable(x), 3
+    while x != threshold and math.isfinite(x) and float(text) == threshold and digits < 8:
+        digits += 1
+        text = f"{x:.{digits}g}"
+    return text
 
 
 def render(page: str, results: Path = RESULTS, out: Path = ROOT / "docs") -> Path:

@@ -223,3 +223,12 @@ def test_list_counts_the_seeds_asked_for():
         assert single["cpu_minutes"] == pytest.approx(sum(each))
         assert single["cpu_minutes"] <= full["cpu_minutes"]
     assert sum(r["cpu_minutes"] for r in one) < sum(r["cpu_minutes"] for r in default)
+
+
+@pytest.mark.parametrize(
+    ("x", "threshold", "shown"),
+    [(0.9996, 1, "0.9996"), (99.996, 100, "99.996"), (1.0, 1, "1.00"), (0.4, 1, "0.4")],
+)
+def test_a_target_value_never_reads_as_the_threshold_it_is_not(x, threshold, shown):
+    """'not met: 1 (target >= 1)' for a mean of 0.9996: the page contradicted its verdict."""
+    assert report.readable_apart(x, threshold) == shown
