@@ -147,7 +147,12 @@ class Page:
         spread = "" if t["n"] == 1 else f", range {g(t['min'])} to {g(t['max'])}"
         stat = g(t["mean"]) if t["std"] is None else f"{g(t['mean'])} ± {g(t['std'])}"
         limit = f"target {t['op']} {t['threshold']:g}"
-        return f"**{t['verdict']}**: {stat} (n={t['n']}{spread}; {limit})"
+        line = f"**{t['verdict']}**: {stat} (n={t['n']}{spread}; {limit})"
+        stale = self.stale(bench).get(t.get("id"), {})
+        if stale:  # a table marks such rows; a verdict over them says so too
+            why = ", ".join(sorted(set(stale.values())))
+            line += f" {STALE_MARK} over stale rows of {t['id']} ({why})"
+        return line
 
     def param(self, bench: str, id: str, key: str):
         return self.entry(bench, id)["params"][key]

@@ -232,3 +232,17 @@ def test_list_counts_the_seeds_asked_for():
 def test_a_target_value_never_reads_as_the_threshold_it_is_not(x, threshold, shown):
     """'not met: 1 (target >= 1)' for a mean of 0.9996: the page contradicted its verdict."""
     assert report.readable_apart(x, threshold) == shown
+
+
+def test_a_verdict_over_stale_rows_says_so(tmp_path):
+    """Tables mark a row made under other params than the bench declares (†); a target
+    line computed over it did not."""
+    data = json.loads((report.RESULTS / "ntm.json").read_text())
+    target = next(t for t in data["targets"] if t["id"] == "bit_copy-ntm")
+    row = next(r for r in data["rows"] if r["id"] == "bit_copy-ntm")
+    row["params"] = {**row["params"], "steps": 1}
+    (tmp_path / "ntm.json").write_text(json.dumps(data))
+    line = report.Page("ntm", tmp_path).target("ntm", target["name"])
+    assert "† over stale rows of bit_copy-ntm (its params changed)" in line
+    clean = report.Page("ntm", report.RESULTS).target("ntm", target["name"])
+    assert "stale" not in clean
