@@ -788,10 +788,17 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         return not args.only or any(fnmatch.fnmatch(e.id, p) or e.group == p for p in args.only)
 
     # What to run: (experiment, seed) pairs without a current row (all of them with --rerun).
+    # Its seeds: the declared ones, and any more an earlier call ran (--seeds): a row that
+    # no longer stands is run again whatever its seed, never left in the means as it was
+    def seeds_of(e: Experiment) -> list[int]:
+        return sorted(
+            {*range(_seeds(e, args.seeds)), *(r["seed"] for r in rows if r["id"] == e.id)}
+        )
+
     todo = [
         (e, seed)
         for e in filter(selected, experiments)
-        for seed in range(_seeds(e, args.seeds))
+        for seed in seeds_of(e)
         if args.rerun
         or not any(
             r["id"] == e.id and r["seed"] == seed and _current(r, e, args.budget, rows)

@@ -274,3 +274,24 @@ def test_a_child_runs_with_the_bench_thread_count_whatever_the_driver_has(tmp_pa
         "torch": 1,
         "env": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
     }, row
+
+
+def test_a_stale_row_of_a_seed_beyond_the_declared_ones_runs_again(tmp_path):
+    """Rows of an earlier --seeds 3 stay in the means; when their params changed, the driver
+    re-ran only the declared seeds, and seeds 1-2 stayed in every cell under the old params
+    while the note said the driver would re-run them."""
+    script = _script(tmp_path, extra='C.Experiment("b", "many", {}, seeds=2),')
+    script.write_text(script.read_text().replace('C.Experiment("b", "pair", {}),', ""))
+    done = subprocess.run([*_command(script, "b"), "--seeds", "3"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    path = tmp_path / "results" / "toy.json"
+    data = json.loads(path.read_text())
+    for r in data["rows"]:  # as if the bench had declared other params when they ran
+        r["params"] = {"old": 1}
+    path.write_text(json.dumps(data))
+    again = subprocess.run(_command(script, "b"), capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert "3 runs to do" in again.stdout
+    assert sorted(_rows(tmp_path)) == [("b", 0), ("b", 1), ("b", 2)]
+    data = json.loads(path.read_text())
+    assert all(r["params"] == {} for r in data["rows"])
