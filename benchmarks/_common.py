@@ -249,15 +249,16 @@ def derived_entry(metrics: Mapping[str, Any]) -> dict[str, Any]:
     return {**entry, "metrics": stats}
 
 
-def format_stat(stat: Mapping[str, Any] | None, digits: int = 2) -> str:
+def format_stat(stat: Mapping[str, Any] | None, digits: int = 2, seeds: int | None = None) -> str:
     """ "mean ± std" over seeds (the mean alone for one seed, or where every seed agrees); "-"
-    when not measured."""
+    when not measured. With the experiment's `seeds`, its own n where fewer have it."""
     if stat is None:
         return "-"
+    note = f" (n={stat['n']})" if seeds is not None and stat["n"] < seeds else ""
     mean = f"{stat['mean']:.{digits}f}"
     if stat.get("std") is None or stat.get("min") == stat.get("max"):
-        return mean
-    return f"{mean} ± {stat['std']:.{digits}f}"
+        return mean + note
+    return f"{mean} ± {stat['std']:.{digits}f}{note}"
 
 
 def readable(x: float) -> str:
@@ -293,10 +294,7 @@ def cell(entry: Mapping[str, Any], column: Column, experiment_id: str, item: str
         return f"{mid} ({lo}-{hi})"
     if column.sci and key in metrics:
         return f"{metrics[key]['mean']:.{column.digits}e}"
-    text, stat = format_stat(metrics.get(key), column.digits), metrics.get(key)
-    if stat is not None and stat["n"] < len(entry["seeds"]):  # fewer seeds than the row's n
-        text += f" (n={stat['n']})"
-    return text
+    return format_stat(metrics.get(key), column.digits, len(entry["seeds"]))
 
 
 STALE_MARK = "†"

@@ -123,9 +123,7 @@ class Page:
     def stat(self, bench: str, id: str, key: str, digits: int = 2) -> str:
         """ "mean ± std", and its own n where fewer seeds have the metric than the
         experiment has (the n a table's n column gives)."""
-        metric, seeds = self.metric(bench, id, key), self.n(bench, id)
-        note = f" (n={metric['n']})" if metric["n"] < seeds else ""
-        return format_stat(metric, digits) + note
+        return format_stat(self.metric(bench, id, key), digits, self.n(bench, id))
 
     def mean(self, bench: str, id: str, key: str, digits: int = 2) -> str:
         return f"{self.metric(bench, id, key)['mean']:.{digits}f}"

@@ -52,8 +52,7 @@ def all_finite(*tensors: torch.Tensor) -> bool:
     for t in tensors:  # a read per tensor: measured faster than one read of a sum of sums
         if t.requires_grad:
             t = t.detach()
-        total = t.sum(dtype=torch.float32) if t.dtype in _HALF else t.sum()
-        if not math.isfinite(total.item()):
+        if not math.isfinite(t.sum(dtype=_summed(t)).item()):
             return False
     return True
 

@@ -205,10 +205,10 @@ class PointerNet(nn.Module):
             fail("PointerNet", "targets", expected, type(targets).__name__, TypeError)
         if targets.dim() != 2:
             fail("PointerNet", "targets", expected, f"shape {tuple(targets.shape)}")
-        b, steps = points.shape[0], targets.shape[1]
-        if steps > self.max_steps(points.shape[1]):  # past them nothing is left to point at
-            most = f"{expected} with at most {self.max_steps(points.shape[1])} steps"
-            fail("PointerNet", "targets", most, f"shape {tuple(targets.shape)}")
+        b, steps, most = points.shape[0], targets.shape[1], self.max_steps(points.shape[1])
+        if steps > most:  # past them nothing is left to point at
+            wanted = f"{expected} with at most {most} steps"
+            fail("PointerNet", "targets", wanted, f"shape {tuple(targets.shape)}")
         # an integer dtype (bool would index as a mask) and the values (meta has none)
         check_integers(
             *("PointerNet", "targets", targets, (b, steps), 0, positions - 1),

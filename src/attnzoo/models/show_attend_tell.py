@@ -403,9 +403,16 @@ class ShowAttendTell(nn.Module):
         sum_i alpha_ti a_i instead of a sampled cell, as the authors' released caption
         generator does for hard models by default (arctic-captions, `generate_caps.py`
         without `-sampling`)."""
+        self._check_images(images)
+        return self._start(images, generator, expectation)
+
+    def _check_images(self, images: torch.Tensor) -> None:
         check_images(
             "ShowAttendTell", images, self.encoder.net[0].in_channels, self.image_size, like=self
         )
+
+    def _start(self, images: torch.Tensor, generator, expectation: bool):
+        """`start` after its image check."""
         if expectation and self.config.variant != "hard":
             fail("ShowAttendTell.start", "expectation", "False for a model without hard "
                  "attention", f"True with variant {self.config.variant!r}")  # fmt: skip
@@ -476,9 +483,7 @@ class ShowAttendTell(nn.Module):
         A hard model in training mode draws, from `generator`, which images attend by
         expectation (`expectation_rate_at(step)`; `CaptionOutput.expected`); with
         `expectation` every image does (as `start`'s)."""
-        check_images(
-            "ShowAttendTell", images, self.encoder.net[0].in_channels, self.image_size, like=self
-        )
+        self._check_images(images)
         vocab, batch = self.embed.num_embeddings, (images.shape[0], "'images'")
         check_tokens(
             *("ShowAttendTell", "tokens_in", tokens_in, 2, "(batch, steps)", vocab), batch=batch
@@ -490,7 +495,7 @@ class ShowAttendTell(nn.Module):
             values=f"values in 1..steps = {steps}",
             shape_note=", one per caption",
         )
-        state = self.start(images, generator, expectation=expectation)
+        state = self._start(images, generator, expectation)  # (images checked above)
         rate = self.expectation_rate_at(step)
         if self.config.variant == "hard" and sample and self.training and rate and not expectation:
             draw = torch.rand(images.shape[0], generator=generator, device=images.device)

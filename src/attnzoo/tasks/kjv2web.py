@@ -110,12 +110,17 @@ def make_splits(config: Kjv2WebConfig | None = None) -> Splits:
     ids = list(pairs)
     random.Random(config.seed).shuffle(ids)
     test = ids[: config.n_test]
-    # a held-out source, or target: near-identical KJV verses can share one WEB rendering
-    held_out = {side for v in test for side in (("s", pairs[v].source), ("t", pairs[v].target))}
+    # held-out sources and targets: near-identical KJV verses can share one WEB rendering
+    sources, targets = set(), set()
+
+    def hold(verses: list[int]) -> None:
+        sources.update(pairs[v].source for v in verses)
+        targets.update(pairs[v].target for v in verses)
 
     def seen(verse: int) -> bool:
-        return ("s", pairs[verse].source) in held_out or ("t", pairs[verse].target) in held_out
+        return pairs[verse].source in sources or pairs[verse].target in targets
 
+    hold(test)
     valid: list[int] = []
     for verse in ids[config.n_test :]:
         if len(valid) == config.n_valid:
@@ -124,7 +129,7 @@ def make_splits(config: Kjv2WebConfig | None = None) -> Splits:
             valid.append(verse)
     if len(valid) < config.n_valid:
         raise ValueError(f"only {len(valid)} verses left for validation")
-    held_out |= {side for v in valid for side in (("s", pairs[v].source), ("t", pairs[v].target))}
+    hold(valid)
     train = [v for v in ids if not seen(v)]
     return Splits(
         train=[pairs[v] for v in sorted(train)],

@@ -123,10 +123,11 @@ def validate(data: dict[str, Any]) -> None:
         if layout == "memory":
             for name, values in example["signals"].items():
                 rows = {len(kind["rows"]) for kind in example["attention"]}
-                shape = _array(values).shape
+                values = _array(values)
+                shape = values.shape
                 if len(shape) != 2 or (rows and shape[0] not in rows):
                     _fail(f"{where}.signals.{name}", f"(steps {sorted(rows)}, channels)", shape)
-                _check_finite(f"{where}.signals.{name}", _array(values))
+                _check_finite(f"{where}.signals.{name}", values)
 
 
 def _check_kind(where: str, kind: dict) -> None:
