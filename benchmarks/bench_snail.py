@@ -119,6 +119,9 @@ BANDITS = {
     "reduced-bandits-n5-k10": ("bandits", ["train.steps=3000"], 3.0, 5),  # <= 5 min: 5 seeds
     "bandits-n5-k10-policies": ("bandits", [], 0.1, 1),  # no agent: see the module docstring
 }
+# where the held-out episodes come from: rows without it were scored on the earlier draws, of
+# the seed of training step 2 at run seed 0 (fixed 2026-11-29), and show as stale
+DRAWS = "held_out_generator"
 BANDIT_SMOKE = ["train.steps=3", "train.batch_size=4", "task.test_episodes=20", "model.filters=4"]
 
 
@@ -151,9 +154,9 @@ def experiments(budget: str) -> list[Experiment]:
                 continue
             sets, minutes, seeds = BANDIT_SMOKE, 0.1, 1
         group = "reduced-bandits" if id.startswith("reduced") else "bandits"
-        params = {"model": "snail-bandit", "task": task, "sets": sets}
+        params = {"model": "snail-bandit", "task": task, "sets": sets, "draws": DRAWS}
         if id.endswith("-policies"):
-            group, params = "bandit-policies", {"task": task, "policies": True}
+            group, params = "bandit-policies", {"task": task, "policies": True, "draws": DRAWS}
         found.append(Experiment(id, group, params, seeds, minutes))
     return found
 
