@@ -188,7 +188,7 @@ def write_figures(run_dir: Path, task, model, *, count: int = 3) -> list[Path]:
     rows = read_metrics(metrics) if metrics.exists() else []
     if rows:
         fig = loss_figure([r["step"] for r in rows], [r["loss"] for r in rows])
-        save_figure(fig, figures / "loss.png", dpi=110)
+        save_figure(fig, figures / "loss.png")
         written.append(figures / "loss.png")
     scalars = Path(run_dir) / "scalars.jsonl"
     rows = read_metrics(scalars, None) if scalars.exists() else []
@@ -198,7 +198,7 @@ def write_figures(run_dir: Path, task, model, *, count: int = 3) -> list[Path]:
         names = [k for k in rows[0] if k != "step"]
         curves = {k: ([r["step"] for r in rows], [r[k] for r in rows]) for k in names}
         fig = scalars_figure(curves, title="logged every step")
-        save_figure(fig, figures / "scalars.png", dpi=100)
+        save_figure(fig, figures / "scalars.png")
         written.append(figures / "scalars.png")
     return written
 

@@ -324,7 +324,7 @@ class BitsTask:
                 **extra,
             )
             path = Path(folder) / f"memory_{c.kind}_len{length}.png"
-            save_figure(fig, path, dpi=110)
+            save_figure(fig, path)
             written.append(path)
         return written
 

@@ -628,7 +628,7 @@ class DigitCaptionsTask:
         ]
         fig = caption_attention_figure(rows)
         path = Path(folder) / "captions.png"
-        save_figure(fig, path, dpi=100)
+        save_figure(fig, path)
         return [path]
 
 

@@ -385,13 +385,13 @@ class GanMnistTask:
         images = self.generate(model, labels, self.config.seed + 53)[:, 0].cpu()
         written = []
         path = Path(folder) / "samples.png"
-        save_figure(sample_grid_figure(images.view(CLASSES, 8, *images.shape[-2:])), path, dpi=100)
+        save_figure(sample_grid_figure(images.view(CLASSES, 8, *images.shape[-2:])), path)
         written.append(path)
         images, labels, maps, queries = self.attention_maps(model, count)
         if maps is not None:
             path = Path(folder) / "attention.png"
             fig = attention_map_figure(images, maps, queries, labels=labels.tolist())
-            save_figure(fig, path, dpi=100)
+            save_figure(fig, path)
             written.append(path)
         return written
 

@@ -594,7 +594,7 @@ class GlyphsTask:
             columns,
         )
         path = Path(folder) / "episodes.png"
-        save_figure(fig, path, dpi=100)
+        save_figure(fig, path)
         return [path]
 
 

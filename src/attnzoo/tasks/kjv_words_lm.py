@@ -208,13 +208,13 @@ class WordLmTask(CharLmTask):
             title = "intra-attention over earlier words (current word in red)"
             fig = intra_attention_figure(shown, by_word, title=title)
             path = Path(folder) / f"intra_attention{suffix}.png"
-            save_figure(fig, path, dpi=80)
+            save_figure(fig, path)
             written.append(path)
             fig = alignment_figure(weights, columns, shown, title="intra-attention weights")
             fig.axes[0].set_xlabel("state read (written after the word shown)")
             fig.axes[0].set_ylabel("current word")
             path = Path(folder) / f"intra_attention_heatmap{suffix}.png"
-            save_figure(fig, path, dpi=100)
+            save_figure(fig, path)
             written.append(path)
         return written
 

@@ -378,7 +378,7 @@ class MnistTask:
                 titles=[f"true {int(labels[r])}, predicted {int(predicted[r])}" for r in rows],
             )
             path = Path(folder) / f"glimpses_{name}.png"
-            save_figure(fig, path, dpi=110)
+            save_figure(fig, path)
             written.append(path)
         return written
 

@@ -260,7 +260,7 @@ class MultiMnistTask:
             ],
         )
         path = Path(folder) / "glimpses.png"
-        save_figure(fig, path, dpi=110)
+        save_figure(fig, path)
         return [path]
 
 

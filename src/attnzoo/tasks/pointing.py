@@ -304,7 +304,7 @@ class PointingTask:
                 title=f"{self.config.kind}, n = {points.shape[1]}",
             )
             path = Path(folder) / ("pointer.png" if k == 0 else f"pointer_{k}.png")
-            save_figure(fig, path, dpi=110)
+            save_figure(fig, path)
             written.append(path)
         return written
 

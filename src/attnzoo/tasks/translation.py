@@ -260,7 +260,7 @@ class TranslationTask:
                 title += f"\n({model.alignment_note})"
             fig = alignment_figure(w, [*e.source, "<eos>"], self.output_labels(output), title=title)
             path = Path(folder) / ("alignment.png" if k == 0 else f"alignment_{k}.png")
-            save_figure(fig, path, dpi=110)
+            save_figure(fig, path)
             written.append(path)
         if examples:
             written += self.head_figures(model, examples[0], folder)
@@ -276,7 +276,7 @@ class TranslationTask:
         for field, title, weights, queries, keys in self.attention_of(model, example)[1]:
             fig = head_grid_figure(weights.float(), keys, queries, title=title)
             path = Path(folder) / f"heads_{HEAD_KINDS[field][0]}.png"
-            save_figure(fig, path, dpi=110)
+            save_figure(fig, path)
             written.append(path)
         return written
 

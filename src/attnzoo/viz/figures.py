@@ -4,6 +4,8 @@ the caller's business. Uses the non-interactive Agg canvas, so it works without 
 from __future__ import annotations
 
 import io
+import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,6 +22,27 @@ LITERAL = {"parse_math": False, "usetex": False}
 
 def _label(token: str) -> str:
     return token if token.strip() else "␣"  # make a space token visible
+
+
+# Every figure is at most PAGE_WIDTH inches wide at its own dpi DPI (save_figure's default):
+# 800 px, a docs page's width, so no figure is shrunk to fit one, however long its sequence. A
+# label is never set below MIN_FONT points: where tokens are too close for that, every k-th is
+# labelled (`token_ticks`).
+DPI = 100
+PAGE_WIDTH = 8.0
+MIN_FONT = 6.0
+MAX_FONT = 10.0
+
+
+def token_ticks(axis, labels: Sequence[str], spacing: float, *, rotation: float = 0) -> None:
+    """Tick `axis` (an Axes' xaxis or yaxis) at its tokens, `spacing` inches apart, labelled
+    at the size that fits (at most MAX_FONT), or at MIN_FONT with every k-th token labelled
+    where even that does not fit (the first always)."""
+    size = min(MAX_FONT, 0.8 * 72 * spacing)
+    step = 1 if size >= MIN_FONT else math.ceil(MIN_FONT / max(size, 1e-9))
+    at = list(range(0, len(labels), step))
+    axis.set_ticks(at, [_label(labels[i]) for i in at], rotation=rotation, **LITERAL)
+    axis.set_tick_params(labelsize=max(size, MIN_FONT))
 
 
 # A non-finite value's colour in every map: in none of the colormaps used here (grey, red-blue,
@@ -70,12 +93,14 @@ def alignment_figure(
             f"alignment_figure: argument 'weights' expected shape "
             f"({len(target)}, {len(source)}), got {w.shape}"
         )
-    cell = 0.32
-    fig = Figure(figsize=(max(3.0, cell * len(source) + 1.5), max(2.5, cell * len(target) + 1.2)))
+    # a token's side: 0.32 inch, less for a source too long for the page (cells stay square)
+    cell = min(0.32, (PAGE_WIDTH - 1.5) / max(1, len(source)))
+    size = (max(3.0, cell * len(source) + 1.5), max(2.5, cell * len(target) + 1.2))
+    fig = Figure(figsize=size, dpi=DPI)
     ax = fig.add_subplot()
     heatmap(ax, w, aspect="equal")
-    ax.set_xticks(range(len(source)), [_label(s) for s in source], rotation=90, **LITERAL)
-    ax.set_yticks(range(len(target)), [_label(t) for t in target], **LITERAL)
+    token_ticks(ax.xaxis, source, cell, rotation=90)
+    token_ticks(ax.yaxis, target, cell)
     ax.xaxis.tick_top()
     ax.set_xlabel("source")
     ax.set_ylabel("output")
@@ -111,7 +136,9 @@ def head_grid_figure(
         )
     cell = 0.12  # inches per token, smaller than alignment_figure's: many maps share the page
     panel_w, panel_h = max(1.2, cell * key_len), max(1.2, cell * query_len)
-    fig = Figure(figsize=(heads * panel_w + 1.2, layers * panel_h + 1.2))
+    shrink = min(1.0, (PAGE_WIDTH - 1.2) / (heads * panel_w))  # the heads side by side fit
+    panel_w, panel_h = panel_w * shrink, panel_h * shrink
+    fig = Figure(figsize=(heads * panel_w + 1.2, layers * panel_h + 1.2), dpi=DPI)
     grid = fig.subplots(layers, heads, squeeze=False)  # (layers, heads) of Axes
     for layer in range(layers):
         for head in range(heads):
@@ -120,15 +147,15 @@ def head_grid_figure(
             # Token labels on the outer axes only: source along the bottom, target down the
             # left; heads named across the top, layers down the left.
             if layer == layers - 1:
-                ax.set_xticks(range(key_len), [_label(s) for s in source], rotation=90, **LITERAL)
+                token_ticks(ax.xaxis, source, panel_w / key_len, rotation=90)
             else:
                 ax.set_xticks([])
             if head == 0:
-                ax.set_yticks(range(query_len), [_label(t) for t in target], **LITERAL)
+                token_ticks(ax.yaxis, target, panel_h / query_len)
                 ax.set_ylabel(f"layer {layer + 1}", fontsize=7)
             else:
                 ax.set_yticks([])
-            ax.tick_params(labelsize=5, length=0)
+            ax.tick_params(length=0)
             if layer == 0:
                 ax.set_title(f"head {head + 1}", fontsize=7)
     if title:
@@ -139,7 +166,7 @@ def head_grid_figure(
 
 
 def loss_figure(steps: Sequence[int], losses: Sequence[float], *, title: str = "") -> Figure:
-    fig = Figure(figsize=(5, 3.2))
+    fig = Figure(figsize=(5, 3.2), dpi=DPI)
     ax = fig.add_subplot()
     ax.plot(steps, losses)
     ax.set_yscale("log")
@@ -188,11 +215,13 @@ def pointer_figure(
         raise ValueError(
             f"pointer_figure: argument 'weights' expected (steps, {len(labels)}), got {w.shape}"
         )
-    fig = Figure(figsize=(10, 4.4))
+    fig = Figure(figsize=(PAGE_WIDTH, 3.6), dpi=DPI)
     ax = fig.add_subplot(1, 2, 1)
     heatmap(ax, w, aspect="auto")
-    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7, **LITERAL)
-    ax.set_yticks(range(w.shape[0]), [str(s + 1) for s in range(w.shape[0])], fontsize=7)
+    # the map's inches, about (half the page less its labels, the height less title and labels)
+    token_ticks(ax.xaxis, labels, (PAGE_WIDTH / 2 - 0.9) / len(labels), rotation=90)
+    steps = [str(s + 1) for s in range(w.shape[0])]
+    token_ticks(ax.yaxis, steps, 2.4 / max(1, len(steps)))
     ax.set_xlabel("input position")
     ax.set_ylabel("output step")
     ax.set_title("pointer distribution per step", fontsize=9)
@@ -249,8 +278,9 @@ def _used_rows(*weights: np.ndarray, threshold: float = 0.01, margin: int = 2) -
     return (first + np.arange(keep)) % n
 
 
+GLIMPSES_PER_LINE = 7  # glimpse_figure: beside the image; more wrap onto lines below
 MAX_STEPS_PER_ROW = 50  # memory_figure: longer sequences wrap into stacked rows
-STEP_INCHES = 0.24  # memory_figure: width of one time step per panel pair
+STEP_INCHES = (PAGE_WIDTH - 2) / MAX_STEPS_PER_ROW  # memory_figure: a step's width, both panels
 
 
 def memory_figure(
@@ -323,7 +353,8 @@ def memory_figure(
     timed = [row for row in panels if not row[0][0].startswith("memory")]
     rows_out = [(row, span) for span in spans for row in timed]
     rows_out += [(row, None) for row in panels if row[0][0].startswith("memory")]
-    fig = Figure(figsize=(max(6.0, STEP_INCHES * width + 2), 1.5 * len(rows_out) + 0.6))
+    size = (max(6.0, STEP_INCHES * width + 2), 1.5 * len(rows_out) + 0.6)
+    fig = Figure(figsize=size, dpi=DPI)
     grid = fig.add_gridspec(len(rows_out), 2)
     for r, (row, span) in enumerate(rows_out):
         for col, (name, data, ylabel) in enumerate(row):
@@ -402,9 +433,17 @@ def glimpse_figure(
         )
     n, glimpses, scales = ret.shape[:3]
     height, width = x.shape[1:]
-    fig = Figure(figsize=(1.6 * (glimpses + 1), 1.8 * n))
+    # a line holds the image and up to GLIMPSES_PER_LINE glimpses; more go on lines below
+    per_line = min(glimpses, GLIMPSES_PER_LINE)
+    lines = -(-glimpses // per_line)
+    panel = min(1.6, PAGE_WIDTH / (per_line + 1))  # a panel's side, inches: a line fits the page
+    wrap = max(10, int(panel * 72 / (0.6 * 7)))  # characters of a 7-point title across a panel
+    title_lines = max([len(textwrap.wrap(t, wrap)) for t in titles[:n]], default=1)
+    row_height = panel * 1.125 * lines + 0.12 * (title_lines - 1)  # inches
+    fig = Figure(figsize=(panel * (per_line + 1), row_height * n + 0.1), dpi=DPI)
+    grid = fig.add_gridspec(n * lines, per_line + 1)
     for row in range(n):
-        ax = fig.add_subplot(n, glimpses + 1, row * (glimpses + 1) + 1)
+        ax = fig.add_subplot(grid[row * lines, 0])
         ax.imshow(x[row], cmap="gray", vmin=0, vmax=1)
         # pixel centres are at integers in imshow's coordinates; the sensor rounds the centre
         # to the pixel grid (attnzoo.models.ram.patch_corners) and so do the squares here
@@ -424,9 +463,9 @@ def glimpse_figure(
         ax.set_xticks([])
         ax.set_yticks([])
         if row < len(titles):
-            ax.set_title(titles[row], fontsize=7, **LITERAL)
+            ax.set_title(textwrap.fill(titles[row], wrap), fontsize=7, **LITERAL)
         for t in range(glimpses):
-            ax = fig.add_subplot(n, glimpses + 1, row * (glimpses + 1) + 2 + t)
+            ax = fig.add_subplot(grid[row * lines + t // per_line, 1 + t % per_line])
             ax.imshow(_retina(ret[row, t]), cmap="gray", vmin=0, vmax=1)
             ax.set_xticks([])
             ax.set_yticks([])
@@ -472,7 +511,7 @@ def episode_figure(
     )
     rows, n = support.shape[:2]
     extra = 1 if weights is not None else 0
-    fig = Figure(figsize=(8, 1.3 * rows * (1 + 0.8 * extra) + 0.4), dpi=100)
+    fig = Figure(figsize=(PAGE_WIDTH, 1.3 * rows * (1 + 0.8 * extra) + 0.4), dpi=DPI)
     grid = fig.add_gridspec(rows * (1 + extra), n + 1, height_ratios=[1, 0.8][: 1 + extra] * rows)
     for r in range(rows):
         top = r * (1 + extra)
@@ -505,7 +544,7 @@ def intra_attention_figure(words: Sequence[str], weights, *, title: str = "") ->
     """Cheng et al. 2016 Fig. 1: one line per word of a sentence, the words up to it written
     out, the current word in red and each earlier word shaded by the weight the current step
     gave it, relative to the line's largest (darker blue: more; the darkest is the line's
-    maximum). 10 inches wide: 800 px at dpi 80.
+    maximum). 10 inches wide at its dpi of 80: 800 px (its layout is in points).
 
     Args:
         words: the sentence, (t,).
@@ -523,7 +562,7 @@ def intra_attention_figure(words: Sequence[str], weights, *, title: str = "") ->
 
     cmap = colormaps["Blues"]
     width_pt, char_pt, line_pt, size = 720.0, 6.0, 15.0, 10
-    fig = Figure(figsize=(10, max(1.5, (t * line_pt + 30) / 72)))
+    fig = Figure(figsize=(10, max(1.5, (t * line_pt + 30) / 72)), dpi=80)
     ax = fig.add_axes((0, 0, 1, 1))
     height = t * line_pt + (24 if title else 6)
     ax.set_xlim(0, width_pt)
