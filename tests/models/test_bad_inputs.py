@@ -47,6 +47,13 @@ BAD = {
         ((torch.rand(2, 5, 2), torch.full((2, 6), 6)), ValueError, "'targets' .* got 6 to 6"),
         # past n + 1 steps (the end token's) nothing is left to point at
         ((torch.rand(2, 5, 2), torch.zeros(2, 7).long()), ValueError, "'targets' .* at most 6"),
+        # a position twice before the end (a closed position would score about -3.4e38)
+        (
+            (torch.rand(2, 5, 2), torch.tensor([[1, 2, 0, 0, 0, 0], [3, 4, 3, 0, 0, 0]])),
+            ValueError,
+            "'targets' expected .* each at most once before the end, got position 3 again at "
+            "step 2 of row 1",
+        ),
         ((torch.rand(2, 5, 2).double(), torch.zeros(2, 6).long()), TypeError, "'points' " + DTYPE),
     ],
     "multi_image": [

@@ -233,3 +233,21 @@ def test_decodes_and_samples_on_any_device(end_token, device):
         assert model.decode(points, beam_size=2).device.type == device.type
     positions_, log_prob = model(points, sample=True)
     assert positions_.device.type == log_prob.device.type == device.type
+
+
+@pytest.mark.parametrize("end_token", [False, True])
+def test_a_position_twice_before_the_end_is_refused_and_after_it_is_padding(end_token):
+    """A repeated target had scored a closed position: a loss of about 3.4e38, no error."""
+    model = make(end_token)
+    points = torch.rand(2, 4, 2, generator=torch.Generator().manual_seed(7))
+    off = int(end_token)
+    twice = torch.tensor([[0, 1, 2, 3], [2, 0, 2, 1]]) + off
+    if end_token:
+        twice = torch.cat([twice, torch.zeros(2, 1, dtype=torch.long)], 1)
+    with pytest.raises(ValueError, match="'targets' .* at most once.*position .* again at step 2"):
+        model(points, twice)
+    if end_token:  # after the first EOS anything goes: the padding of shorter outputs
+        padded = torch.tensor([[1, 0, 1, 1, 0], [2, 3, 0, 0, 0]])
+        assert torch.isfinite(
+            model(points, padded).log_probs.gather(-1, padded[..., None])[:, :2]
+        ).all()

@@ -223,8 +223,24 @@ class PointerNet(nn.Module):
         one_hot.scatter_(2, targets.unsqueeze(-1), True)
         # chosen before step t: the targets at steps < t (an exclusive running "or")
         chosen = (one_hot.cumsum(1) - one_hot.long()) > 0
+        if targets.device.type == "cpu":  # (read on the CPU only: elsewhere it would stall)
+            self._check_each_once(targets, one_hot & chosen, expected)
         log_probs = self._pointer(out, state.keys, chosen)
         return PointerOutput(log_probs, log_probs.exp())
+
+    def _check_each_once(self, targets: torch.Tensor, again: torch.Tensor, expected: str) -> None:
+        """Each position at most once in a row's steps up to its end (EOS, the first position
+        0, with `end_token`; the padding after it may be anything): a position the mask had
+        closed scores the dtype's lowest value, a loss of about 3.4e38, not an error."""
+        again = again.any(-1)  # (b, steps): the step's target was a target before
+        if self.end_token:
+            end = (targets == 0).long()
+            again &= (end.cumsum(1) - end) == 0  # through the first EOS
+        if bool(again.any()):
+            row, step = (int(i) for i in again.nonzero()[0])
+            got = f"position {int(targets[row, step])} again at step {step} of row {row}"
+            wanted = f"{expected}, each at most once" + " before the end" * self.end_token
+            fail("PointerNet", "targets", wanted, got)
 
     def max_steps(self, n: int) -> int:
         return n + 1 if self.end_token else n
