@@ -9,6 +9,9 @@
    `transformer-lm` on `kjv_lm` (bits per character).
 4. "matched": per task a unit, Bahdanau and the Transformer sized to its parameter count, each
    trained for the unit's wall-clock budget over its seconds per step (`prepare`).
+5. "ceiling": no model: kjv2web's test references written through the target vocabulary
+   (`TranslationTask.scores`), the score no model of that vocabulary passes; the split and so
+   the vocabulary are `task.seed`'s, the same for every run seed.
 BLEU is sacrebleu's; its signature is recorded beside the score.
 
     python benchmarks/bench_seq2seq.py [--budget smoke|full] [--seeds N] [--only ID|GROUP ...]
@@ -56,10 +59,11 @@ TRANSFORMER = {  # task -> (overrides, minutes); model transformer, on kjv_lm tr
 MATCHED = {"dates": (3, WHOLE), "numbers": (3, WHOLE), "kjv2web": (15, KJV)}  # minutes, sets
 CALIBRATION = {"steps": 20, "rounds": 3}  # steps per calibration run, timed rounds
 SMALL = ["train.steps=6", "task.n_train=400", "task.n_valid=20", "task.n_test=60", "eval.limit=60"]
+SMALL_HELD_OUT = ["task.n_test=60", "eval.limit=60"]  # the smoke ceiling's (no training)
 SMALL_MODEL = {"transformer": ["model.d_model=16"], "rnn": ["model.hidden=16", "model.embed_dim=8"]}
 # the smoke budget's experiments (globs), at small sizes
 SMOKE = ("decoders-dates-[eb]*", "decoders-dates-luong-local-p", "length-reverse-[eb]*")
-SMOKE += ("transformer-copy", "matched-dates-*")
+SMOKE += ("transformer-copy", "matched-dates-*", "ceiling-*")
 
 
 def experiments(budget: str) -> list[Experiment]:
@@ -83,6 +87,7 @@ def experiments(budget: str) -> list[Experiment]:
         for t, (c, s) in MATCHED.items()
         for m in ("bahdanau", "transformer")
     ]
+    rows += [("ceiling-kjv2web", "ceiling", "reference", "bahdanau", "kjv2web", KJV, 0.3, {})]
     found = []
     for id, group, name, model, task, sets, minutes, more in rows:
         unit, seeds = id.rsplit("-", 1)[0] if group == "matched" else "", 3 if minutes > 5 else 5
@@ -90,9 +95,13 @@ def experiments(budget: str) -> list[Experiment]:
             if not any(fnmatch(id, pattern) for pattern in SMOKE):
                 continue
             small = SMALL_MODEL["transformer" if "transformer" in model else "rnn"]
-            sets, seeds, minutes = [*sets, *SMALL, *small], 1, 0.2
+            small = SMALL_HELD_OUT if group == "ceiling" else [*SMALL, *small]
+            sets, seeds, minutes = [*sets, *small], 1, 0.2
             more = {**more, **({"budget_minutes": 0.05} if unit else {})}
         params = {"name": name, "model": model, "task": task, "sets": sets, **more}
+        if group == "ceiling":  # no model; one split (`task.seed`) for every run seed
+            params, seeds = {k: v for k, v in params.items() if k != "model"}, 1
+            params["ceiling"] = True
         found.append(Experiment(id, group, params, seeds, minutes, unit))
     return found
 
@@ -138,6 +147,8 @@ def worker(params: dict, ctx: C.Context) -> dict:
     import torch
 
     sets = [*params["sets"], *ctx.extra.get("sets", [])]
+    if params.get("ceiling"):
+        return _ceiling(sets, params, ctx)
     if params.get("edges"):  # the length experiment: sized to Bahdanau's parameter count
         sets += sized(params, params["sets"])
     metrics, config, task, model = C.train_worker(sets, params["model"], params["task"], ctx)
@@ -146,11 +157,7 @@ def worker(params: dict, ctx: C.Context) -> dict:
         if key in metrics:
             metrics[f"{key}_pct"] = 100 * metrics[key]
     if "bleu" in metrics:
-        import sacrebleu
-
-        scorer = sacrebleu.BLEU()  # the defaults `attnzoo.tasks.text.bleu` scores with
-        scorer.corpus_score(["a"], [["a"]])  # the signature names its reference count
-        metrics["sacrebleu"] = str(scorer.get_signature())
+        metrics["sacrebleu"] = _signature()
     if "budget_minutes" in params:
         metrics["budget_minutes"] = params["budget_minutes"]
         metrics["sec_per_step_planned"] = ctx.extra.get("sec_per_step")
@@ -163,6 +170,29 @@ def worker(params: dict, ctx: C.Context) -> dict:
             for b in buckets
         }
     return {k: v for k, v in metrics.items() if v is not None}
+
+
+def _signature() -> str:
+    import sacrebleu
+
+    scorer = sacrebleu.BLEU()  # the defaults `attnzoo.tasks.text.bleu` scores with
+    scorer.corpus_score(["a"], [["a"]])  # the signature names its reference count
+    return str(scorer.get_signature())
+
+
+def _ceiling(sets: list[str], params: dict, ctx: C.Context) -> dict:
+    """The test references through the target vocabulary of the seed's split: no training."""
+    from attnzoo import runs
+    from attnzoo.tasks.registry import TASKS
+
+    # the task's config as the kjv2web rows resolve it (the model named changes none of it)
+    c = runs.configs(C.resolved_config(sets, "bahdanau", params["task"], ctx.seed))
+    task = TASKS[params["task"]].build(c["task"], seed=ctx.seed, eval_config=c["eval"])
+    scores = task.scores(None, task.examples())
+    vocabulary = {"target_vocab": len(task.target_vocab), "n_eval": len(task.examples())}
+    return {"exact_match_pct": 100 * scores["exact_match"], **scores, **vocabulary} | {
+        "sacrebleu": _signature()
+    }
 
 
 # Bahdanau et al. 2015 (arXiv 1409.0473), Table 1: BLEU on WMT'14 En->Fr, all sentences and

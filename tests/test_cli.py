@@ -69,6 +69,7 @@ def test_train_eval_plot_writes_run_layout(tmp_path, capsys):
     assert (out / "figures" / "loss.png").exists()
     final = json.loads((out / "final.json").read_text())
     assert {"exact_match", "alignment"} <= final.keys()
+    assert final["exact_match_ceiling"] == 1.0  # dates: the vocabulary writes every reference
     # the device asked for is the config's; the one used is the result's
     assert config["train"]["device"] == "auto"
     assert final["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")

@@ -119,3 +119,20 @@ def test_registry_task_scores_every_test_verse():
     config = spec.default_config()
     task = spec.build(config, seed=0, eval_config=spec.eval_config())
     assert len(task.examples()) == len(task.splits.test) == config.n_test >= 2000
+
+
+def test_the_ceiling_is_the_share_of_references_the_vocabulary_can_write():
+    """A test verse with a word outside the target vocabulary cannot be matched: the ceiling
+    (the references through the vocabulary) is the share of verses with every word in it,
+    counted here without the vocabulary's encode and decode; its BLEU is below 100."""
+    from attnzoo.tasks.registry import TASKS
+
+    spec = TASKS["kjv2web"]
+    task = spec.build(spec.default_config(), seed=0, eval_config=spec.eval_config())
+    examples = task.examples()
+    writable = sum(all(w in task.target_vocab for w in e.target) for e in examples)
+    ceiling = task.scores(None, examples)
+    assert ceiling["exact_match"] == writable / len(examples) < 1
+    assert 0 < ceiling["bleu"] < 100
+    perfect = task.scores([list(e.target) for e in examples], examples)
+    assert perfect["exact_match"] == 1 and perfect["bleu"] == pytest.approx(100)
