@@ -262,10 +262,12 @@ def gallery(path: Path, rows: int = 8, instances: int = 8) -> Path:
             axes[r, j].set_xticks([])
             axes[r, j].set_yticks([])
         split = "background" if c in inv.background else "evaluation"
-        axes[r, 0].set_title(
-            f"{split}: {inv.scripts[c]} U+{inv.points[c]:04X}", fontsize=8, loc="left"
-        )
-    fig.tight_layout()
+        label = f"{split}: {inv.scripts[c]} U+{inv.points[c]:04X}"
+        # across the row, left out of the layout (as the first panel's title it was wider
+        # than that panel, and tight_layout gave up: wide margins, small glyphs)
+        text = axes[r, 0].text(0, 1.06, label, transform=axes[r, 0].transAxes, fontsize=8)
+        text.set_in_layout(False)
+    fig.tight_layout(h_pad=1.6)
     fig.savefig(path)
     return path
 
