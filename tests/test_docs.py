@@ -127,3 +127,53 @@ def test_every_number_of_a_page_is_in_its_json(page):
         t for t in NUMBER.findall(_prose(text)) if t not in allowed and not _shown(t, values)
     ]
     assert not missing, f"docs/{page}.md shows numbers no JSON value reads as: {missing[:10]}"
+
+
+def _commands(program: str) -> list[tuple[str, str]]:
+    """(file, command) for every `program ...` line in a code block of README.md and the
+    docs pages (a command joined by `&&` split into its parts, a trailing comment dropped)."""
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for block in re.findall(r"^```[a-z]*\n(.*?)^```", path.read_text(), re.S | re.M):
+            for line in block.splitlines():
+                for part in line.split(" #")[0].split("&&"):
+                    if part.strip().startswith(f"{program} "):
+                        found.append((path.name, part.strip()))
+    return found
+
+
+def test_every_train_command_of_the_docs_resolves():
+    """A page's `attnzoo train ...` names a model, a task and overrides that exist: each is
+    parsed by the CLI's own parser and its config resolved and checked as `attnzoo train`
+    does before any work (a renamed field or model would otherwise leave a page that fails
+    for its first reader)."""
+    import shlex
+
+    from attnzoo import cli, runs
+
+    commands = [(f, c) for f, c in _commands("attnzoo") if c.split()[1] == "train"]
+    assert len(commands) >= 30  # the README and every model page have some
+    for name, command in commands:
+        try:
+            args = cli.parser().parse_args(shlex.split(command)[1:])
+            if args.resume:  # the saved run's config: no model or task on the line
+                continue
+            config = runs.apply_overrides(runs.default_config(args.model, args.task), args.set)
+            runs.configs(config)
+        except (ValueError, TypeError, SystemExit) as err:
+            pytest.fail(f"{name}: {command!r}: {err}")
+
+
+def test_every_attnzoo_command_of_the_docs_parses():
+    """Every `attnzoo ...` line of the docs is a command and flags the CLI accepts."""
+    import shlex
+
+    from attnzoo import cli
+
+    commands = _commands("attnzoo")
+    assert {c.split()[1] for _, c in commands} >= {"train", "eval", "plot", "explore", "repro"}
+    for name, command in commands:
+        try:
+            cli.parser().parse_args(shlex.split(command)[1:])
+        except SystemExit:
+            pytest.fail(f"{name}: {command!r} does not parse")
