@@ -212,7 +212,7 @@ def screenshot(page: Path, png: Path) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys
 
-    browser = start_browser(1200, 820)
+    browser = start_browser(800, 820)  # a docs page's width
     try:
         open_page(browser, page)
         ActionChains(browser).send_keys(*[Keys.ARROW_RIGHT] * 5).perform()

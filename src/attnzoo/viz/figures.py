@@ -434,7 +434,7 @@ def glimpse_figure(
     n, glimpses, scales = ret.shape[:3]
     height, width = x.shape[1:]
     # a line holds the image and up to GLIMPSES_PER_LINE glimpses; more go on lines below
-    per_line = min(glimpses, GLIMPSES_PER_LINE)
+    per_line = max(1, min(glimpses, GLIMPSES_PER_LINE))
     lines = -(-glimpses // per_line)
     panel = min(1.6, PAGE_WIDTH / (per_line + 1))  # a panel's side, inches: a line fits the page
     wrap = max(10, int(panel * 72 / (0.6 * 7)))  # characters of a 7-point title across a panel
