@@ -177,3 +177,57 @@ def test_every_attnzoo_command_of_the_docs_parses():
             cli.parser().parse_args(shlex.split(command)[1:])
         except SystemExit:
             pytest.fail(f"{name}: {command!r} does not parse")
+
+
+def _rendered_with(page: str, tmp_path: Path, **changes) -> str:
+    """`page` rendered from a copy of its JSON, each bench's changed by `changes[bench](data)`:
+    the wording a template picks for data it does not have today."""
+    for bench in report.PAGES[page]:
+        data = json.loads((report.RESULTS / f"{bench}.json").read_text())
+        changes.get(bench, lambda data: None)(data)
+        (tmp_path / f"{bench}.json").write_text(json.dumps(data))
+    return report.Page(page, tmp_path).render()
+
+
+@pytest.mark.parametrize(
+    ("worst", "says"),
+    [
+        (8.3, "every seed left chance"),
+        (60.0, "its worst seed ended at 60.0 % error, off chance"),
+        (88.0, "a seed still ended near chance"),
+    ],
+)
+def test_ram_page_words_the_pulled_back_rows_worst_seed_by_its_error(tmp_path, worst, says):
+    """'Near chance' is for a seed near a sum's chance error (nine in ten), not any seed
+    above 50 % (an audit finding: a seed at 60 % would have been called near chance)."""
+
+    def change(data):
+        data["summary"]["addition-dram-pull"]["metrics"]["error"]["max"] = worst
+
+    assert says in _rendered_with("ram", tmp_path, dram=change)
+
+
+def test_ram_page_claims_no_loss_timing_it_has_not_measured(tmp_path):
+    """With a row's `loss_falls_at` missing, 'sooner' stood on a default of 0."""
+
+    def change(data):  # a row that never logged its curve
+        data["summary"]["addition-dram-g6-s3"]["metrics"].pop("loss_falls_at", None)
+        for row in data["rows"]:
+            if row["id"] == "addition-dram-g6-s3":
+                row["metrics"].pop("loss_falls_at", None)
+
+    text = _rendered_with("ram", tmp_path, dram=change)
+    assert "when its loss started to fall is not in the JSON" in text
+    assert "its loss started to fall sooner" not in text
+
+
+def test_sat_page_says_both_worse_only_when_both_are(tmp_path):
+    """'The finer map made both worse' had tested the mass inside the box alone."""
+
+    def change(data):
+        data["summary"]["soft-lambda0-grid16"]["metrics"]["exact_match_pct"]["mean"] = 99.0
+
+    text = _rendered_with("show_attend_tell", tmp_path, show_attend_tell=change)
+    assert "made both worse" not in text
+    assert "lowered the mass inside the box at this budget, though not the exact match" in text
+    assert "made both worse" in report.Page("show_attend_tell", report.RESULTS).render()
