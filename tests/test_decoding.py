@@ -16,6 +16,10 @@ class TableState:
     rows: torch.Tensor  # (batch,) which original example each row is
     step: int = 0
 
+    @property
+    def batch_size(self):
+        return self.rows.shape[0]
+
     def reorder(self, index):
         return TableState(self.rows.index_select(0, index), self.step)
 
@@ -231,3 +235,17 @@ def test_a_nan_log_probability_is_an_error_not_a_token(engine):
         match=f"{engine.__name__}: argument 'step' expected finite log-probabilities.*at step 1",
     ):
         _one_row(engine, table)
+
+
+@pytest.mark.parametrize("engine", [greedy, sample, beam_search])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_batch_other_than_the_states_is_refused(engine, batch):
+    """Beam search repeated the state's first `batch` rows: a larger state decoded its first
+    rows and dropped the rest without a word (a smaller one failed inside index_select)."""
+    state = TableState(torch.tensor([0, 0]))
+    with pytest.raises(
+        ValueError,
+        match=f"{engine.__name__}: argument 'batch' expected the rows of 'state' "
+        rf"\(2\), got {batch}",
+    ):
+        engine(table_step(make_table()), state, batch, bos=BOS, eos=EOS, max_len=3, device="cpu")

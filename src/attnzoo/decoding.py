@@ -3,7 +3,9 @@
 Every decoder reaches it the same way: `decode(model.decode_step, state, batch, beam_size=...,
 device=...)` with the state its model's `start(...)` returned. A decoder exposes
 `decode_step(tokens (batch,), state) -> (log_probs (batch, vocab), state)` and its state
-exposes `reorder(index) -> state` (keep rows `index`). The RNN decoders' state holds their
+exposes `reorder(index) -> state` (keep rows `index`) and `batch_size`, the rows it holds,
+which must equal `batch` (beam search would otherwise decode the first rows of a larger
+state and drop the rest without a word). The RNN decoders' state holds their
 hidden vectors; the Transformer's holds its key/value caches; the Pointer Network's, the
 positions chosen so far. Beam search flattens (batch, beam) into the batch dimension, so every
 decoder sees an ordinary batch. `device` is the decoder's (its inputs'): the engine's own
@@ -24,16 +26,24 @@ from attnzoo.core.normalisers import sample_hard
 
 
 class DecodingState(Protocol):
+    @property
+    def batch_size(self) -> int | None:
+        """The rows the state holds; None while it holds none (an empty cache), which any
+        batch fits."""
+
     def reorder(self, index: torch.Tensor) -> DecodingState: ...
 
 
 Step = Callable[[torch.Tensor, DecodingState], tuple[torch.Tensor, DecodingState]]
 
 
-def _check(function: str, batch, bos, eos, max_len, pad) -> None:
+def _check(function: str, state, batch, bos, eos, max_len, pad) -> None:
     """The engine's own arguments, by name, before a step runs (a max_len of 0 stacked no
-    step; a float token id was cast to a wrong id)."""
+    step; a float token id was cast to a wrong id; a state of other rows than `batch`)."""
     check_count(function, "batch", batch)
+    rows = state.batch_size
+    if rows is not None and rows != batch:
+        fail(function, "batch", f"the rows of 'state' ({rows})", batch)
     check_size(function, "max_len", max_len)
     for name, value in (("bos", bos), ("eos", eos), ("pad", pad)):
         if isinstance(value, bool) or not isinstance(value, int):
@@ -78,7 +88,7 @@ def greedy(
 
     Returns (batch, <= max_len) token ids, EOS included, padding after it.
     """
-    _check("greedy", batch, bos, eos, max_len, pad)
+    _check("greedy", state, batch, bos, eos, max_len, pad)
     tokens = torch.full((batch,), bos, dtype=torch.long, device=device)
     out, done = [], torch.zeros(batch, dtype=torch.bool, device=device)
     for t in range(max_len):
@@ -110,7 +120,7 @@ def sample(
     its tokens up to and including EOS) trains a policy by REINFORCE.
     Returns (tokens (batch, <= max_len), padding after EOS; log_prob (batch,)).
     """
-    _check("sample", batch, bos, eos, max_len, pad)
+    _check("sample", state, batch, bos, eos, max_len, pad)
     tokens = torch.full((batch,), bos, dtype=torch.long, device=device)
     out, total = [], torch.zeros(batch, dtype=torch.float32, device=device)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -146,7 +156,7 @@ def beam_search(
 
     Returns the best hypothesis per batch row: (batch, <= max_len), padding after EOS.
     """
-    _check("beam_search", batch, bos, eos, max_len, pad)
+    _check("beam_search", state, batch, bos, eos, max_len, pad)
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
         fail("beam_search", "beam_size", "an int >= 1", repr(beam_size))
     check_number("beam_search", "length_penalty", length_penalty)

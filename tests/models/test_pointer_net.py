@@ -251,3 +251,10 @@ def test_a_position_twice_before_the_end_is_refused_and_after_it_is_padding(end_
         assert torch.isfinite(
             model(points, padded).log_probs.gather(-1, padded[..., None])[:, :2]
         ).all()
+
+
+def test_decoding_state_knows_its_batch():
+    """The engine checks its `batch` against this (beam search would otherwise decode the
+    first rows of a larger state)."""
+    state = make().start(torch.rand(4, 6, 2))
+    assert state.batch_size == 4 and state.reorder(torch.tensor([0, 0])).batch_size == 2

@@ -448,3 +448,14 @@ _SOURCE, _LENGTHS, _TARGET = torch.randint(1, 10, (2, 5)), torch.tensor([5, 3]),
 def test_bad_inputs_are_refused_by_name(source, lengths, target_in, kind, pattern):
     with pytest.raises(kind, match=pattern):
         _bad_input_model()(source, lengths, target_in)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_decode_refuses_a_batch_other_than_the_states(beam_size):
+    model = make(attention="bahdanau").eval()
+    source, lengths, _, _ = batch()
+    state = model.start(model.encode(source, lengths))
+    assert state.batch_size == 3 and state.reorder(torch.tensor([0, 2])).batch_size == 2
+    with pytest.raises(ValueError, match=r"argument 'batch' expected the rows of 'state' \(3\)"):
+        decode(model.decode_step, state, 2, bos=BOS, eos=EOS, max_len=4, device="cpu",
+               beam_size=beam_size)  # fmt: skip

@@ -300,3 +300,13 @@ def test_bad_images_and_sizes_name_the_argument():
     images, tokens, lengths = inputs()
     with pytest.raises(ValueError, match="tokens_in"):
         model(images, tokens[:2], lengths)
+
+
+def test_decode_refuses_a_batch_other_than_the_states():
+    model = build(ShowAttendTellConfig(variant="soft", **SMALL))
+    images, _, _ = inputs()
+    state = model.start(images)
+    assert state.batch_size == 3 and state.reorder(torch.tensor([2])).batch_size == 1
+    with pytest.raises(ValueError, match=r"argument 'batch' expected the rows of 'state' \(3\)"):
+        decode(model.decode_step, state, 2, bos=1, eos=2, max_len=4, device=images.device,
+               beam_size=2)  # fmt: skip

@@ -556,3 +556,22 @@ def test_layer_norm_eps_must_be_positive_and_finite(eps):
 def test_layer_norm_eps_reaches_every_layer_norm():
     model = make(layer_norm_eps=1e-3, pre_norm=True)
     assert {m.eps for m in model.modules() if isinstance(m, nn.LayerNorm)} == {1e-3}
+
+
+def test_decoding_states_know_their_batch():
+    """The engine checks `batch` against the state's rows (beam search would otherwise decode
+    a larger state's first rows); an LM's empty caches fit any batch."""
+    model = make().eval()
+    source, lengths, _, _ = batch()
+    state = model.start(model.encode(source, lengths))
+    assert state.batch_size == 3 and state.reorder(torch.tensor([1])).batch_size == 1
+    with pytest.raises(ValueError, match=r"argument 'batch' expected the rows of 'state' \(3\)"):
+        beam_search(model.decode_step, state, 1, bos=1, eos=2, max_len=3, device="cpu")
+    lm = TransformerLM(TransformerConfig(**SMALL), V_TGT, 12).eval()
+    state = lm.start()
+    assert state.batch_size is None
+    with torch.no_grad():
+        _, state = lm.decode_step(torch.ones(2, dtype=torch.long), state)
+    assert state.batch_size == 2
+    with pytest.raises(ValueError, match=r"argument 'batch' expected the rows of 'state' \(2\)"):
+        greedy(lm.decode_step, state, 4, bos=1, eos=2, max_len=3, device="cpu")

@@ -80,6 +80,10 @@ class PointerState:
     keys: torch.Tensor  # (batch, positions, attn_hidden) W_1 e_j, computed once
     chosen: torch.Tensor  # (batch, positions) bool
 
+    @property
+    def batch_size(self) -> int:
+        return self.chosen.shape[0]
+
     def reorder(self, index: torch.Tensor) -> PointerState:
         return PointerState(
             self.h.index_select(1, index),

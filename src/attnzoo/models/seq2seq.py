@@ -180,6 +180,10 @@ class DecoderState:
     memory: EncoderOutput
     keys: PreparedKey | None  # keys prepared once per sentence
 
+    @property
+    def batch_size(self) -> int:
+        return self.memory.annotations.shape[0]
+
     def reorder(self, index: torch.Tensor) -> DecoderState:
         hidden = (
             tuple(h.index_select(1, index) for h in self.hidden)

@@ -315,6 +315,10 @@ class CaptionState:
     weights: torch.Tensor | None = None  # (b, L) the last step's attention (one-hot if hard)
     expected: torch.Tensor | None = None  # (b,) bool: hard, this image attends by expectation
 
+    @property
+    def batch_size(self) -> int:
+        return self.annotations.shape[0]
+
     def reorder(self, index: torch.Tensor) -> CaptionState:
         pick = lambda x: None if x is None else x.index_select(0, index)  # noqa: E731
         keys = None if self.keys is None else self.keys.index_select(index)

@@ -429,6 +429,10 @@ class TransformerState:
     cross_caches: list[KVCache] | None = None
     prefix: torch.Tensor | None = None  # (b, step) without caches
 
+    @property
+    def batch_size(self) -> int:
+        return self.memory.shape[0]
+
     def reorder(self, index: torch.Tensor) -> TransformerState:
         """Keep batch rows `index` (beam search): a new state, self unchanged. The cross
         caches learn that the reordered mask is the one their memory is cleared under."""
@@ -757,6 +761,11 @@ class LMState:
 
     caches: list[KVCache]
     step: int = 0
+
+    @property
+    def batch_size(self) -> int | None:
+        """None before the first token: empty caches fit any batch."""
+        return next((c.key.shape[0] for c in self.caches if c.key is not None), None)
 
     def reorder(self, index: torch.Tensor) -> LMState:
         return LMState([_reorder_cache(c, index) for c in self.caches], self.step)
