@@ -63,6 +63,14 @@ def test_by_source_length_reports_no_bucket_under_min_bucket():
     assert [(r["min_len"], r["max_len"]) for r in rows] == [(4, 9), (10, 19), (20, 29), (30, 40)]
     assert sum(r["n"] for r in rows) == len(lengths) == 400
     assert min(r["n"] for r in rows) >= MIN_BUCKET
+    # the buckets' exact matches average to evaluate's, with every third output wrong
+    task.translate = lambda model, examples: [
+        list(e.target) if k % 3 else ["x"] for k, e in enumerate(examples)
+    ]
+    rows = task.by_source_length(model, edges)
+    overall = task.evaluate(model)["exact_match"]
+    assert 0.6 < overall < 0.7
+    assert sum(r["exact_match"] * r["n"] for r in rows) / 400 == pytest.approx(overall)
 
 
 @pytest.mark.parametrize("model_name", ["bahdanau", "transformer"])

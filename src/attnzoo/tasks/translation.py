@@ -198,24 +198,16 @@ class TranslationTask:
         return out
 
     def by_source_length(self, model, edges: Sequence[int]) -> list[dict[str, Any]]:
-        """The headline metric per source-length bucket [edges[k], edges[k+1]) (Bahdanau 2015
-        Fig. 2): list of {"min_len", "max_len", "n", "exact_match"[, "bleu"]}. A bucket of
-        fewer than MIN_BUCKET examples is merged into its neighbour (`length_buckets`)."""
+        """The headline metrics (`scores`) per source-length bucket [edges[k], edges[k+1])
+        (Bahdanau 2015 Fig. 2): list of {"min_len", "max_len", "n", "exact_match"[, "bleu",
+        "chrf"]}. A bucket of fewer than MIN_BUCKET examples is merged into its neighbour
+        (`length_buckets`)."""
         examples = self.examples()
         hyps = self.translate(model, examples)
         rows = []
         for lo, hi, picked in length_buckets([len(e.source) for e in examples], edges):
-            h = [hyps[k] for k in picked]
-            r = [list(examples[k].target) for k in picked]
-            row = {
-                "min_len": lo,
-                "max_len": hi - 1,
-                "n": len(picked),
-                "exact_match": exact_match(h, r),
-            }
-            if self.metric == "bleu":
-                row["bleu"] = bleu([self.detokenize(x) for x in h], [self.detokenize(x) for x in r])
-            rows.append(row)
+            scored = self.scores([hyps[k] for k in picked], [examples[k] for k in picked])
+            rows.append({"min_len": lo, "max_len": hi - 1, "n": len(picked), **scored})
         return rows
 
     def evaluate(self, model) -> dict[str, Any]:
