@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import attnzoo
-from attnzoo import PreparedKey, attention, prepare_key, scores
+from attnzoo import PreparedKey, attention, padding_mask, prepare_key, scores
 from attnzoo.core.scores import _PAD_MAX_DIM, _PLAIN_WEIGHTS_MAX_KEYS, _UPCAST_MAX_KEYS
 from tests.core.reference import ref_attention, ref_logits
 from tests.core.test_scores import make
@@ -251,7 +251,28 @@ BAD = [
     (dict(score="bogus"), ValueError, "'score'.*scaled_dot.*bogus"),
     (dict(score=3), TypeError, "'score'"),
     (dict(key=torch.randn(3, 4, 6)), ValueError, "'key'.*leading dims"),
+    (dict(mask=torch.ones(3, 4, dtype=torch.bool)), ValueError, "'mask'.*rank 3.*\\(3, 4\\)"),
 ]
+
+
+def test_a_mask_of_fewer_dims_than_the_weights_is_refused():
+    """It would line up from the right: with batch == heads a (batch, 1, key_len) padding
+    mask of 4-D attention was read as (heads, 1, key_len), each row's padding applied to
+    another head, and with batch == query_len a (batch, key_len) one as (query_len,
+    key_len); the weight on row 1's padding summed to 24.6. The full rank, each dim 1 or the
+    weights' size, names the batch."""
+    q, k, v = torch.randn(8, 8, 5, 16), torch.randn(8, 8, 6, 16), torch.randn(8, 8, 6, 16)
+    mask = padding_mask(torch.tensor([6, 1, 2, 3, 4, 5, 6, 2]), 6)  # (8, 1, 6)
+    for name, call in (("attention", attention), ("prepare_key", None)):
+        with pytest.raises(ValueError, match=rf"{name}: argument 'mask' expected rank 4"):
+            if call is None:
+                prepare_key("scaled_dot", k, value=v, mask=mask)
+            else:
+                attention(q, k, v, score="scaled_dot", mask=mask)
+    out = attention(q, k, v, score="scaled_dot", mask=mask.unsqueeze(1), return_weights=True)
+    assert (out.weights[1, :, :, 1:] == 0).all()
+    with pytest.raises(ValueError, match="'mask' expected rank 3"):  # (batch, key_len), b == i
+        attention(q[:, :, 0], k[:, 0], v[:, 0], score="dot", mask=torch.ones(8, 6).bool())
 
 
 @pytest.mark.parametrize(("override", "error", "pattern"), BAD)

@@ -112,6 +112,9 @@ def test_cross_attention_cache_projects_memory_once_and_reorders():
     cache.reorder(torch.tensor([2, 2, 0]))
     c = mha(x[[2, 2, 0]], memory, cache=cache).context
     torch.testing.assert_close(c, a[[2, 2, 0]])
+    # a memory of another length is another memory: refused, not answered from the cache
+    with pytest.raises(CacheError, match="cross cache of the memory's 7 positions, got one of 5"):
+        mha(x, torch.randn(3, 7, 8), cache=cache)
 
 
 def test_dropout_only_in_training():
@@ -163,6 +166,16 @@ def test_score_module_instance_is_used_per_head():
         s.weight.zero_()
         uniform = mha(x, return_weights=True).weights
     torch.testing.assert_close(uniform, torch.full((2, 2, 5, 5), 1 / 5))
+
+
+def test_a_mask_without_its_batch_dim_is_refused():
+    """nn.MultiheadAttention's key_padding_mask is (batch, key_len): passed as `mask` with
+    batch == query_len it lined up as (query_len, key_len), another mask, silently."""
+    mha = MultiHeadAttention(16, 2)
+    x, padding = torch.randn(5, 5, 16), torch.ones(5, 5, dtype=torch.bool).tril()
+    with pytest.raises(ValueError, match=r"'mask' expected rank 3 \(batch, query_len, key_len\)"):
+        mha(x, mask=padding)
+    mha(x, mask=padding.unsqueeze(1))  # (batch, 1, key_len): padding, per row
 
 
 def test_bad_mask_is_refused_in_the_callers_shape_before_the_cache_grows():

@@ -303,7 +303,8 @@ def additive_attention(
         key: (batch, [heads,] key_len, d_hidden), projected.
         v: (d_hidden,).
         value: (batch, [heads,] key_len, d_value).
-        mask: bool, broadcastable to (batch, [heads,] query_len, key_len); True = may attend.
+        mask: bool, (batch, [heads,] query_len, key_len), each dim 1 or that size (the
+            weights' rank, as in `attnzoo.attention`); True = may attend.
         causal, window: as in `attnzoo.attention`.
         cleared: key and value are already cleared under `mask` (`prepare_key(..., mask=)`).
     Returns:
@@ -312,7 +313,8 @@ def additive_attention(
         0 by selection first): NaN or Inf in padding never reaches the context or a gradient.
     """
     lead = _check_inputs("additive_attention", query, key, v, value)
-    check_mask("additive_attention", mask, (*lead, query.shape[-2], key.shape[-2]), query.device)
+    weights = (*lead, query.shape[-2], key.shape[-2])
+    check_mask("additive_attention", mask, weights, query.device, full_rank=True)
     check_window("additive_attention", window)
     if causal.__class__ is not bool:
         check_flag("additive_attention", "causal", causal)

@@ -107,7 +107,7 @@ def _check_prepare_inputs(key, value, mask) -> None:
         fail(name, "value", expected, tuple(value.shape[:-2]))
     if mask is not None:
         rows = mask.shape[-2] if isinstance(mask, torch.Tensor) and mask.dim() > 1 else 1
-        check_mask(name, mask, (*lead, rows, key.shape[-2]), key.device)
+        check_mask(name, mask, (*lead, rows, key.shape[-2]), key.device, full_rank=True)
 
 
 def attention(
@@ -129,7 +129,9 @@ def attention(
         key: (batch, [heads,] key_len, d_key), or a `PreparedKey` made with the same score.
         value: (batch, [heads,] key_len, d_value).
         score: a score module (`attnzoo.scores`) or "dot", "scaled_dot", "cosine".
-        mask: bool, broadcastable to (batch, [heads,] query_len, key_len); True = may attend.
+        mask: bool, (batch, [heads,] query_len, key_len), each dim 1 or that size (e.g.
+            (batch, [1,] 1, key_len) for padding: the weights' rank, so that a batch dim is
+            never read as another), or (key_len,); True = may attend.
         causal: query i attends to keys j <= i (diagonal at the top left when
             query_len != key_len, like PyTorch's `is_causal`).
         window: keep keys with |j - i| <= window (Luong's local-m).
@@ -161,7 +163,8 @@ def attention(
             if common
             else broadcast_shape(query.shape[:-2], key.shape[:-2], value.shape[:-2])
         )
-        check_mask("attention", mask, (*lead, query.shape[-2], key.shape[-2]), query.device)
+        weights = (*lead, query.shape[-2], key.shape[-2])
+        check_mask("attention", mask, weights, query.device, full_rank=True)
     if padding is not None:  # (..., 1, key_len): the keys its mask let some query attend
         mask = combine_masks(mask, attended_keys(padding).transpose(-2, -1))
     if dropout.__class__ is not float or not 0.0 <= dropout < 1.0:

@@ -210,10 +210,23 @@ def check_same_kind(function: str, reference: str, tensor: torch.Tensor, others:
             fail(function, name, f"device {tensor.device} (that of '{reference}')", other.device)
 
 
+_MASK_DIMS = {3: "(batch, query_len, key_len)", 4: "(batch, heads, query_len, key_len)"}
+
+
 def check_mask(
-    function: str, mask: torch.Tensor | None, weights_shape: Sequence[int], device: torch.device
+    function: str,
+    mask: torch.Tensor | None,
+    weights_shape: Sequence[int],
+    device: torch.device,
+    *,
+    full_rank: bool = False,
 ) -> None:
-    """A mask is boolean (True = may attend) and broadcastable to the weights' shape."""
+    """A mask is boolean (True = may attend) and broadcastable to the weights' shape; with
+    `full_rank` (what a user passes to a public entry) also of the weights' rank, or a
+    (key_len,) mask shared by every query. A mask of other fewer dims lines up from the right,
+    so where sizes happen to agree its batch dim would be read as the heads' (a (batch, 1,
+    key_len) padding mask of 4-D attention with batch == heads) or a (batch, key_len) one as
+    (query_len, key_len): another mask, silently."""
     if mask is None:
         return
     if not isinstance(mask, torch.Tensor):
@@ -222,6 +235,12 @@ def check_mask(
         fail(function, "mask", "dtype torch.bool (True = may attend)", mask.dtype, TypeError)
     if mask.device != device:
         fail(function, "mask", f"device {device}", mask.device)
+    if full_rank and mask.dim() not in (1, len(weights_shape)):
+        rank = len(weights_shape)
+        dims = _MASK_DIMS.get(rank, "")
+        wanted = f"rank {rank} {dims}, each dim 1 or the weights' {tuple(weights_shape)}"
+        wanted += " (or a (key_len,) mask)"
+        fail(function, "mask", wanted, f"shape {tuple(mask.shape)}")
     if not _broadcasts_to(mask.shape, weights_shape):
         fail(
             function,

@@ -17,7 +17,7 @@ from attnzoo.core.checks import (
     check_window,
     fail,
 )
-from attnzoo.core.masks import clear_unattended, window_mask
+from attnzoo.core.masks import clear_unattended, combine_masks, window_mask
 from attnzoo.core.normalisers import masked_softmax, propagate_nonfinite, propagate_nonfinite_keys
 from attnzoo.core.types import AttentionOutput
 
@@ -52,6 +52,8 @@ class LocalAttention(nn.Module):
             check_size("LocalAttention", "d_query", d_query)
         if d_hidden is not None:
             check_size("LocalAttention", "d_hidden", d_hidden)
+            if d_query is None:  # local-m has no W_p to size
+                fail("LocalAttention", "d_hidden", "None without d_query (local-m)", d_hidden)
         self.score, self.window = score, window
         self.predictive = d_query is not None
         if self.predictive:
@@ -65,17 +67,20 @@ class LocalAttention(nn.Module):
         lengths: torch.Tensor | None,
         positions: torch.Tensor | None,
     ) -> torch.Tensor:
-        """p_t for every query: (batch, query_len)."""
+        """p_t for every query: (batch, query_len), in float32 at least: a position in bf16
+        is exact only up to 256 (query 301's window was centred on 300)."""
+        dtype = torch.promote_types(query.dtype, torch.float32)
         if self.predictive:
             source_len = (
-                lengths.to(query.device, query.dtype)[:, None]
+                lengths.to(query.device, dtype)[:, None]
                 if lengths is not None
-                else torch.full_like(query[..., 0], float(key_len))
+                else torch.full(query.shape[:-1], float(key_len), dtype=dtype, device=query.device)
             )
-            return source_len * torch.sigmoid(self.v_p(torch.tanh(self.w_p(query)))).squeeze(-1)
+            fraction = torch.sigmoid(self.v_p(torch.tanh(self.w_p(query))).squeeze(-1).to(dtype))
+            return source_len * fraction
         if positions is None:
             positions = torch.arange(query.shape[-2], device=query.device)
-        positions = positions.to(query.device, query.dtype)
+        positions = positions.to(query.device, dtype)
         return positions.expand(query.shape[:-1])  # (batch, query_len)
 
     def forward(
@@ -85,8 +90,9 @@ class LocalAttention(nn.Module):
         Args:
             query: (batch, query_len, d_query); key: (batch, key_len, d_key);
             value: (batch, key_len, d_value).
-            mask: bool broadcastable to (batch, query_len, key_len).
-            lengths: (batch,) true source lengths, S in eq. 9 (local-p).
+            mask: bool, (batch, query_len, key_len), each dim 1 or that size.
+            lengths: (batch,) true source lengths: S in eq. 9 (local-p), and in both modes
+                the keys at or past a row's length are padding, never attended.
             positions: (batch, query_len) or (query_len,) query positions (local-m);
                 defaults to 0..query_len-1.
             prepared_key: `score.prepare_key(key)` if the caller cached it.
@@ -96,6 +102,9 @@ class LocalAttention(nn.Module):
         """
         self._check_inputs(query, key, value, mask, lengths, positions, prepared_key)
         key_len = key.shape[-2]
+        if lengths is not None:  # (batch, 1, key_len): the keys before each row's length
+            real = torch.arange(key_len, device=query.device) < lengths.to(query.device)[:, None]
+            mask = combine_masks(mask, real.unsqueeze(1))  # (checked: no read on a GPU)
         if prepared_key is None and mask is not None:
             # padding cleared before the score's projection, whose gradient reads it
             key, value = clear_unattended(mask, key, value)
@@ -114,9 +123,10 @@ class LocalAttention(nn.Module):
         probe = torch.cat([query, p.unsqueeze(-1).to(query.dtype)], -1)  # (b, i, d + 1)
         weights = propagate_nonfinite(weights, probe)
         if self.predictive:
-            s = torch.arange(key_len, device=query.device, dtype=query.dtype)
+            s = torch.arange(key_len, device=query.device, dtype=p.dtype)
             sigma = self.window / 2
-            weights = weights * torch.exp(-((s - p.unsqueeze(-1)) ** 2) / (2 * sigma**2))
+            gaussian = torch.exp(-((s - p.unsqueeze(-1)) ** 2) / (2 * sigma**2))
+            weights = weights * gaussian.to(weights.dtype)
         return AttentionOutput(weights @ value, weights)  # (batch, query_len, d_value)
 
     def _check_inputs(self, query, key, value, mask, lengths, positions, prepared_key) -> None:
@@ -134,7 +144,7 @@ class LocalAttention(nn.Module):
             if value.shape[1] != key.shape[1]:
                 fail(name, "value", f"key_len = {key.shape[1]} positions", value.shape[1])
         b, i, j = query.shape[0], query.shape[1], key.shape[1]
-        check_mask(name, mask, (b, i, j), query.device)
+        check_mask(name, mask, (b, i, j), query.device, full_rank=True)
         if lengths is not None and (
             not isinstance(lengths, torch.Tensor)
             or lengths.shape != (b,)

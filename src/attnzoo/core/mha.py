@@ -366,8 +366,10 @@ class MultiHeadAttention(nn.Module):
         Args:
             query: (batch, query_len, d_model).
             memory: (batch, key_len, d_memory) for cross-attention; None for self-attention.
-            mask: bool, (batch, query_len, key_len) or broadcastable (e.g. (batch, 1, key_len)
-                for padding), shared by all heads; or (batch, heads, query_len, key_len).
+            mask: bool, (batch, query_len, key_len), each dim 1 or that size (e.g.
+                (batch, 1, key_len) for padding), shared by all heads; or (batch, heads,
+                query_len, key_len). A (batch, key_len) mask is refused: with batch ==
+                query_len it would line up as (query_len, key_len).
                 With a self-attention cache, key_len counts cached plus new positions.
             causal: query i attends to keys j <= i (offset by the cache length when caching).
             window: keys within `window` positions (local-m).
@@ -401,7 +403,7 @@ class MultiHeadAttention(nn.Module):
                 )
             check_like_parameter("MultiHeadAttention", "memory", memory, parameter)
         if cache is not None:
-            self._check_cache(cache, query, cross=memory is not None)
+            self._check_cache(cache, query, memory)
         check_window("MultiHeadAttention", window)
         if causal.__class__ is not bool:
             check_flag("MultiHeadAttention", "causal", causal)
@@ -420,7 +422,7 @@ class MultiHeadAttention(nn.Module):
             past_len = cache.length if cache is not None else 0
             j = memory.shape[1] if memory is not None else i + past_len
             shape = (b, self.num_heads, i, j) if mask.dim() == 4 else (b, i, j)
-            check_mask("MultiHeadAttention", mask, shape, query.device)
+            check_mask("MultiHeadAttention", mask, shape, query.device, full_rank=True)
 
         past, cleared = 0, False
         if memory is None:
@@ -478,9 +480,12 @@ class MultiHeadAttention(nn.Module):
         context = out.context.transpose(1, 2).reshape(b, i, self.d_model)  # (b, i, d_model)
         return AttentionOutput(self.out_proj(context), out.weights)
 
-    def _check_cache(self, cache: KVCache, query: torch.Tensor, cross: bool) -> None:
-        """The cache was filled by this module, for this kind of attention, with this batch,
-        head count, d_head, dtype and device (shapes and attributes only)."""
+    def _check_cache(self, cache: KVCache, query: torch.Tensor, memory) -> None:
+        """The cache was filled by this module, for this kind of attention (cross with a
+        `memory`), with this batch, head count, d_head, dtype and device, and a cross cache
+        from a memory of this length (shapes and attributes only). A cross cache reads no
+        memory again, by design; one of another length is another memory, never attended."""
+        cross = memory is not None
         name, kind = "MultiHeadAttention", "cross" if cross else "self"
         if not isinstance(cache, KVCache):
             fail(name, "cache", "a KVCache", type(cache).__name__, TypeError)
@@ -519,6 +524,9 @@ class MultiHeadAttention(nn.Module):
         if value is None or value.shape != key.shape:
             got = None if value is None else tuple(value.shape)
             fail(name, "cache", f"values of the keys' shape {shape}", got, CacheError)
+        if cross and key.shape[-2] != memory.shape[1]:
+            wanted = f"a cross cache of the memory's {memory.shape[1]} positions"
+            fail(name, "cache", wanted, f"one of {key.shape[-2]}", CacheError)
         if key.device != query.device:
             fail(name, "cache", f"device {query.device}", key.device, CacheError)
         if key.dtype != query.dtype and not torch.is_autocast_enabled(query.device.type):
