@@ -261,12 +261,29 @@ def test_reinforce_through_a_clamped_draw_is_unbiased():
         (lambda: rewards_to_go(torch.zeros(2, 3), 1.5), "rewards_to_go: argument 'discount'"),
         (lambda: rewards_to_go(torch.zeros(3)), "rewards_to_go: argument 'rewards'"),
         (lambda: reinforce_loss(torch.zeros(1, 2, 3), torch.zeros(1)), "argument 'log_prob'"),
+        (lambda: gaussian_log_prob(torch.zeros(4, 2), torch.zeros(4, 1, 2), 1.0), "'x' expected"),
         (lambda: MovingAverageBaseline(1.0), "argument 'momentum' expected"),
     ],
 )
 def test_bad_arguments_are_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("argument", ["reward", "baseline", "entropy", "mask"])
+def test_one_value_per_episode_beside_per_step_log_probs_needs_its_steps_dim(argument):
+    """A (batch,) tensor beside (batch, steps) log-probs lined up from the right: with batch ==
+    steps it was read as per-step, each row's reward spread over the steps of every row (the
+    policy term 3 here, for 6)."""
+    log_prob = torch.zeros(3, 3)
+    log_prob[:, 0] = -1.0
+    per_episode = torch.tensor([1.0, 2.0, 3.0])
+    args = dict(reward=torch.zeros(3, 1), baseline=None, entropy=None, mask=None)
+    args[argument] = per_episode > 1 if argument == "mask" else per_episode
+    with pytest.raises(ValueError, match=f"reinforce_loss: argument '{argument}' expected a"):
+        reinforce_loss(log_prob, args.pop("reward"), args.pop("baseline"), **args)
+    assert reinforce_loss(log_prob, per_episode[:, None]).policy == 6.0
+    assert reinforce_loss(log_prob, torch.tensor(2.0)).policy == 6.0  # 0-d: every step's
 
 
 def test_rewards_to_go_by_hand():

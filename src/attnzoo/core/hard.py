@@ -29,7 +29,14 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from attnzoo.core.checks import _broadcasts_to, check_floating, check_number, check_size, fail
+from attnzoo.core.checks import (
+    _broadcasts_to,
+    broadcast_shape,
+    check_floating,
+    check_number,
+    check_size,
+    fail,
+)
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -47,6 +54,9 @@ def gaussian_log_prob(
     positive number or a tensor broadcastable to `mean`."""
     check_floating("gaussian_log_prob", "x", x)
     check_floating("gaussian_log_prob", "mean", mean)
+    if x.dim() != mean.dim() or broadcast_shape(x.shape, mean.shape) is None:
+        wanted = f"the shape of 'mean' {tuple(mean.shape)}, each dim that size or 1"
+        fail("gaussian_log_prob", "x", wanted, tuple(x.shape))  # (4, 2) by (4, 1, 2): (4, 4)
     std = _std_tensor("gaussian_log_prob", std, mean)
     z = (x - mean) / std  # (..., d)
     return (-0.5 * z * z - torch.log(std) - _HALF_LOG_2PI).sum(-1)
@@ -261,9 +271,10 @@ def reinforce_loss(
 
     Args:
         log_prob: (batch,) or (batch, steps) log pi of the actions taken.
-        reward: the same shape (or broadcastable): R_t, e.g. `rewards_to_go(r)`.
-        baseline: b_t, broadcastable to `reward`: a learned prediction (trained by its squared
-            error), a tensor without grad, a float, or None (b = 0).
+        reward: the same shape, each dim that size or 1 (one reward per episode beside
+            (batch, steps) log-probs is (batch, 1)), or 0-d: R_t, e.g. `rewards_to_go(r)`.
+        baseline: b_t, shaped as `reward` may be: a learned prediction (trained by its
+            squared error), a tensor without grad, a float, or None (b = 0).
         entropy: per-step entropies H_t of the policy (an exploration bonus), or None.
         entropy_weight: beta.
         mask: bool like `log_prob`, True = this step counts (steps after an episode's end).
@@ -290,15 +301,18 @@ def reinforce_loss(
 
 
 def _check_reinforce_inputs(log_prob, reward, baseline, entropy, entropy_weight, mask) -> None:
-    """`reinforce_loss`'s arguments: each tensor broadcastable to the log-probs' shape, as
-    the loss expands it, each number finite."""
+    """`reinforce_loss`'s arguments: each tensor of the log-probs' rank (or 0-d), each dim 1
+    or theirs, as the loss expands it; each number finite. A (batch,) reward beside
+    (batch, steps) log-probs would line up from the right: refused, not read as per-step
+    rewards (when batch == steps it broadcast silently, each row's reward spread over the
+    steps of every row)."""
     name = "reinforce_loss"
     if not isinstance(log_prob, torch.Tensor) or log_prob.dim() not in (1, 2):
         got = tuple(log_prob.shape) if isinstance(log_prob, torch.Tensor) else type(log_prob)
         fail(name, "log_prob", "a (batch,) or (batch, steps) tensor", got)
     check_floating(name, "log_prob", log_prob)
     shape = tuple(log_prob.shape)
-    wanted = f"a tensor broadcastable to log_prob's shape {shape}"
+    wanted = f"a tensor of log_prob's shape {shape}, each dim that size or 1 (or 0-d)"
     for argument, x in (("reward", reward), ("baseline", baseline), ("entropy", entropy)):
         if argument != "reward" and x is None:
             continue
@@ -307,15 +321,15 @@ def _check_reinforce_inputs(log_prob, reward, baseline, entropy, entropy_weight,
             continue
         if not isinstance(x, torch.Tensor) or x.is_complex():
             fail(name, argument, wanted, type(x).__name__, TypeError)
-        if not _broadcasts_to(x.shape, shape):
+        if x.dim() not in (0, len(shape)) or not _broadcasts_to(x.shape, shape):
             fail(name, argument, wanted, tuple(x.shape))
     check_number(name, "entropy_weight", entropy_weight)
     if mask is not None:
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
             got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
             fail(name, "mask", "a bool tensor (True = the step counts)", got, TypeError)
-        if not _broadcasts_to(mask.shape, shape):
-            fail(name, "mask", f"a shape broadcastable to log_prob's {shape}", tuple(mask.shape))
+        if mask.dim() not in (0, len(shape)) or not _broadcasts_to(mask.shape, shape):
+            fail(name, "mask", wanted, tuple(mask.shape))
 
 
 def hybrid_loss(
