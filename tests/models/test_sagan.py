@@ -171,6 +171,10 @@ def test_shapes_at_odd_sizes():
     )
 
 
+def _gan():
+    return S.SAGAN(S.sagan(), (32, 32), 1, 10)
+
+
 @pytest.mark.parametrize(
     ("call", "argument"),
     [
@@ -202,6 +206,12 @@ def test_shapes_at_odd_sizes():
             "labels' expected class indices",
         ),
         (lambda: S.SelfAttention2d(8)(torch.randn(2, 4, 3, 3)), "x"),
+        # the networks the task's loss calls: one label for a batch of 4 was broadcast over
+        # it, and 64 x 64 images scored by a discriminator built for 32 x 32
+        (lambda: _gan().generator(torch.randn(4, 64), torch.tensor([3])), "labels"),
+        (lambda: _gan().generator(torch.randn(4, 63), torch.tensor([3] * 4)), "z"),
+        (lambda: _gan().discriminator(torch.randn(4, 1, 32, 32), torch.tensor([3])), "labels"),
+        (lambda: _gan().discriminator(torch.randn(4, 1, 64, 64), torch.tensor([3] * 4)), "images"),
     ],
 )
 def test_bad_input_is_an_error_naming_the_argument(call, argument):

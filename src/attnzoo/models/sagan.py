@@ -60,7 +60,9 @@ from attnzoo.core.checks import (
     check_fields,
     check_floating,
     check_image_size,
+    check_images,
     check_labels,
+    check_like_module,
     check_size,
     fail,
 )
@@ -192,6 +194,7 @@ class Generator(nn.Module):
     def __init__(self, config: SAGANConfig, side: int, channels: int, classes: int):
         super().__init__()
         c, self.start, self.z_dim = config.channels, side // 8, config.z_dim
+        self.classes = classes
         widths = (4 * c, 2 * c, c, c)
         self.top = widths[0]
         self.project = _sn(nn.Linear(config.z_dim, widths[0] * self.start**2))
@@ -209,6 +212,13 @@ class Generator(nn.Module):
     def forward(
         self, z: torch.Tensor, labels: torch.Tensor, return_weights: bool = False
     ) -> GeneratorOutput:
+        """The task's loss calls it directly: z and one label per row, checked here (a single
+        label broadcast over the batch, silently)."""
+        check_floating("Generator", "z", z)
+        check_like_module("Generator", "z", z, self)
+        if z.dim() != 2 or z.shape[1] != self.z_dim:
+            fail("Generator", "z", f"(batch, {self.z_dim})", tuple(z.shape))
+        check_labels("Generator", "labels", labels, self.classes, z.shape[:1])
         x = self.project(z).view(-1, self.top, self.start, self.start)  # (b, 4C, s/8, s/8)
         weights = None
         for k, conv in enumerate(self.convs):
@@ -231,6 +241,7 @@ class Discriminator(nn.Module):
     def __init__(self, config: SAGANConfig, side: int, channels: int, classes: int):
         super().__init__()
         c = config.channels
+        self.side, self.channels, self.classes = side, channels, classes
         self.first = _sn(nn.Conv2d(channels, c, 3, padding=1))
         widths = (c, c, 2 * c, 4 * c)
         self.downs = nn.ModuleList(
@@ -247,6 +258,10 @@ class Discriminator(nn.Module):
     def forward(
         self, images: torch.Tensor, labels: torch.Tensor, return_weights: bool = False
     ) -> DiscriminatorOutput:
+        """Images of the side it was built for (another side's sum pooling scores on another
+        scale) and one label per image, checked here: the task's loss calls it directly."""
+        check_images("Discriminator", images, self.channels, (self.side, self.side), like=self)
+        check_labels("Discriminator", "labels", labels, self.classes, images.shape[:1])
         x = F.leaky_relu(self.first(images), 0.1)
         weights = None
         for k, down in enumerate(self.downs):
@@ -304,11 +319,7 @@ class SAGAN(nn.Module):
     def forward(
         self, z: torch.Tensor, labels: torch.Tensor, return_weights: bool = False
     ) -> GeneratorOutput:
-        check_floating("SAGAN", "z", z)
-        if z.dim() != 2 or z.shape[1] != self.config.z_dim:
-            fail("SAGAN", "z", f"(batch, {self.config.z_dim})", tuple(z.shape))
-        check_labels("SAGAN", "labels", labels, self.classes, z.shape[:1])
-        return self.generator(z, labels, return_weights)
+        return self.generator(z, labels, return_weights)  # (which checks z and labels)
 
     def optimizer_groups(self) -> list[OptimizerGroup]:
         """The discriminator's optimiser, then the generator's (the loop steps them in this
