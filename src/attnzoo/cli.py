@@ -98,8 +98,10 @@ def cmd_demo(args) -> None:
 
     args.model, args.task, args.resume = "bahdanau", "dates", False
     args.out = args.out or "runs/demo"
-    args.overwrite = runs.demo_replaces(Path(args.out), args.model, args.task)
+    args.overwrite = runs.demo_replaces(Path(args.out))
     task, model = cmd_train(args)
+    if runs.main_process():
+        runs.mark_demo(Path(args.out))
     console.print(f"alignment figure: {Path(args.out) / 'figures' / 'alignment.png'}")
     page = runs.write_explorer(
         Path(args.out) / runs.EXPLORER,

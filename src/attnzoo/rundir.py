@@ -63,6 +63,7 @@ RESUMABLE = (
 EVALUATION = tuple(key for key in RESUMABLE if key.startswith("eval."))
 
 EXPLORER = "explore.html"  # the explorer page's default name in a run (`attnzoo explore`)
+DEMO = "demo.json"  # written by `attnzoo demo` into its run: the one kind it replaces
 # What a run writes in its directory (`overwrite` clears these, and refuses anything else)
 RUN_FILES = (
     "config.json",
@@ -73,6 +74,7 @@ RUN_FILES = (
     "figures",
     "scalars.jsonl",
     EXPLORER,
+    DEMO,
 )
 
 

@@ -19,6 +19,7 @@ from attnzoo.core.checks import fail
 from attnzoo.core.files import atomic_write, atomic_write_json
 from attnzoo.models.registry import MODELS
 from attnzoo.rundir import (  # noqa: F401  (the config half of this module's public API)
+    DEMO,
     EXPLORER,
     LOCK,
     RESUMABLE,
@@ -102,21 +103,23 @@ def run_train(
     return task, model, final
 
 
-def demo_replaces(out: Path, model: str, task: str) -> bool:
-    """Whether `attnzoo demo` replaces a run in `out`: one of its own model on its task (so
-    the demo runs again). A new or empty directory needs no replacing; one holding anything
-    else is the user's, refused before any work."""
+def demo_replaces(out: Path) -> bool:
+    """Whether `attnzoo demo` replaces a run in `out`: one an earlier demo finished there
+    (its `DEMO` file says so), so the demo runs again. A new or empty directory needs no
+    replacing; one holding anything else is the user's (a `train` run of the demo's model
+    and task too), refused before any work."""
     held = sorted(p.name for p in out.iterdir() if p.name != LOCK) if out.is_dir() else []
     if not held:
         return False
-    try:
-        saved = read_config(out)
-    except (OSError, ValueError):  # not a run attnzoo reads
-        saved = {}
-    if (saved.get("model_name"), saved.get("task_name")) != (model, task):
-        wanted = f"a new or empty directory, or an earlier demo's run ({model} on {task})"
+    if not (out / DEMO).is_file():
+        wanted = f"a new or empty directory, or an earlier demo's run (with its {DEMO})"
         fail("attnzoo demo", "--out", wanted, f"{out} holding {held}", FileExistsError)
     return True
+
+
+def mark_demo(out: Path) -> None:
+    """`out` holds a run the demo made (`demo_replaces`)."""
+    atomic_write_json(out / DEMO, {"made_by": "attnzoo demo"})
 
 
 def init_checkpoint(run_dir: str) -> Path | None:

@@ -362,17 +362,19 @@ def test_a_torchrun_worker_other_than_rank_0_draws_and_prints_nothing(
 
 
 def test_demo_refuses_a_run_that_is_not_a_demo(trained, tmp_path, capsys):
-    """`attnzoo demo --out DIR` replaces only an earlier demo's run (its model on its task):
-    a user's other run there is refused, byte for byte untouched."""
+    """`attnzoo demo --out DIR` replaces only an earlier demo's run: a user's other run there
+    is refused, byte for byte untouched."""
     run = copy_run(trained, tmp_path / "run")
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     error = _error(["demo", "--out", str(run), "--no-progress", *sets(TINY)], capsys)
     assert "attnzoo demo: argument '--out' expected a new or empty directory, or an " in error
-    assert "earlier demo's run (bahdanau on dates)" in error
+    assert "earlier demo's run (with its demo.json)" in error
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
-def test_demo_replaces_its_own_run(tmp_path, capsys):
+def test_demo_replaces_its_own_run_and_no_train_run_of_its_model(tmp_path, capsys):
+    """A user's `attnzoo train bahdanau --task dates` run was taken for a demo's (same model
+    and task) and replaced without --overwrite."""
     from tests.train.test_loop import sets as dates_sets
 
     out = tmp_path / "demo"
@@ -381,7 +383,14 @@ def test_demo_replaces_its_own_run(tmp_path, capsys):
     assert "replacing" not in capsys.readouterr().err
     assert main(argv) == 0
     assert f"replacing the run in {out}" in capsys.readouterr().err
-    assert (out / "figures" / "alignment.png").exists()
+    assert (out / "figures" / "alignment.png").exists() and (out / "demo.json").exists()
+    mine = tmp_path / "mine"
+    train_argv = ["train", "bahdanau", "--task", "dates", "--out", str(mine), "--no-progress"]
+    assert main([*train_argv, *dates_sets(["train.steps=4", "train.seed=7"])]) == 0
+    before = {p: p.read_bytes() for p in mine.rglob("*") if p.is_file()}
+    error = _error(["demo", "--out", str(mine), "--no-progress", *dates_sets([])], capsys)
+    assert "earlier demo's run (with its demo.json)" in error
+    assert {p: p.read_bytes() for p in mine.rglob("*") if p.is_file()} == before
 
 
 # ---------- resume never ignores an argument ----------
