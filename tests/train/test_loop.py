@@ -316,6 +316,23 @@ def test_an_evaluation_step_between_log_steps_is_evaluated_and_logged(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 5, 7, 8, 9, 11]
 
 
+def test_a_logged_rate_is_the_one_its_step_trained_at(tmp_path):
+    """The row of step s logged the scheduler's rate after its step, step s + 1's (the last
+    row a rate of 0 under cosine, which no step used)."""
+    from attnzoo.train import loop
+
+    config = TrainConfig(
+        steps=6, batch_size=2, warmup=3, threads=1, device="cpu", log_every=1, lr=0.01,
+        checkpoint_every=100, schedule="cosine",
+    )  # fmt: skip
+    loop.train(_ConvTask(), _LinearToy(), config, tmp_path, progress=False)
+    rows = _rows(tmp_path)
+    assert [r["step"] for r in rows] == list(range(6))
+    for r in rows:
+        assert r["lr"] == pytest.approx(0.01 * loop.lr_factor(config, r["step"]))
+    assert rows[-1]["lr"] > 0
+
+
 def test_a_resumed_log_equals_an_uninterrupted_one_between_log_steps(tmp_path):
     """checkpoint_every that is not a multiple of log_every: the resumed run's rows (steps and
     losses) equal the uninterrupted run's (its first window used to restart at the resume

@@ -96,6 +96,9 @@ def test_each_phase_steps_its_own_optimiser_as_a_hand_written_reference(tmp_path
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [2, 5, 6]
     assert all({"loss_first", "loss_second", "lr_first", "lr_second"} <= r.keys() for r in rows)
+    for r in rows:  # the rate each phase trained at in the logged step (not the next step's)
+        for name in base:
+            assert r[f"lr_{name}"] == pytest.approx(base[name] * lr_factor(config, r["step"]))
     for r in rows:
         assert r["loss"] == pytest.approx(r["loss_first"] + r["loss_second"])
     scalars = [json.loads(x) for x in (tmp_path / "scalars.jsonl").read_text().splitlines()]

@@ -295,17 +295,20 @@ def train(
             (loss_sum * env.world / total).backward()
             if config.clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip)
+            rates = {"lr": optimizer.param_groups[0]["lr"]}  # this step's, before the schedule's
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         else:
-            loss_sum = None
+            loss_sum, rates = None, {}
             for name, phase_optimizer, phase_scheduler, params in phases:
                 with _autocast(config, device):
                     phase_loss, count = task.loss(trained, batch, phase=name)
                 (phase_loss / count).backward()
                 if config.clip > 0:
                     torch.nn.utils.clip_grad_norm_(params, config.clip)
+                rates[f"lr_{name}"] = phase_optimizer.param_groups[0]["lr"]
+                rates.setdefault("lr", rates[f"lr_{name}"])  # the first phase's
                 phase_optimizer.step()
                 phase_scheduler.step()
                 model.zero_grad(set_to_none=True)  # a later phase's loss reaches these too
@@ -331,14 +334,13 @@ def train(
             record = {
                 "step": step,
                 "loss": loss_total / items,
-                "lr": (phases[0][2] if phases else scheduler).get_last_lr()[0],
+                **rates,  # the rate(s) this step trained at
                 "items_per_s": item_total / max(elapsed, 1e-9),
             }
             if phases is not None:
-                for name, _, phase_scheduler, _ in phases:
+                for name, *_ in phases:
                     summed = float(torch.stack(phase_losses[name]).double().sum())
                     record[f"loss_{name}"] = summed / items
-                    record[f"lr_{name}"] = phase_scheduler.get_last_lr()[0]
                     phase_losses[name] = []
             if evaluating:
                 eval_start = time.perf_counter()
