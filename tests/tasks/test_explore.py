@@ -99,6 +99,22 @@ def test_pointer_columns_and_output_agree():
         assert example["closed"] is True
 
 
+def test_a_hull_from_another_start_vertex_is_correct_as_its_score_counts_it():
+    """The explorer marked a hull listed from another vertex wrong (exact equality) where
+    `hull_metrics` counts it right; the other orientation is wrong in both."""
+    from attnzoo.tasks import geometry
+
+    task, model = runs.build(tiny_config("pointer-net", "convex_hull"))
+    points, truth = task.test_set(task.config.sizes[0])
+    for turn, right in ((lambda t: t[1:] + t[:1], True), (lambda t: t[::-1], False)):
+        predicted = [turn(list(t)) for t in truth[:COUNT]]
+        task.predict = lambda model, points, predicted=predicted: predicted
+        data = task.explore(model.eval(), COUNT)
+        scored = geometry.hull_metrics(points[:COUNT], predicted, truth[:COUNT])["accuracy"]
+        assert [e["correct"] for e in data["examples"]] == [right] * COUNT
+        assert scored == (1.0 if right else 0.0)
+
+
 def test_memory_gives_read_and_write_heads_over_the_rows():
     config, _, data = explored("ntm", "bit_copy")
     example = data["examples"][0]

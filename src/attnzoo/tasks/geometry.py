@@ -415,7 +415,8 @@ def is_simple_polygon(points: torch.Tensor, indices: Sequence[int]) -> bool:
     return not bool(bad.any())
 
 
-def _same_cycle(predicted: Sequence[int], truth: Sequence[int]) -> bool:
+def same_cycle(predicted: Sequence[int], truth: Sequence[int]) -> bool:
+    """Whether `predicted` lists `truth`'s cycle in its orientation from any start."""
     if len(predicted) != len(truth):
         return False
     if not truth:
@@ -459,7 +460,7 @@ def hull_metrics(
     coords = points.detach().double().cpu()
     correct, ratios, failures = 0, [], 0
     for xy, guess, label in zip(coords, predicted, truth, strict=True):
-        correct += _same_cycle(guess, label)
+        correct += same_cycle(guess, label)
         if not is_simple_polygon(xy, guess):
             failures += 1
             continue

@@ -372,8 +372,11 @@ class PointingTask:
         }
 
     def _right(self, points: torch.Tensor, predicted: list[int], truth: list[int]) -> bool:
-        """Whether a prediction is right: an optimal tour (any start or direction), else the
-        true output exactly."""
+        """Whether a prediction is right as the scores count it: an optimal tour (any start or
+        direction), the hull's vertices as a cycle of the same orientation (any start:
+        `hull_metrics`), the sorted order exactly."""
+        if self.config.kind == "convex_hull":
+            return geometry.same_cycle(predicted, truth)
         if self.config.kind != "tsp":
             return predicted == truth
         if sorted(predicted) != list(range(len(points))):
