@@ -166,12 +166,17 @@ def head_grid_figure(
 
 
 def loss_figure(steps: Sequence[int], losses: Sequence[float], *, title: str = "") -> Figure:
+    """The logged training losses against their steps: on a log axis when every loss is
+    positive, else a linear one (a log axis left out a REINFORCE surrogate's losses at or
+    below 0 without a word). The loss is per item of what the task counts (a token, a
+    sequence, an image, a pull), as metrics.jsonl logs it."""
     fig = Figure(figsize=(5, 3.2), dpi=DPI)
     ax = fig.add_subplot()
     ax.plot(steps, losses)
-    ax.set_yscale("log")
+    if all(x > 0 for x in losses):
+        ax.set_yscale("log")
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss (per token)")
+    ax.set_ylabel("training loss (per counted item)")
     if title:
         ax.set_title(title, **LITERAL)
     fig.tight_layout()
