@@ -79,6 +79,15 @@ def test_the_two_sensors_give_the_same_patches():
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("method", ["grid", "index"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_location_reads_a_non_finite_patch_not_zeros(method, bad):
+    images = torch.rand(2, 1, 8, 8)
+    location = torch.tensor([[bad, 0.0], [0.1, -0.2]])
+    patches = GlimpseSensor(4, 2, method)(images, location)
+    assert patches[0].isnan().all() and patches[1].isfinite().all()
+
+
 def test_patch_corners_centre_and_clamp():
     corners = patch_corners(torch.tensor([[0.0, 0.0], [-9.0, 9.0]]), 28, 28, 8, 2)
     assert corners[0].tolist() == [[10, 10], [6, 6]]

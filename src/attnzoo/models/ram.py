@@ -210,7 +210,11 @@ class GlimpseSensor(nn.Module):
         rows = start[..., 0:1] + f * steps  # (b, k, g)
         cols = start[..., 1:2] + f * steps  # (b, k, g)
         sample = self._index if self.method == "index" else self._grid
-        return sample(pyramid, rows, cols)  # (b, k, c, g, g)
+        patches = sample(pyramid, rows, cols)  # (b, k, c, g, g)
+        # a non-finite location became a corner far outside, hence a patch of zeros: a number
+        # made from garbage. + 0 * sum(location) makes that row's patches NaN instead
+        probe = location.detach().sum(-1).to(patches.dtype).view(b, 1, 1, 1, 1)
+        return torch.add(patches, probe, alpha=0)
 
     @staticmethod
     def _index(pyramid: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
