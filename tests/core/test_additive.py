@@ -127,3 +127,28 @@ def test_bfloat16_runs_close_to_float32():
     low = additive_attention(*(t.bfloat16() for t in (a, b, v, val)))
     assert low.dtype == torch.bfloat16
     torch.testing.assert_close(low.float(), ref, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("where", ["query", "key", "v"])
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_the_public_kernels_never_turn_garbage_into_a_number(where, bad):
+    """tanh saturates: an infinite projected query, key or v gave finite logits and context
+    from `additive_logits` and `additive_attention` (attention() probed; these did not)."""
+    torch.manual_seed(0)
+    q, k, value = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)
+    v = torch.randn(4)
+    {"query": q[0, 1], "key": k[0, 2], "v": v}[where][0] = bad
+    logits = additive_logits(q, k, v)
+    context = additive_attention(q, k, v, value)
+    rows = slice(None) if where == "v" else 0  # v reaches every row; a query or key, row 0's
+    if where == "query":
+        assert logits[0, 1].isnan().all() and context[0, 1].isnan().all()
+        assert logits[0, 0].isfinite().all() and context[0, 0].isfinite().all()
+    else:
+        assert not logits[rows].isfinite().all() and context[rows].isnan().any()
+    assert logits[1].isfinite().all() == context[1].isfinite().all() == (where != "v")
+    # the same garbage in padding the mask excludes never reaches the context
+    if where == "key":
+        mask = torch.ones(2, 1, 5, dtype=torch.bool)
+        mask[0, 0, 2] = False
+        assert additive_attention(q, k, v, value, mask).isfinite().all()

@@ -35,7 +35,12 @@ from attnzoo.core.checks import (
     fail,
 )
 from attnzoo.core.masks import clear_unattended, combine_masks, geometry_mask
-from attnzoo.core.normalisers import masked_softmax
+from attnzoo.core.normalisers import (
+    all_finite,
+    masked_softmax,
+    propagate_nonfinite,
+    propagate_nonfinite_keys,
+)
 
 # Scratch budget per block: 4M elements (16 MiB in fp32). Measured here: blocks of 4-16 MiB
 # ran 4.5-6x faster than the broadcast form, which pays page faults on fresh large buffers.
@@ -238,7 +243,18 @@ def additive_logits(query: torch.Tensor, key: torch.Tensor, v: torch.Tensor) -> 
         logits (batch, [heads,] query_len, key_len).
     """
     _check_inputs("additive_logits", query, key, v)
-    return _additive_logits(query, key, v)
+    logits = _additive_logits(query, key, v)
+    if all_finite(query, key, v):  # on the CPU one read each; else the probes, unread
+        return logits
+    # tanh saturates: an infinite query, key or v gave finite logits (`_nonfinite_rows`)
+    logits = propagate_nonfinite_keys(logits, key, read=False)
+    return propagate_nonfinite(logits, _nonfinite_rows(query, v), read=False)
+
+
+def _nonfinite_rows(query: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The projected queries, non-finite everywhere if v is: what a probe reads so that a
+    tanh never hides garbage (`normalisers.propagate_nonfinite`)."""
+    return query + 0 * v.detach()
 
 
 def _check_inputs(name, query, key, v, value=None) -> tuple[int, ...]:
@@ -318,7 +334,13 @@ def additive_attention(
     check_window("additive_attention", window)
     if causal.__class__ is not bool:
         check_flag("additive_attention", "causal", causal)
-    return _additive_attention(query, key, v, value, mask, causal, window, cleared)
+    clean = all_finite(query, key, v)  # as `Additive.fused` probes them (tanh saturates)
+    if not clean:  # a non-finite key row makes its value row so (padding's is cleared)
+        value = propagate_nonfinite(value, key, read=False)
+    context = _additive_attention(query, key, v, value, mask, causal, window, cleared)
+    if clean:
+        return context
+    return propagate_nonfinite(context, _nonfinite_rows(query, v), read=False)
 
 
 def _additive_attention(query, key, v, value, mask, causal, window, cleared):

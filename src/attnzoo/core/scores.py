@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.core.additive import _additive_attention, _additive_logits
+from attnzoo.core.additive import _additive_attention, _additive_logits, _nonfinite_rows
 from attnzoo.core.checks import (
     broadcast_shape,
     check_floating,
@@ -382,12 +382,7 @@ class Additive(Score):
         if all_finite(projected, self.v):
             return logits
         # tanh saturates: an infinite query, W_a or v would give finite logits
-        return propagate_nonfinite(logits, self._probe(projected), read=False)
-
-    def _probe(self, projected: torch.Tensor) -> torch.Tensor:
-        """The projected queries, non-finite everywhere if v is (its garbage reaches every
-        logit, through a tanh that may hide it)."""
-        return projected + 0 * self.v.detach()
+        return propagate_nonfinite(logits, _nonfinite_rows(projected, self.v), read=False)
 
     def fused(
         self,
@@ -416,7 +411,7 @@ class Additive(Score):
             projected, prepared_key, self.v, value, mask, causal, window, cleared
         )
         if not clean:
-            context = propagate_nonfinite(context, self._probe(projected), read=False)
+            context = propagate_nonfinite(context, _nonfinite_rows(projected, self.v), read=False)
         return AttentionOutput(context, None)
 
 
