@@ -186,6 +186,7 @@ def _gan():
         (lambda: S.sagan(attention="yes"), "attention"),
         (lambda: S.sagan(attention_side=0), "attention_side"),
         (lambda: S.sagan(attention_side=8.0), "attention_side"),
+        (lambda: S.sagan(attention=False, attention_side=8), "attention_side"),
         (lambda: S.SAGAN(S.sagan(attention_side=4), (32, 32), 1, 10), "attention_side"),
         (lambda: S.SAGAN(S.sagan(), (30, 30), 1, 10), "image_size"),
         (lambda: S.SAGAN(S.sagan(), (32, 16), 1, 10), "image_size"),

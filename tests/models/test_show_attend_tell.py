@@ -2,6 +2,7 @@
 stochastic term against float64 references written here, padding excluded from the term, the
 hard variant's gradient routes, decoding through the shared engine, the baseline's size."""
 
+import dataclasses
 import math
 
 import pytest
@@ -289,6 +290,20 @@ def test_the_baseline_has_the_soft_models_parameters_within_two_percent():
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         ShowAttendTellConfig(**{field: value})
+
+
+def test_an_option_its_variant_does_not_read_is_refused():
+    """Set on a variant that never reads it, an option was recorded and ignored (an entropy
+    bonus for soft attention, the doubly stochastic weight for hard)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ShowAttendTellConfig)}
+    for variant in ("soft", "hard", "none"):
+        config = ShowAttendTellConfig(variant=variant)
+        for name in set(defaults) - config.reads():
+            other = {"credit": "to_go"}.get(name, 0 if defaults[name] else 1)
+            with pytest.raises(ValueError, match=f"'{name}' expected its default .* {variant} "):
+                ShowAttendTellConfig(variant=variant, **{name: other})
+    assert "doubly_stochastic" in soft().reads() and "credit" in hard().reads()
+    assert "baseline_momentum" not in hard(credit="to_go").reads()
 
 
 def test_bad_images_and_sizes_name_the_argument():

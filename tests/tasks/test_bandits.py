@@ -157,6 +157,9 @@ def test_step_equals_the_forward_pass_at_every_position():
     # one row would broadcast over the tape's three
     with pytest.raises(ValueError, match="'inputs' expected batch size 3 \\(the tape's\\), got 1"):
         model.step(model.start(x[:, 0]), x[:1, 0])
+    # the whole pass past the episode it was built for, as step refuses it
+    with pytest.raises(ValueError, match="'inputs' expected at most pulls = 17 steps"):
+        model(torch.cat([x, x[:, :1]], 1))
 
 
 def test_rollout_plays_what_the_policy_picks_on_every_prefix(task):

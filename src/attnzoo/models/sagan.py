@@ -104,6 +104,8 @@ class SAGANConfig:
         if not isinstance(self.attention, bool):
             fail("SAGANConfig", "attention", "True or False", repr(self.attention))
         check_size("SAGANConfig", "attention_side", self.attention_side, optional=True)
+        if not self.attention and self.attention_side is not None:  # no block to place
+            fail("SAGANConfig", "attention_side", "None without attention", self.attention_side)
         for name in ("d_lr", "g_lr"):
             value = getattr(self, name)
             if not 0 < value < math.inf:

@@ -60,6 +60,7 @@ Note:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, replace
 
@@ -169,6 +170,26 @@ class ShowAttendTellConfig:
                 "a number in [0, 1)",
                 self.baseline_momentum,
             )
+        for f in dataclasses.fields(self):  # a variant's options only on it: set elsewhere,
+            if f.name not in self.reads() and getattr(self, f.name) != f.default:  # ignored
+                wanted = f"its default {f.default!r}: the {self.variant} variant does not read it"
+                if f.name == "baseline_momentum" and self.variant == "hard":
+                    wanted += f" with credit={self.credit!r}"
+                fail("ShowAttendTellConfig", f.name, wanted, repr(getattr(self, f.name)))
+
+    def reads(self) -> set[str]:
+        """The fields this variant reads: every variant its sizes and dropout; soft the
+        doubly stochastic weight; hard the policy-gradient options (the moving-average
+        baseline only where a whole caption's reward is credited)."""
+        fields = {"variant", "channels", "embed_dim", "hidden", "attn_hidden", "dropout"}
+        if self.variant == "soft":
+            fields.add("doubly_stochastic")
+        if self.variant == "hard":
+            fields |= {"entropy_weight", "reinforce_weight", "credit"}
+            fields |= {"expectation_rate", "expectation_warmup"}
+            if self.credit == "caption":
+                fields.add("baseline_momentum")
+        return fields
 
 
 def _check_channels(owner: str, channels) -> None:

@@ -436,6 +436,9 @@ class SnailPolicy(nn.Module):
 
     def forward(self, inputs: torch.Tensor, return_weights: bool = False) -> PolicyOutput:
         self._check_inputs(inputs, "(batch, steps, {})")
+        if inputs.shape[1] > self.pulls:  # its TC blocks are sized for `pulls` (step refuses)
+            wanted = f"at most pulls = {self.pulls} steps (the episode it was built for)"
+            fail("SnailPolicy", "inputs", wanted, inputs.shape[1])
         x = inputs
         for block in self.tc:
             x = block(x)  # (b, t, C)
