@@ -113,10 +113,23 @@ def _classes(config: dict) -> dict[str, type]:
 
 def apply_overrides(config: dict, sets: list[str]) -> dict:
     """`section.field=value` strings -> config; every section's own checks then run, before
-    any work."""
+    any work. A key the model or task never reads (`unread_keys`) set to another value is an
+    error: it would be recorded in config.json and change nothing."""
+    before = copy.deepcopy(config)
     overrides.apply(config, _classes(config), sets)
     configs(config)
+    unread = unread_keys(config["model_name"], config["task_name"])
+    for key, old, new in differences(before, config):
+        if key in unread:
+            pair = f"{config['model_name']} on {config['task_name']}"
+            fail("attnzoo --set", key, f"its value {old!r}: {pair} never reads it", repr(new))
     return config
+
+
+def unread_keys(model: str, task: str) -> set[str]:
+    """The config keys a run of `model` on `task` never reads (the model's and the task's
+    declared `unread`)."""
+    return set(MODELS[model].unread) | set(TASKS[task].unread())
 
 
 def configs(config: dict) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from attnzoo.rundir import (  # noqa: F401  (the config half of this module's pu
     main_process,
     read_config,
     resume_config,
+    unread_keys,
 )
 from attnzoo.tasks.registry import TASKS
 from attnzoo.train.checkpoint import (

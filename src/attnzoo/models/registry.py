@@ -49,6 +49,7 @@ class ModelSpec:
     # a config.json "model" section written by an earlier version -> today's fields
     upgrade: Callable[[dict], dict] = lambda fields: fields
     attends: bool = True  # False: a baseline without attention (the explorer shows none)
+    unread: tuple[str, ...] = ()  # config keys it never reads: `--set` refuses them
 
     @property
     def config_class(self) -> type:
@@ -57,6 +58,10 @@ class ModelSpec:
     def build(self, config, task):
         return self.model_class(config, **task.model_dims())
 
+
+# each of its optimisers takes its rate and betas from the model (`optimizer_groups`: model.d_lr,
+# model.g_lr, model.betas), never from the train section
+GAN_UNREAD = ("train.lr", "train.betas")
 
 MODELS = {
     "bahdanau": ModelSpec(
@@ -99,6 +104,7 @@ MODELS = {
         "decoder-only Transformer language model, CPU-sized: d_model 128, 2 layers",
         upgrade=transformer.upgrade,
         interface="lm",
+        unread=("model.layers_enc",),  # a decoder alone
     ),
     "pointer-net": ModelSpec(
         lambda **kw: replace(PointerNetConfig(), **kw),
@@ -194,6 +200,7 @@ MODELS = {
         "Self-Attention GAN: conditional generator, projection discriminator, a self-attention "
         "block in each, spectral norm, hinge loss, TTUR (Zhang 2018)",
         interface="gan",
+        unread=GAN_UNREAD,
     ),
     "sagan-noattn": ModelSpec(
         sagan.sagan_noattn,
@@ -201,6 +208,7 @@ MODELS = {
         "the same GAN without the self-attention blocks (within 2% of sagan's parameters)",
         interface="gan",
         attends=False,
+        unread=GAN_UNREAD,
     ),
     "snail": ModelSpec(
         snail.snail,

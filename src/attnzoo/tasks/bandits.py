@@ -50,6 +50,8 @@ from attnzoo.tasks.base import (
     training_generator,
 )
 
+# config keys this task never reads: `attnzoo --set` refuses them (rundir.unread_keys)
+UNREAD = ("eval.batch_size", "eval.beam_size", "eval.label_smoothing")
 POLICIES = ("agent", "ucb1", "thompson", "bayes", "random", "oracle")
 # How a pull is shown to the agent at the next step (`inputs_of`): "arm_reward", the paper's
 # one-hot of the arm beside the reward; "arm_outcome", one one-hot over the (arm, outcome)

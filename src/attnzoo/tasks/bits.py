@@ -39,6 +39,8 @@ from attnzoo.tasks.base import (
     training_generator,
 )
 
+# config keys this task never reads: `attnzoo --set` refuses them (rundir.unread_keys)
+UNREAD = ("eval.beam_size", "eval.label_smoothing", "eval.limit")
 KINDS = ("copy", "repeat_copy", "associative_recall")
 
 

@@ -62,6 +62,8 @@ from attnzoo.tasks.base import (
 from attnzoo.tasks.mnist import DIGIT, TRAIN_DIGITS, load_digits
 
 PAD, BOS, END = 0, 1, 2
+# config keys this task never reads: `attnzoo --set` refuses them (rundir.unread_keys)
+UNREAD = ("eval.label_smoothing",)
 NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 WORDS = ("<pad>", "<bos>", "<end>", "a", "small", "large", *NUMBERS, "above", "left", "of", "and")
 INDEX = {w: i for i, w in enumerate(WORDS)}

@@ -57,6 +57,8 @@ from attnzoo.tasks.base import (
 )
 from attnzoo.tasks.mnist import DIGIT, TRAIN_DIGITS, load_digits
 
+# config keys this task never reads: `attnzoo --set` refuses them (rundir.unread_keys)
+UNREAD = ("eval.beam_size", "eval.label_smoothing")
 PHASES = ("discriminator", "generator")  # the loss phases, in the order the loop steps them
 CLASSES = 10
 QUERIES = ((0.25, 0.5), (0.5, 0.5), (0.5, 0.3), (0.75, 0.6))  # query pixels (row, col) / side

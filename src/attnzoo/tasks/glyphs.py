@@ -57,6 +57,8 @@ import torch.nn.functional as F
 from attnzoo.core.checks import check_fields, fail
 from attnzoo.tasks.base import EvalConfig, check_counts, model_device, require, training_generator
 
+# config keys this task never reads: `attnzoo --set` refuses them (rundir.unread_keys)
+UNREAD = ("eval.batch_size", "eval.beam_size", "eval.label_smoothing")
 SIDE = 28  # the side of an instance, Omniglot's side as the few-shot papers resize it
 CANVAS = 2 * SIDE  # the side glyphs are drawn at before the warp
 FIT = 44  # the side of the box a glyph is fitted into on the canvas

@@ -38,6 +38,8 @@ from attnzoo.tasks.text import Vocab
 
 _DROP = str.maketrans({"[": None, "]": None, "\u2019": "'"})
 _SPACES = re.compile(r"\s+")
+# config keys this task never reads: `attnzoo --set` refuses them (rundir.unread_keys)
+UNREAD = ("eval.beam_size",)
 SEPARATOR = "\n"  # between verses
 POSITION_MARGIN = 5  # positions a model is sized for beyond the context (see `model_dims`)
 EXPLORE_CHARS = 64  # the explorer shows this much of each window: (layers, heads, 64, 64) maps

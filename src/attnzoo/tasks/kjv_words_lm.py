@@ -37,6 +37,8 @@ from attnzoo.tasks.kjv_lm import POSITION_MARGIN, CharLmTask, verses
 from attnzoo.tasks.text import Vocab
 
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)*|[^\sa-z]")
+# config keys this task never reads: `attnzoo --set` refuses them (rundir.unread_keys)
+UNREAD = ("eval.beam_size",)
 EOS = Vocab.SPECIALS[Vocab.EOS]
 FIGURE_WORDS = 18  # a figure's sentence is cut to this many words (readable at 800 px)
 EXPLORE_WORDS = 48

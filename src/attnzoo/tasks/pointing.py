@@ -42,6 +42,8 @@ from attnzoo.tasks.base import (
     training_generator,
 )
 
+# config keys this task never reads: `attnzoo --set` refuses them (rundir.unread_keys)
+UNREAD = ("eval.label_smoothing",)
 KINDS = ("sort_numbers", "convex_hull", "tsp")
 OBJECTIVES = ("supervised", "reinforce")
 MAX_EXACT_TSP = 12  # Held-Karp sizes: exact tours for training labels and the optimum column

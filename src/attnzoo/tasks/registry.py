@@ -39,6 +39,10 @@ class TaskSpec:
     def eval_config(self) -> EvalConfig:
         return EvalConfig(**self.eval)
 
+    def unread(self) -> tuple[str, ...]:
+        """The config keys the task's module never reads (its `UNREAD`)."""
+        return getattr(self.load(), "UNREAD", ())
+
     def build(self, config, *, seed: int, eval_config: EvalConfig) -> Task:
         return self.load().make_task(config, seed=seed, eval_config=eval_config)
 
