@@ -47,6 +47,7 @@ from attnzoo.tasks.base import (
     held_out_generator,
     model_device,
     sampling_generator,
+    sampling_seed,
     training_generator,
 )
 
@@ -125,6 +126,7 @@ class BanditBatch(NamedTuple):
     payoff: torch.Tensor  # (batch, pulls, arms) the Bernoulli draws
     step: int
     items: int  # pulls in the batch, counted on the CPU
+    rank: int = 0  # the process that drew it (`sampling_seed`)
 
 
 def draw(config: BanditsConfig, count: int, generator: torch.Generator) -> BanditBatch:
@@ -314,15 +316,15 @@ class BanditsTask:
         whole = draw(self.config, batch_size, g)
         probs, payoff = whole.probs[rank::world], whole.payoff[rank::world]
         move = {"device": device, "non_blocking": True}
-        return BanditBatch(
-            probs.to(**move), payoff.to(**move), step, payoff.shape[0] * payoff.shape[1]
-        )
+        items = payoff.shape[0] * payoff.shape[1]
+        return BanditBatch(probs.to(**move), payoff.to(**move), step, items, rank)
 
     def loss(self, model: torch.nn.Module, batch: BanditBatch) -> tuple[torch.Tensor, int]:
         """REINFORCE with the model's value as a learned baseline (`baseline`), on the
         TD(lambda) returns (the rewards to go at lambda 1) of episodes played by the model's
         sampled policy, plus an entropy bonus."""
-        g = sampling_generator(batch.payoff.device).manual_seed(self.seed * 7 + batch.step)
+        seed = sampling_seed(self.seed * 7 + batch.step, batch.rank)
+        g = sampling_generator(batch.payoff.device).manual_seed(seed)
         actions, rewards = self._rollout(model, batch, g)
         out = model(self._inputs(actions[:, :-1], rewards[:, :-1]))
         value = self.baseline(out.value)

@@ -57,6 +57,7 @@ from attnzoo.tasks.base import (
     model_device,
     require,
     sampling_generator,
+    sampling_seed,
     training_generator,
 )
 from attnzoo.tasks.mnist import DIGIT, TRAIN_DIGITS, load_digits
@@ -259,6 +260,7 @@ class CaptionBatch(NamedTuple):
     has_box: torch.Tensor  # (b, t) bool: the target word names a digit
     step: int
     tokens: int  # real target tokens, counted on the CPU
+    rank: int = 0  # the process that drew it (`sampling_seed`)
 
 
 def collate(scene: Scene, step: int = 0) -> tuple[CaptionBatch, list[str]]:
@@ -368,7 +370,7 @@ class DigitCaptionsTask:
         )
         scene = Scene(*(x[rank::world] for x in scene))
         batch, _ = collate(scene, step)
-        return move(batch, device)
+        return move(batch._replace(rank=rank), device)
 
     def loss(self, model: torch.nn.Module, batch: CaptionBatch) -> tuple[torch.Tensor, int]:
         """Summed cross-entropy over the real target tokens (<end> included) plus the model's
@@ -378,7 +380,8 @@ class DigitCaptionsTask:
         `ShowAttendTellConfig.credit` says: "caption", Xu 2015 eq. 12, the whole caption's
         log p(y | s, a) minus a moving-average baseline; "to_go", the log-likelihood of the
         words from its step on minus that of the same words read by expectation."""
-        g = sampling_generator(batch.images.device).manual_seed(self.seed * 7 + batch.step)
+        seed = sampling_seed(self.seed * 7 + batch.step, batch.rank)
+        g = sampling_generator(batch.images.device).manual_seed(seed)
         inputs = (batch.images, batch.tokens_in, batch.lengths)
         out = model(*inputs, sample=True, generator=g, step=batch.step)
         real = batch.tokens_out != PAD  # (b, t)

@@ -44,6 +44,7 @@ from attnzoo.tasks.base import (
     check_counts,
     model_device,
     sampling_generator,
+    sampling_seed,
     training_generator,
 )
 
@@ -239,6 +240,7 @@ class ImageBatch(NamedTuple):
     labels: torch.Tensor  # (batch,)
     step: int
     items: int  # images in the batch, counted on the CPU
+    rank: int = 0  # the process that drew it (`sampling_seed`)
 
 
 class MnistTask:
@@ -269,11 +271,12 @@ class MnistTask:
         images = compose(self.config, pool[index], pool, g)[rank::world]
         labels = self.digits.train_labels[index][rank::world]
         move = {"device": device, "non_blocking": True}
-        return ImageBatch(images.to(**move), labels.to(**move), step, len(labels))
+        return ImageBatch(images.to(**move), labels.to(**move), step, len(labels), rank)
 
     def loss(self, model: torch.nn.Module, batch: ImageBatch) -> tuple[torch.Tensor, int]:
         """Summed cross-entropy; with hard attention, RAM's hybrid loss (module docstring)."""
-        g = sampling_generator(batch.images.device).manual_seed(self.seed * 7 + batch.step)
+        seed = sampling_seed(self.seed * 7 + batch.step, batch.rank)
+        g = sampling_generator(batch.images.device).manual_seed(seed)
         out = model(batch.images, sample=True, generator=g)
         nll = -out.log_probs.gather(-1, batch.labels.unsqueeze(-1)).sum()
         log_pi = getattr(out, "log_pi", None)

@@ -33,6 +33,7 @@ from attnzoo.tasks.base import (
     check_counts,
     model_device,
     sampling_generator,
+    sampling_seed,
     training_generator,
 )
 from attnzoo.tasks.mnist import DIGIT, TRAIN_DIGITS, explore_glimpses, load_digits
@@ -120,6 +121,7 @@ class MultiBatch(NamedTuple):
     targets: torch.Tensor  # (batch, labels)
     step: int
     items: int  # images, counted on the CPU
+    rank: int = 0  # the process that drew it (`sampling_seed`)
 
 
 class MultiMnistTask:
@@ -152,12 +154,13 @@ class MultiMnistTask:
         images = compose(self.config, self.digits.train_images[index], g)[rank::world]
         labels = targets(self.config, self.digits.train_labels[index])[rank::world]
         move = {"device": device, "non_blocking": True}
-        return MultiBatch(images.to(**move), labels.to(**move), step, len(labels))
+        return MultiBatch(images.to(**move), labels.to(**move), step, len(labels), rank)
 
     def loss(self, model: torch.nn.Module, batch: MultiBatch) -> tuple[torch.Tensor, int]:
         """Summed cross-entropy over the labels; with hard attention, plus REINFORCE with the
         reward of each label at its last glimpse, rewards-to-go, and the baseline."""
-        g = sampling_generator(batch.images.device).manual_seed(self.seed * 7 + batch.step)
+        seed = sampling_seed(self.seed * 7 + batch.step, batch.rank)
+        g = sampling_generator(batch.images.device).manual_seed(seed)
         out = model(batch.images, sample=True, generator=g)
         nll = -out.log_probs.gather(-1, batch.targets.unsqueeze(-1)).sum()
         log_pi = getattr(out, "log_pi", None)

@@ -39,6 +39,7 @@ from attnzoo.tasks.base import (
     model_device,
     require,
     sampling_generator,
+    sampling_seed,
     training_generator,
 )
 
@@ -104,6 +105,7 @@ class PointerBatch(NamedTuple):
     steps: torch.Tensor | None  # (batch,) target steps that count (through EOS)
     step: int  # the training step that drew the batch
     items: int  # what the loss sums over (target steps; instances for REINFORCE), from the CPU
+    rank: int = 0  # the process that drew it (`sampling_seed`)
 
 
 def draw(kind: str, generator: torch.Generator, batch: int, n: int) -> torch.Tensor:
@@ -152,10 +154,11 @@ class PointingTask:
         points = draw(c.kind, g, batch_size, n)[rank::world]
         move = {"device": device, "non_blocking": True}
         if c.objective == "reinforce":
-            return PointerBatch(points.to(**move), None, None, step, points.shape[0])
+            return PointerBatch(points.to(**move), None, None, step, points.shape[0], rank)
         targets, steps = self.encode_targets(solve(c.kind, points))
         items = int(steps.sum())
-        return PointerBatch(points.to(**move), targets.to(**move), steps.to(**move), step, items)
+        targets, steps = targets.to(**move), steps.to(**move)
+        return PointerBatch(points.to(**move), targets, steps, step, items, rank)
 
     def encode_targets(self, outputs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Input indices -> model positions (batch, steps) with EOS, and the steps that count."""
@@ -182,9 +185,8 @@ class PointingTask:
             self._baseline = copy.deepcopy(policy).requires_grad_(False)
             if self._pending:
                 self._baseline.load_state_dict(self._pending)
-        g = sampling_generator(batch.points.device).manual_seed(
-            self.seed * 1_000_003 + batch.step + 7
-        )
+        seed = sampling_seed(self.seed * 1_000_003 + batch.step + 7, batch.rank)
+        g = sampling_generator(batch.points.device).manual_seed(seed)
         sample = model(batch.points, sample=True, generator=g)
         length = geometry.tour_length(batch.points, sample.positions)
         baseline = geometry.tour_length(batch.points, self._baseline.decode(batch.points))
