@@ -36,7 +36,14 @@ from attnzoo.tasks.base import (
     sampling_seed,
     training_generator,
 )
-from attnzoo.tasks.mnist import DIGIT, TRAIN_DIGITS, explore_glimpses, load_digits
+from attnzoo.tasks.mnist import (
+    DIGIT,
+    MC_CHUNK,
+    TRAIN_DIGITS,
+    explore_glimpses,
+    load_digits,
+    mc_passes,
+)
 
 # config keys this task never reads: `attnzoo --set` refuses them (rundir.unread_keys)
 UNREAD = ("eval.beam_size", "eval.label_smoothing")
@@ -198,21 +205,18 @@ class MultiMnistTask:
         if self.eval_config.limit:
             images, labels = images[: self.eval_config.limit], labels[: self.eval_config.limit]
         device, size = model_device(model), self.eval_config.batch_size
-        g = sampling_generator(device).manual_seed(self.config.seed + 17)
-        wrong, wrong_labels, wrong_mc, sampled = 0, 0, 0, False
+        wrong, wrong_labels, sampled = 0, 0, False
         for x, y in zip(images.split(size), labels.split(size), strict=True):
             x, y = x.to(device), y.to(device)
             out = model(x, sample=False)
             miss = out.log_probs.argmax(-1) != y  # (b, labels)
             wrong += int(miss.any(-1).sum())
             wrong_labels += int(miss.sum())
-            if self.config.mc_samples and getattr(out, "log_pi", None) is not None:
-                sampled = True
-                p = sum(
-                    model(x, sample=True, generator=g).log_probs.exp()
-                    for _ in range(self.config.mc_samples)
-                )
-                wrong_mc += int((p.argmax(-1) != y).any(-1).sum())
+            sampled = bool(self.config.mc_samples and getattr(out, "log_pi", None) is not None)
+        if sampled:  # (its chunks are MC_CHUNK images whatever eval.batch_size: `mc_passes`)
+            passes = mc_passes(model, images, self.config.mc_samples, self.config.seed + 17)
+            wrong_mc = sum(int((p.argmax(-1) != y.to(p.device)).any(-1).sum()) for p, y in zip(
+                passes, labels.split(MC_CHUNK), strict=True))  # fmt: skip
         n = len(labels)
         metrics = {
             "error": 100.0 * wrong / n,
