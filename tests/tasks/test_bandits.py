@@ -10,7 +10,7 @@ import torch
 
 from attnzoo.models.snail import SnailPolicy, snail_bandit
 from attnzoo.tasks import bandits as B
-from attnzoo.tasks.base import EvalConfig
+from attnzoo.tasks.base import EvalConfig, held_out_generator
 
 CONFIG = B.BanditsConfig(arms=3, pulls=6, test_episodes=40)
 
@@ -160,6 +160,21 @@ def test_step_equals_the_forward_pass_at_every_position():
     # the whole pass past the episode it was built for, as step refuses it
     with pytest.raises(ValueError, match="'inputs' expected at most pulls = 17 steps"):
         model(torch.cat([x, x[:, :1]], 1))
+
+
+def test_the_first_episodes_are_those_of_the_whole_held_out_set(task):
+    """eval.limit and the explorer take the first episodes of the evaluation's set: a draw of
+    fewer episodes alone held other payoffs (`draw` takes every arm before any payoff)."""
+    whole = task.held_out(CONFIG.test_episodes)
+    first = task.held_out(7)
+    assert torch.equal(first.probs, whole.probs[:7]) and torch.equal(first.payoff, whole.payoff[:7])
+    assert first.items == 7 * CONFIG.pulls
+    g = held_out_generator(CONFIG.seed, "test")  # the whole set is the one it always was
+    assert torch.equal(whole.payoff, B.draw(CONFIG, CONFIG.test_episodes, g).payoff)
+    limited = B.BanditsTask(CONFIG, seed=1, eval_config=EvalConfig(limit=7)).evaluate(None)
+    assert limited["reward_ucb1"] == pytest.approx(
+        B.ucb1(first.payoff.double().numpy()).sum(1).mean()
+    )
 
 
 def test_rollout_plays_what_the_policy_picks_on_every_prefix(task):

@@ -343,9 +343,13 @@ class BanditsTask:
     def held_out(self, count: int) -> BanditBatch:
         """The first `count` held-out episodes of eval.split, from seeds no training step uses
         (`held_out_generator`; the seed `seed * 7919 + 2` they came from was that of training
-        step 2 at run seed 0, whose batch was then the test set's first episodes)."""
+        step 2 at run seed 0, whose batch was then the test set's first episodes). The whole
+        set of `test_episodes` is drawn and cut: `draw` takes every episode's arms before any
+        payoff, so a draw of `count` episodes alone held other payoffs (eval.limit scored
+        other episodes than the first of the evaluation, and the explorer showed others)."""
         g = held_out_generator(self.config.seed, self.eval_config.split)
-        return draw(self.config, count, g)
+        whole = draw(self.config, max(count, self.config.test_episodes), g)
+        return BanditBatch(whole.probs[:count], whole.payoff[:count], 0, count * self.config.pulls)
 
     @torch.no_grad()
     def scores(self, model: torch.nn.Module | None, count: int) -> dict[str, np.ndarray]:
