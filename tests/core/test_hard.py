@@ -366,3 +366,20 @@ def test_toolkit_on_every_device(device):
     baseline.update(reward)
     loss.total.backward()
     assert policy.mean.weight.grad.device.type == device.type
+
+
+def test_a_masked_step_holding_garbage_never_reaches_the_loss_or_a_gradient():
+    """Steps after an episode's end may hold anything: a -inf log-prob (a closed choice) or a
+    NaN reward there made the loss NaN (0 * inf) when the mask multiplied."""
+    log_prob = torch.tensor([[-0.5, -1.0, float("-inf")]], requires_grad=True)
+    reward = torch.tensor([[1.0, 2.0, float("nan")]])
+    baseline = torch.tensor([[0.5, 0.5, float("inf")]], requires_grad=True)
+    entropy = torch.tensor([[0.1, 0.2, float("nan")]])
+    mask = torch.tensor([[True, True, False]])
+    out = reinforce_loss(log_prob, reward, baseline, entropy=entropy, entropy_weight=0.5, mask=mask)
+    out.total.backward()
+    assert out.policy.item() == pytest.approx(-(0.5 * -0.5 + 1.5 * -1.0))
+    assert out.baseline.item() == pytest.approx(0.25 + 2.25)
+    assert out.entropy.item() == pytest.approx(-0.5 * 0.3)
+    assert log_prob.grad.isfinite().all() and log_prob.grad[0, 2] == 0
+    assert baseline.grad.isfinite().all() and baseline.grad[0, 2] == 0

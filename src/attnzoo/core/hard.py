@@ -290,13 +290,19 @@ def reinforce_loss(
         advantage = reward - float(baseline)
         learned = False
     advantage = advantage.expand_as(log_prob)  # (b, [s])
-    keep = torch.ones_like(log_prob) if mask is None else mask.to(log_prob.dtype)
-    policy = -(advantage * log_prob * keep).sum()
+
+    def kept(x: torch.Tensor) -> torch.Tensor:
+        """x where a step counts, 0 by selection elsewhere: a masked step's -inf log-prob or
+        NaN reward never reaches the loss or a gradient (0 * inf is NaN)."""
+        x = x.expand_as(log_prob)
+        return x if mask is None else torch.where(mask, x, x.new_zeros(()))
+
+    policy = -(kept(advantage) * kept(log_prob)).sum()
     zero = log_prob.new_zeros(())
-    base = ((baseline - reward).expand_as(log_prob).pow(2) * keep).sum() if learned else zero
+    base = kept(baseline - reward).pow(2).sum() if learned else zero
     bonus = zero
     if entropy is not None and entropy_weight:
-        bonus = -entropy_weight * (entropy.expand_as(log_prob) * keep).sum()
+        bonus = -entropy_weight * kept(entropy).sum()
     return ReinforceLoss(policy, base, bonus, advantage.detach())
 
 
