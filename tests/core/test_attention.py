@@ -408,3 +408,21 @@ def test_a_mask_changed_in_place_after_prepare_key_is_cleared_again(name):
 def test_prepare_key_with_a_mask_needs_the_values():
     with pytest.raises(ValueError, match="'value'"):
         attnzoo.prepare_key("dot", torch.randn(1, 3, 4), mask=torch.ones(1, 1, 3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("name", ["scaled_dot", "additive"])
+def test_a_mask_widened_in_place_after_prepare_key_keeps_the_cleared_keys_out(name):
+    """prepare_key cleared the padding to zeros; the caller's mask then widened in place
+    (prepared.mask was that very object) let those zero keys be attended: row 1's context
+    moved by 0.41. The prepared mask is a copy: the cleared keys stay excluded."""
+    torch.manual_seed(0)
+    score = scores.make_score(name, 6, 6, d_hidden=5)
+    k, v, q = torch.randn(2, 5, 6), torch.randn(2, 5, 6), torch.randn(2, 3, 6)
+    mask = padding_mask(torch.tensor([5, 3]), 5)
+    prepared = attnzoo.prepare_key(score, k, value=v, mask=mask)
+    before = attnzoo.attention(q, prepared, prepared.value, score=score, mask=prepared.mask)
+    mask[1, 0, 3:] = True
+    after = attnzoo.attention(q, prepared, prepared.value, score=score, mask=prepared.mask)
+    torch.testing.assert_close(after.context, before.context)
+    widened = attnzoo.attention(q, prepared, prepared.value, score=score, mask=mask)
+    torch.testing.assert_close(widened.context, before.context)  # still the padding's

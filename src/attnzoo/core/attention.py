@@ -75,13 +75,17 @@ def prepare_key(
     prepared.value, mask=prepared.mask)` then skips that work at every step. The keys it
     cleared (those no query of `mask` attends) hold zeros from then on, so they stay excluded
     whatever mask a call passes: a call with another mask, or none, gives what the raw keys
-    give under that mask and the padding.
+    give under that mask and the padding. `PreparedKey.mask` is a copy of `mask`: a later
+    change of `mask` in place leaves it, hence the keys it says were cleared, as they were.
     """
     score = resolve_score(score)
     _check_prepare_inputs(key, value, mask)
     if mask is None:
         return PreparedKey(score.prepare_key(key), score, value)
     key, value = clear_unattended(mask, key, value)  # before the score's projection
+    # a copy: the caller's mask changed in place would otherwise un-exclude the keys cleared
+    # here (they hold zeros, attended as zero keys: a context changed without a word)
+    mask = mask.clone()
     return PreparedKey(score.prepare_key(key), score, value, mask, mask_version(mask))
 
 
