@@ -255,6 +255,19 @@ def test_cross_cache_clears_again_under_another_or_changed_mask():
         torch.testing.assert_close(mha(x, memory, mask=mask, cache=cache).context, expected)
 
 
+def test_cross_cache_keeps_its_padding_out_when_the_mask_widens_in_place():
+    """The cache read which keys its mask excluded from the mask object itself at every later
+    call: widened in place, it let the cleared padding (zeros, projected) be attended."""
+    mha = MultiHeadAttention(8, 2).eval()
+    memory, x, mask = _padded_memory_and_mask()
+    with torch.no_grad():
+        cache = KVCache()
+        first = mha(x, memory, mask=mask, cache=cache).context
+        mask[:] = True  # widened in place: the padding now "allowed"
+        again = mha(x, memory, mask=mask, cache=cache).context
+    torch.testing.assert_close(again, first)
+
+
 def _padded_memory_and_mask():
     memory, x = torch.randn(3, 5, 8), torch.randn(3, 1, 8)
     mask = torch.arange(5) < torch.tensor([[5], [3], [2]])  # lengths 5, 3, 2

@@ -70,8 +70,9 @@ class KVCache:
     static: bool = False
     owner: weakref.ref | None = field(default=None, repr=False, compare=False)
     _tape: _Tape | None = field(default=None, repr=False, compare=False)
-    # cross-attention: (mask, its version) the memory was cleared under before its projection
-    _cleared_under: tuple[torch.Tensor, int | None] | None = field(
+    # cross-attention: (mask, its version, the keys it let some query attend (b, 1, j), read
+    # then: a later change of `mask` in place leaves them) the memory was cleared under
+    _cleared_under: tuple[torch.Tensor, int | None, torch.Tensor] | None = field(
         default=None, repr=False, compare=False
     )
 
@@ -137,7 +138,7 @@ class KVCache:
                 expected = f"the rows index of the mask, shape {(len(index), *mask.shape[1:])}"
                 got = tuple(kept.shape) if isinstance(kept, torch.Tensor) else type(kept).__name__
                 fail("KVCache.reorder", "masks", expected, got, CacheError)
-            cleared = (kept, mask_version(kept))
+            cleared = _cleared_record(kept)
         self.key, self.value, self._tape, self._cleared_under = key, value, tape, cleared
 
     def _writable_tape(self) -> _Tape | None:
@@ -444,13 +445,13 @@ class MultiHeadAttention(nn.Module):
                 if cache._cleared_under is not None and not cleared:
                     # its keys and values were made from memory cleared under that mask:
                     # the keys no query of it attended stay excluded (they hold no memory)
-                    kept = attended_keys(_per_batch(cache._cleared_under[0])).transpose(-2, -1)
+                    kept = cache._cleared_under[2]  # (b, 1, j), as the mask was then
                     kept = kept if mask is None or mask.dim() == 3 else kept.unsqueeze(1)
                     mask = combine_masks(mask, kept)
             elif cache is not None:
                 cache.key, cache.value, cache.static = k, v, True
                 cache.owner = weakref.ref(self)
-                cache._cleared_under = (mask, mask_version(mask)) if cleared else None
+                cache._cleared_under = _cleared_record(mask) if cleared else None
             cleared = cleared and not causal and window is None
 
         if mask is not None and mask.dim() == 3:
@@ -594,6 +595,14 @@ class MultiHeadAttention(nn.Module):
                     new.v_proj.bias.copy_(bv)
                 new.out_proj.bias.copy_(module.out_proj.bias)
         return new
+
+
+def _cleared_record(mask: torch.Tensor) -> tuple[torch.Tensor, int | None, torch.Tensor]:
+    """`KVCache._cleared_under` for memory cleared under `mask`: the mask and its version (is a
+    later call's mask that one, unchanged?) and the keys it let some query attend, (b, 1, j),
+    read now (a mask widened in place later let the cleared keys, zeros, be attended)."""
+    attended = attended_keys(_per_batch(mask)).transpose(-2, -1)  # (a view of a (b, 1, j) mask)
+    return mask, mask_version(mask), attended.clone()
 
 
 def _per_batch(mask: torch.Tensor) -> torch.Tensor:
