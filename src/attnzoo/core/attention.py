@@ -77,6 +77,11 @@ def prepare_key(
     whatever mask a call passes: a call with another mask, or none, gives what the raw keys
     give under that mask and the padding. `PreparedKey.mask` is a copy of `mask`: a later
     change of `mask` in place leaves it, hence the keys it says were cleared, as they were.
+
+    Without `mask` the keys are projected as given: a later call's mask keeps their padding
+    out of every output, but a score with a key projection (additive, general) then reads
+    that padding in its weight's gradient (0 * NaN), so padding that may hold garbage needs
+    the mask here.
     """
     score = resolve_score(score)
     _check_prepare_inputs(key, value, mask)
