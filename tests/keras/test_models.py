@@ -116,6 +116,10 @@ def test_step_query():
     out, w = layer([torch.randn(2, 4), torch.randn(2, 7, 5)], return_attention_scores=True)
     assert out.shape == (2, 5) and w.shape == (2, 7)
     torch.testing.assert_close(w.sum(-1), torch.ones(2))
+    # causal has no meaning without the step's position: it attended key 0 alone
+    for layer in (ak.Attention(), ak.AdditiveAttention(), ak.BahdanauAttention(6)):
+        with pytest.raises(ValueError, match="'use_causal_mask' expected False for a one-step"):
+            layer([torch.randn(2, 5), torch.randn(2, 7, 5)], use_causal_mask=True)
 
 
 @pytest.mark.parametrize(
@@ -169,13 +173,33 @@ def test_call_errors():
         with pytest.raises(ValueError, match=f"argument '{name}' expected shape"):
             built(q, v, **{name: torch.ones(2, 7, dtype=torch.bool)})
     with pytest.raises(
-        ValueError, match=r"'attention_mask' expected \(batch = 2, \[heads,\] 3, 5\)"
+        ValueError,
+        match=r"'attention_mask' expected .* \(batch, query_len, key_len\) = \(2, 3, 5\)",
     ):
         built(q, v, attention_mask=torch.ones(2, 3, 4, dtype=torch.bool))
     with pytest.raises(TypeError, match="argument 'layer' expected a keras.layers.Multi"):
         ak.MultiHeadAttention.from_keras(keras.layers.Attention())
     with pytest.raises(ValueError, match="argument 'layer' expected a built layer"):
         ak.MultiHeadAttention.from_keras(keras.layers.MultiHeadAttention(2, 2))
+
+
+@pytest.mark.parametrize(
+    "option",
+    [dict(kernel_regularizer="l2"), dict(activity_regularizer="l1"),
+     dict(bias_constraint=keras.constraints.NonNeg())],
+)  # fmt: skip
+def test_from_keras_refuses_what_it_would_drop_and_keeps_a_frozen_layer_frozen(option):
+    """A regularizer or constraint was dropped without a word (training then differs: no
+    weight penalty), and a frozen layer came back trainable."""
+    q, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    theirs = keras.layers.MultiHeadAttention(2, 3, **option)
+    theirs(q, v)
+    with pytest.raises(ValueError, match="expected no use_gate, .*regularizer or constraint"):
+        ak.MultiHeadAttention.from_keras(theirs)
+    frozen = keras.layers.MultiHeadAttention(2, 3, trainable=False)
+    frozen(q, v)
+    ours = ak.MultiHeadAttention.from_keras(frozen)
+    assert not ours.trainable and not ours.trainable_weights
 
 
 GUARD = """

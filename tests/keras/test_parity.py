@@ -183,6 +183,34 @@ def test_mha_parity_cross(causal, use_bias):
         torch.testing.assert_close(w, w_k, **TOL)
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [(TQ, TV), (B, TQ, TV), (B, 1, 1, TV), (B, 1, TQ, TV), (B, 3, TQ, TV), (1, TQ, TV)],
+    ids=["2d", "3d", "padding-4d", "shared-4d", "per-head", "one-for-all"],
+)
+def test_mha_attention_masks_of_every_keras_shape(shape):
+    """Keras broadcasts an attention mask whose dims are each that size or 1: a (query_len,
+    key_len) mask was refused with an error naming the core's 'mask' (not attention_mask),
+    and a tutorial's (batch, 1, 1, key_len) padding mask was refused outright."""
+    theirs = _keras_mha(num_heads=3, key_dim=4)
+    q, v, k = _inputs(6, 8, 8)
+    theirs(q, v, k)
+    ours = ak.MultiHeadAttention.from_keras(theirs)
+    mask = torch.rand(shape) > 0.3
+    mask[..., 0] = True
+    for causal in (False, True):
+        expected = theirs(q, v, k, attention_mask=mask, use_causal_mask=causal)
+        got = ours(q, v, k, attention_mask=mask, use_causal_mask=causal)
+        torch.testing.assert_close(got, expected, **TOL)
+
+
+def test_mha_attention_mask_of_another_head_count_names_it():
+    ours = ak.MultiHeadAttention(num_heads=2, key_dim=4)
+    q, v, k = _inputs(6, 8, 8)
+    with pytest.raises(ValueError, match="'attention_mask' expected .* each dim that size or 1"):
+        ours(q, v, k, attention_mask=torch.ones(B, 3, TQ, TV, dtype=torch.bool))
+
+
 @pytest.mark.parametrize("garbage", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_mha_padding_garbage_reaches_no_output_or_gradient(garbage):
     """Keras's own layer projects the padded memory rows (a NaN there made its output and its

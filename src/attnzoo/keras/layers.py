@@ -159,6 +159,10 @@ class _ListInputAttention(keras.layers.Layer, abc.ABC):
         _check_shape(self._label(), "mask[0] (query_mask)", query_mask, query.shape[:-1])
         _check_shape(self._label(), "mask[1] (value_mask)", value_mask, value.shape[:-1])
         step = query.dim() == 2  # one decoder step: (batch, d_query)
+        if step and use_causal_mask:  # its position is not known: the causal diagonal from
+            # the top left let it attend key 0 alone (Keras returns a (batch, batch, Tv) mess)
+            wanted = "False for a one-step (batch, d_query) query (mask the keys past it)"
+            fail(self._label(), "use_causal_mask", wanted, repr(use_causal_mask))
         if step:
             query = query.unsqueeze(1)  # (b, 1, d_query)
             query_mask = None if query_mask is None else query_mask.unsqueeze(1)
@@ -554,31 +558,30 @@ class MultiHeadAttention(keras.layers.Layer):
             if keep is not None:
                 keep = keep[:, None, :]  # (b, 1, j)
                 allowed = keep if allowed is None else allowed & keep
+        allowed = None if allowed is None else allowed.unsqueeze(1)  # (b, 1, i | 1, j | 1)
         attention_mask = keras_mask(attention_mask, query)
-        if attention_mask is not None:
-            if attention_mask.dim() not in (2, 3, 4):
-                fail(
-                    "attnzoo.keras.MultiHeadAttention",
-                    "attention_mask",
-                    "(batch, query_len, key_len), (query_len, key_len) or "
-                    "(batch, heads, query_len, key_len)",
-                    f"shape {tuple(attention_mask.shape)}",
-                )
-            if tuple(attention_mask.shape[-2:]) != (i, j) or (
-                attention_mask.dim() > 2 and attention_mask.shape[0] != b
-            ):
-                fail(
-                    label,
-                    "attention_mask",
-                    f"(batch = {b}, [heads,] {i}, {j})",
-                    tuple(attention_mask.shape),
-                )
-            if attention_mask.dim() == 4:  # per head
-                return attention_mask if allowed is None else attention_mask & allowed[:, None]
-            allowed = attention_mask if allowed is None else attention_mask & allowed
-        if allowed is None or allowed.dim() == 2:
+        if attention_mask is None:
             return allowed
-        return allowed.unsqueeze(1)  # shared by the heads: (b, 1, i, j)
+        # Keras's shapes, each dim that size or 1 as Keras broadcasts them (a tutorial's
+        # padding mask is (batch, 1, 1, key_len)); made (batch | 1, heads | 1, i | 1, j)
+        shapes = {2: (i, j), 3: (b, i, j), 4: (b, self.num_heads, i, j)}
+        wanted = shapes.get(attention_mask.dim())
+        if wanted is None or any(
+            s not in (1, w) for s, w in zip(attention_mask.shape, wanted, strict=True)
+        ):
+            fail(
+                label,
+                "attention_mask",
+                f"(query_len, key_len) = ({i}, {j}), (batch, query_len, key_len) = ({b}, {i}, "
+                f"{j}) or (batch, heads, query_len, key_len) = ({b}, {self.num_heads}, {i}, "
+                f"{j}), each dim that size or 1",
+                f"shape {tuple(attention_mask.shape)}",
+            )
+        if attention_mask.dim() == 2:
+            attention_mask = attention_mask[None, None]  # (1, 1, i, j)
+        elif attention_mask.dim() == 3:
+            attention_mask = attention_mask[:, None]  # shared by the heads: (b, 1, i, j)
+        return attention_mask if allowed is None else attention_mask & allowed
 
     def call(
         self,
@@ -661,8 +664,10 @@ class MultiHeadAttention(keras.layers.Layer):
 
     @classmethod
     def from_keras(cls, layer) -> MultiHeadAttention:
-        """A layer with the configuration and weights of a built
-        `keras.layers.MultiHeadAttention`, giving its outputs."""
+        """A layer with the configuration, weights and `trainable` flag of a built
+        `keras.layers.MultiHeadAttention`, giving its outputs. Regularizers and constraints,
+        which this layer does not have, are refused (dropped, training would quietly differ:
+        no weight penalty, no constraint)."""
         label = "attnzoo.keras.MultiHeadAttention.from_keras"
         if not isinstance(layer, keras.layers.MultiHeadAttention):
             fail(
@@ -671,15 +676,15 @@ class MultiHeadAttention(keras.layers.Layer):
         if not layer.built:
             fail(label, "layer", "a built layer (call it once)", "an unbuilt one")
         config = layer.get_config()
+        options = ("use_gate", "sliding_window", *_PENALTIES)
         unsupported = {
-            name: config.get(name)
-            for name in ("use_gate", "sliding_window")
-            if config.get(name) not in (None, False)
+            name: config.get(name) for name in options if config.get(name) not in (None, False)
         }
         if config.get("attention_axes") not in (None, (1,), [1]):
             unsupported["attention_axes"] = config["attention_axes"]
         if unsupported:
-            fail(label, "layer", "no use_gate, sliding_window or attention_axes", unsupported)
+            wanted = "no use_gate, sliding_window, attention_axes, regularizer or constraint"
+            fail(label, "layer", wanted, unsupported)
         by_path = {"/".join(w.path.split("/")[-2:]): w for w in layer.weights}
         kernels = {n: by_path[f"{n}/kernel"] for n in ("query", "key", "value")}
         new = cls(
@@ -692,6 +697,7 @@ class MultiHeadAttention(keras.layers.Layer):
             kernel_initializer=config["kernel_initializer"],
             bias_initializer=config["bias_initializer"],
             dtype=layer.dtype_policy,
+            trainable=layer.trainable,  # a frozen layer stays frozen
         )
         new.build(*((None, None, kernels[n].shape[0]) for n in ("query", "value", "key")))
         names = [("query", "query"), ("key", "key"), ("value", "value")]
@@ -701,6 +707,16 @@ class MultiHeadAttention(keras.layers.Layer):
             if new.use_bias:
                 getattr(new, f"{ours}_bias").assign(by_path[f"{theirs}/bias"].value)
         return new
+
+
+# keras.layers.MultiHeadAttention's options this layer does not have (`from_keras` refuses them)
+_PENALTIES = (
+    "kernel_regularizer",
+    "bias_regularizer",
+    "activity_regularizer",
+    "kernel_constraint",
+    "bias_constraint",
+)
 
 
 def _check_shape(label: str, argument: str, mask, shape) -> None:
