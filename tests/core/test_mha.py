@@ -310,6 +310,21 @@ def test_reordered_cross_cache_told_the_reordered_mask_skips_clearing(told, monk
     assert len(calls) == (0 if told else 1)
 
 
+def test_a_cross_cache_reordered_without_masks_keeps_its_padding_out():
+    """Reordered without `masks`, the cache forgot which keys its memory was cleared under: a
+    later call without a mask attended the cleared padding (zeros, projected)."""
+    mha = MultiHeadAttention(8, 2).eval()
+    memory, x, mask = _padded_memory_and_mask()
+    index = torch.tensor([2, 2, 0, 1])
+    with torch.no_grad():
+        expected = mha(x[index], memory[index], mask=mask[index]).context
+        cache = KVCache()
+        mha(x, memory, mask=mask, cache=cache)
+        cache.reorder(index)
+        got = mha(x[index], memory[index], cache=cache).context
+    torch.testing.assert_close(got, expected)
+
+
 def test_reordered_cross_cache_told_another_mask_still_clears(monkeypatch):
     """`masks` naming a mask the cache was not cleared under is ignored: a position the new
     mask excludes (NaN in the memory) does not reach the output."""

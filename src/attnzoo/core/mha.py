@@ -92,7 +92,9 @@ class KVCache:
             the mask its next calls pass: rows kept from rows cleared under `mask` are cleared
             under `kept`, so those calls skip clearing them again (at beam search's every step
             otherwise). Ignored unless the cache was cleared under that very `mask`, unchanged
-            since; a `kept` changed in place later is cleared under again.
+            since; a `kept` changed in place later is cleared under again. Without it (or
+            ignored), the rows' padding stays excluded all the same, and is applied again at
+            each later call.
         """
         if self.key is None:
             return
@@ -139,6 +141,9 @@ class KVCache:
                 got = tuple(kept.shape) if isinstance(kept, torch.Tensor) else type(kept).__name__
                 fail("KVCache.reorder", "masks", expected, got, CacheError)
             cleared = _cleared_record(kept)
+        elif self._cleared_under is not None:  # its padding rows hold no memory: still out
+            attended = self._cleared_under[2].index_select(0, index)  # (new_batch, 1, j)
+            cleared = (attended, None, attended)  # a mask no call passes: never "the same"
         self.key, self.value, self._tape, self._cleared_under = key, value, tape, cleared
 
     def _writable_tape(self) -> _Tape | None:
