@@ -170,8 +170,9 @@ class ShowAttendTellConfig:
                 "a number in [0, 1)",
                 self.baseline_momentum,
             )
+        reads = self.reads()
         for f in dataclasses.fields(self):  # a variant's options only on it: set elsewhere,
-            if f.name not in self.reads() and getattr(self, f.name) != f.default:  # ignored
+            if f.name not in reads and getattr(self, f.name) != f.default:  # ignored
                 wanted = f"its default {f.default!r}: the {self.variant} variant does not read it"
                 if f.name == "baseline_momentum" and self.variant == "hard":
                     wanted += f" with credit={self.credit!r}"

@@ -254,5 +254,5 @@ def explorer_html(data: dict[str, Any], *, heading: str) -> str:
         "js": _asset("explore.js"),
         "data": _script_json(payload(data)),
     }
-    # one pass, so nothing inserted is read again as a placeholder
+    # one pass, so no inserted text is read again as a {{name}} field of the template
     return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], _asset("explore.html"))
