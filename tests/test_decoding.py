@@ -104,11 +104,13 @@ def test_beam_one_equals_greedy_on_random_tables():
     assert a.tolist() == b.tolist()
 
 
-def test_beam_search_returns_highest_scoring_among_exhaustive():
-    """With a beam as wide as all prefixes, the result is the exact best sequence."""
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_beam_search_returns_highest_scoring_among_exhaustive(alpha):
+    """With a beam as wide as all prefixes, the result is the exact best sequence under
+    log p / length^alpha (a sequence that never ends is ranked at length T)."""
     g = torch.Generator().manual_seed(1)
     V, T = 4, 3
-    table = torch.log_softmax(torch.randn(2, T, V, V, generator=g), -1)
+    table = torch.log_softmax(torch.randn(2, T, V, V, generator=g, dtype=torch.float64), -1)
     out = beam_search(
         table_step(table),
         TableState(torch.arange(2)),
@@ -118,23 +120,41 @@ def test_beam_search_returns_highest_scoring_among_exhaustive():
         max_len=T,
         device=torch.device("cpu"),
         beam_size=V**T,
-        length_penalty=0.0,
+        length_penalty=alpha,
     )
 
     for r in range(2):
         best, best_score = None, -float("inf")
         for seq in itertools.product(range(V), repeat=T):
+            trimmed = seq[: seq.index(EOS) + 1] if EOS in seq else seq
             score, prev = 0.0, BOS
-            for t, tok in enumerate(seq):
+            for t, tok in enumerate(trimmed):
                 score += table[r, t, prev, tok].item()
                 prev = tok
-                if tok == EOS:
-                    break
-            trimmed = seq[: seq.index(EOS) + 1] if EOS in seq else seq
+            score /= len(trimmed) ** alpha
             if score > best_score + 1e-9:
                 best, best_score = trimmed, score
-        got = [x for x in out[r].tolist()]
-        assert got[: len(best)] == list(best)
+        assert out[r].tolist()[: len(best)] == list(best)
+        assert all(x == PAD for x in out[r].tolist()[len(best) :])
+
+
+def test_beam_search_keeps_a_finished_hypothesis_live_ones_outrank_for_a_while():
+    """[EOS] (log p = log .1) ends at step 1; the live [A, B] and [A, C] outrank it at step 2
+    (log .9 + log .55, log .9 + log .45), then fall below it by the fourth token (each .33).
+    Beam search kept finished hypotheses in the k live slots, so [EOS] gave up its place at
+    step 2 and the search returned a worse, unfinished [A, B, A, A] (log p -3.2)."""
+    A, B, C, V = 3, 4, 5, 6
+    p = torch.full((1, 4, V, V), 1e-9, dtype=torch.float64)
+    p[0, 0, BOS, EOS], p[0, 0, BOS, A] = 0.1, 0.9
+    p[0, 1, A, B], p[0, 1, A, C] = 0.55, 0.45
+    p[0, 2:, :, EOS], p[0, 2:, :, A], p[0, 2:, :, B], p[0, 2:, :, C] = 0.01, 0.33, 0.33, 0.33
+    table = (p / p.sum(-1, keepdim=True)).log()
+    common = dict(bos=BOS, eos=EOS, max_len=4, device="cpu", length_penalty=0.0)
+    for k in (2, 3):
+        out = beam_search(
+            table_step(table), TableState(torch.tensor([0])), 1, beam_size=k, **common
+        )
+        assert out.tolist() == [[EOS] + [PAD] * (out.shape[1] - 1)], k
 
 
 @pytest.mark.parametrize("engine", [greedy, sample, beam_search])

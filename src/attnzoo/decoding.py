@@ -154,6 +154,13 @@ def beam_search(
     """Batched beam search; finished hypotheses are ranked by log p / length^length_penalty
     (Wu et al. 2016 use ((5 + len) / 6)^alpha; plain length normalisation is alpha = 1 here).
 
+    `beam_size` live hypotheses go on at every step, none of them finished. Of the best
+    2 * beam_size extensions, those among the first beam_size that end in EOS join the row's
+    finished ones (the best beam_size kept), and the best beam_size that do not end go on, as in
+    fairseq and Hugging Face: a finished hypothesis never gives up its place to live ones that
+    may later score lower, and beam_size 1 is greedy search. A row stops with beam_size
+    finished hypotheses; one that reaches max_len with fewer ranks its live ones among them.
+
     Returns the best hypothesis per batch row: (batch, <= max_len), padding after EOS.
     """
     _check("beam_search", state, batch, bos, eos, max_len, pad)
@@ -161,40 +168,52 @@ def beam_search(
         fail("beam_search", "beam_size", "an int >= 1", repr(beam_size))
     check_number("beam_search", "length_penalty", length_penalty)
     k = beam_size
-    flat = torch.arange(batch, device=device).repeat_interleave(k)  # (batch * k,)
-    state = state.reorder(flat)
+    rows = torch.arange(batch, device=device)
+    state = state.reorder(rows.repeat_interleave(k))  # (batch * k) rows
     tokens = torch.full((batch * k,), bos, dtype=torch.long, device=device)
     scores = torch.zeros(batch, k, dtype=torch.float32, device=device)
     scores[:, 1:] = float("-inf")  # all beams start identical: keep one alive
-    history = torch.empty(batch * k, 0, dtype=torch.long, device=device)
-    finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
-    lengths = torch.zeros(batch, k, dtype=torch.float32, device=device)
+    history = torch.empty(batch, k, 0, dtype=torch.long, device=device)
+    kept = torch.full((batch, k), float("-inf"), dtype=torch.float32, device=device)
+    finished = torch.full((batch, k, max_len), pad, dtype=torch.long, device=device)
     for t in range(max_len):
         log_probs, state = step(tokens, state)  # (batch * k, V)
         _check_log_probs("beam_search", log_probs, t)
         vocab = log_probs.shape[-1]
-        log_probs = log_probs.view(batch, k, vocab)
-        # a finished beam only extends with padding at no cost
-        frozen = torch.full_like(log_probs, float("-inf"))
-        frozen[..., pad] = 0.0
-        log_probs = torch.where(finished.unsqueeze(-1), frozen, log_probs)
-        candidates = (scores.unsqueeze(-1) + log_probs).view(batch, k * vocab)
-        new_len = (lengths + (~finished).float()).unsqueeze(-1).expand(batch, k, vocab)
-        ranked = candidates / new_len.reshape(batch, -1).clamp_min(1) ** length_penalty
-        _, best = ranked.topk(k, dim=-1)  # (batch, k)
+        candidates = (scores.unsqueeze(-1) + log_probs.view(batch, k, vocab)).view(batch, -1)
+        top, best = candidates.topk(min(2 * k, k * vocab), dim=-1)  # all of length t + 1
         beam, token = best // vocab, best % vocab
-        scores = candidates.gather(-1, best)
-        source = (torch.arange(batch, device=device)[:, None] * k + beam).view(-1)
-        lengths = lengths.gather(-1, beam) + (~finished.gather(-1, beam)).float()
-        finished = finished.gather(-1, beam) | (token == eos)
-        history = torch.cat([history.index_select(0, source), token.view(-1, 1)], 1)
-        state = state.reorder(source)
-        tokens = token.view(-1)
-        if finished.all():
+        ends = token == eos  # at most k of them: one EOS per beam
+        done = kept[:, -1] > float("-inf")  # rows already holding k finished hypotheses
+        paths = torch.cat(
+            [history.gather(1, beam[..., None].expand(-1, -1, t)), token[..., None]], -1
+        )
+        # the finished ones (of rows not done) join the kept ones; the best k of them stay
+        first = torch.arange(top.shape[1], device=device) < k  # ranked among the best k
+        ended = torch.where(
+            ends & first & ~done[:, None], top / (t + 1) ** length_penalty, -math.inf
+        )
+        kept, order = torch.cat([kept.to(ended.dtype), ended], 1).topk(k, dim=-1)
+        padded = paths.new_full((batch, paths.shape[1], max_len), pad)
+        padded[..., : t + 1] = paths
+        pool = torch.cat([finished, padded], 1)
+        finished = pool.gather(1, order[..., None].expand(-1, -1, max_len))
+        # the best k that did not end go on (ended ones rank last; -inf if too few)
+        rank = torch.arange(top.shape[1], device=device) + ends * top.shape[1]
+        live = rank.topk(k, dim=-1, largest=False).indices  # (batch, k), best first
+        scores = torch.where(ends.gather(1, live), -math.inf, top.gather(1, live))
+        history = paths.gather(1, live[..., None].expand(-1, -1, t + 1))
+        state = state.reorder((rows[:, None] * k + beam.gather(1, live)).view(-1))
+        tokens = token.gather(1, live).view(-1)
+        if (kept[:, -1] > float("-inf")).all():
             break
-    final = scores / lengths.clamp_min(1) ** length_penalty  # (batch, k)
-    best = final.argmax(-1)  # (batch,)
-    chosen = history.view(batch, k, -1)[torch.arange(batch, device=device), best]
+    steps = history.shape[-1]
+    done = (kept[:, -1] > float("-inf"))[:, None]
+    # a row that reached max_len without k finished ones: its unfinished ones compete
+    live = torch.where(done, -math.inf, scores / steps**length_penalty)
+    everything = torch.cat([kept, live], 1)
+    paths = torch.cat([finished[..., :steps], history], 1)  # (batch, 2k, steps)
+    chosen = paths[rows, everything.argmax(-1)]
     return _pad_after_eos(chosen, eos, pad)
 
 
