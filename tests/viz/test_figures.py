@@ -302,6 +302,19 @@ def test_caption_and_gan_attention_maps_mark_non_finite_weights():
         assert 20 < green < panel.width * panel.height / 4
 
 
+def test_gan_attention_map_draws_a_nearly_flat_map_flat():
+    """Each map is scaled to its peak; its colours ran from the map's own minimum to that
+    peak, so a flat map with one cell 0.6 % higher was drawn black against bright yellow."""
+    from attnzoo.viz.gan import attention_map_figure
+
+    flat = torch.full((1, 1, 8, 8), 1 / 64)
+    flat[0, 0, 3, 3] *= 1.006
+    fig = attention_map_figure(torch.zeros(1, 16, 16), flat, torch.tensor([[3, 3]]))
+    overlay = fig.axes[1].images[-1]
+    colours = overlay.to_rgba(overlay.get_array())[..., :3]
+    assert np.abs(colours[3, 3] - colours[0, 0]).max() < 0.02
+
+
 def test_a_figure_that_fails_to_save_leaves_the_earlier_one(tmp_path, monkeypatch):
     """savefig straight to the path left a truncated PNG on a full disk (and truncated the
     earlier figure first); save_figure writes atomically, naming the file on failure."""
