@@ -15,6 +15,7 @@ from attnzoo.tasks.captions import (
     END,
     INDEX,
     NUMBERS,
+    PAD,
     WORDS,
     DigitCaptionsConfig,
     DigitCaptionsTask,
@@ -61,6 +62,12 @@ def test_captions_follow_the_grammar_and_name_every_digit(task):
         if int(counts[k]) >= 2:
             rel = "above" if int(one[k, 0]) // 2 < int(one[k, 1]) // 2 else "left of"
             assert text.split(" ", 3)[3].startswith(rel), text
+
+
+def test_detokenize_keeps_a_pad_or_bos_before_the_end():
+    """It stopped at <pad>: "one seven <pad> junk" scored as "one seven"."""
+    ids = [WORDS.index("a"), PAD, WORDS.index("small"), BOS, END, WORDS.index("a"), PAD]
+    assert detokenize(ids) == "a <pad> small <bos>"
 
 
 def test_each_box_holds_its_digits_ink(task):

@@ -294,10 +294,11 @@ def move(batch: CaptionBatch, device: torch.device | str) -> CaptionBatch:
 
 
 def detokenize(ids: list[int]) -> str:
-    """Token ids (up to <end>) -> the caption string."""
+    """Token ids (up to <end>) -> the caption string. A <pad> or <bos> before the end stays
+    (as those words): stopping at <pad> scored "one seven <pad> ..." as "one seven"."""
     words = []
     for i in ids:
-        if i in (END, PAD):
+        if i == END:
             break
         words.append(WORDS[i])
     return " ".join(words)

@@ -138,7 +138,9 @@ class Vocab:
         return ids
 
     def decode(self, ids: Iterable[int] | Any) -> list[str]:
-        """Tokens of `ids` up to the first `EOS`, skipping `PAD` and `BOS`.
+        """Tokens of `ids` up to the first `EOS`. `PAD` and `BOS`, which no output should
+        hold before its end, appear as "<pad>" and "<bos>": skipping them scored a decoder
+        that wrote them as one that had not.
 
         Args:
             ids: ints, or a 1-d tensor or array of them, (seq_len,).
@@ -150,8 +152,6 @@ class Vocab:
             i = int(i)
             if i == self.EOS:
                 break
-            if i in (self.PAD, self.BOS):
-                continue
             tokens.append(self._itos[i])
         return tokens
 
