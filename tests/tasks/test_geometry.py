@@ -165,6 +165,26 @@ def test_held_karp_chunks_give_the_same_answer(monkeypatch):
     assert torch.equal(whole[0], chunked[0]) and torch.equal(whole[1], chunked[1])
 
 
+def test_held_karp_shares_no_tables_between_calls(monkeypatch):
+    """Its index tables were a module-level cache handed to every caller: one caller's
+    in-place change to them altered every later solve in the process."""
+    xy = points(3, 10, 8)
+    want = held_karp(xy)
+    plans = []
+    made = geometry._held_karp_plan
+
+    def spoil(m, device):
+        plans.append(made(m, device))
+        return plans[-1]
+
+    monkeypatch.setattr(geometry, "_held_karp_plan", spoil)
+    held_karp(xy)
+    for step in plans[0]:
+        step[2].zero_()  # the edge positions, changed in place
+    got = held_karp(xy)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_held_karp_largest_size_and_empty_batch():
     xy = points(5, 2, geometry.MAX_HELD_KARP_NODES)
     tours, lengths = held_karp(xy)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from functools import cache
 
 import numpy as np
 import torch
@@ -151,11 +150,12 @@ def canonical_tour(tours: torch.Tensor) -> torch.Tensor:
     return torch.where(backwards[:, None], reflected, rotated)
 
 
-@cache
 def _held_karp_plan(
-    m: int,
+    m: int, device: torch.device
 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], ...]:
-    """Index tables of the Held-Karp recursion over the m = n - 1 nodes other than node 0.
+    """Index tables of the Held-Karp recursion over the m = n - 1 nodes other than node 0,
+    on `device`, made for each `held_karp` call (a module-level cache handed every caller the
+    same tensors: one in-place change would have altered every later solve).
 
     A state is (S, j): a path that starts at node 0, visits exactly the set S of non-start
     nodes (an m-bit mask) and ends at j in S; it is stored at flat position S * m + j. For each
@@ -165,14 +165,15 @@ def _held_karp_plan(
         edge (P, s - 1): positions k * m + j of the edges k -> j in the distance table;
         k (P, s - 1): the predecessor nodes themselves, for the back-pointers.
     """
-    masks = torch.arange(1 << m)
-    bits = (masks[:, None] >> torch.arange(m)) & 1  # (2^m, m)
+    masks = torch.arange(1 << m, device=device)
+    bits = (masks[:, None] >> torch.arange(m, device=device)) & 1  # (2^m, m)
     sizes = bits.sum(-1)  # (2^m,)
     plan = []
     for s in range(2, m + 1):
         subsets = masks[sizes == s]  # (Q,)
         members = bits[subsets].nonzero()[:, 1].view(-1, s)  # (Q, s): the nodes of each S
-        others = torch.tensor([[b for b in range(s) if b != a] for a in range(s)])  # (s, s-1)
+        others = [[b for b in range(s) if b != a] for a in range(s)]
+        others = torch.tensor(others, device=device)  # (s, s - 1)
         end = members.reshape(-1)  # (Q * s,): j, state by state
         k = members[:, others].reshape(-1, s - 1)  # (Q * s, s - 1)
         subset = subsets.repeat_interleave(s)  # (Q * s,)
@@ -181,9 +182,10 @@ def _held_karp_plan(
     return tuple(plan)
 
 
-def _held_karp_chunk(dist: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Held-Karp on distance matrices (batch, n, n) float64 with n >= 2; returns
-    (tours (batch, n), lengths (batch,)), tours starting at 0 in either direction."""
+def _held_karp_chunk(dist: torch.Tensor, plan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Held-Karp on distance matrices (batch, n, n) float64 with n >= 2 (`plan`: the index
+    tables of n - 1 nodes on their device); returns (tours (batch, n), lengths (batch,)),
+    tours starting at 0 in either direction."""
     batch, n, _ = dist.shape
     m = n - 1
     full = (1 << m) - 1
@@ -200,8 +202,7 @@ def _held_karp_chunk(dist: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # 2. cost[S, j] = min over k in S - {j} of cost[S - {j}, k] + d(k, j), by growing |S|: a
     #    subset's predecessors are all one smaller, so each size is one vectorised step, and
     #    every state read has been written.
-    for out, prev, edge, k in _held_karp_plan(m):
-        out, prev, edge, k = (t.to(device) for t in (out, prev, edge, k))
+    for out, prev, edge, k in plan:
         paths = cost[prev]  # (P, s-1, B): cost[S - {j}, k]
         paths += between[edge]  # ... + d(k, j)
         best, arg = paths.min(1)  # (P, B)
@@ -256,9 +257,10 @@ def held_karp(points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return tours, tour_length(coords, tours)
     chunk = max(1, HELD_KARP_CHUNK_ELEMENTS // ((1 << (n - 1)) * (n - 1)))
     tours, lengths = [], []
+    plan = _held_karp_plan(n - 1, points.device) if batch else ()
     for part in coords.split(chunk):
         dist = (part[:, :, None, :] - part[:, None, :, :]).norm(dim=-1)  # (chunk, n, n)
-        t, length = _held_karp_chunk(dist)
+        t, length = _held_karp_chunk(dist, plan)
         tours.append(t)
         lengths.append(length)
     if not tours:
