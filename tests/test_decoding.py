@@ -218,9 +218,8 @@ def test_decode_is_greedy_at_beam_1_and_beam_search_above():
 
 @pytest.mark.parametrize("default", [torch.float64, torch.float16])
 def test_engine_tensors_do_not_follow_the_default_dtype(default, device):
-    """Token ids are long and scores float32 whatever torch's default dtype, on `device`."""
-    if device.type == "meta":
-        pytest.skip("the engine stops on values (has every row ended?); meta has none")
+    """Token ids are long and scores float32 whatever torch's default dtype, on `device`
+    (meta included: the engine runs to max_len there, where no row can be seen to end)."""
     table = torch.log_softmax(
         torch.randn(2, 4, 6, 6, generator=torch.Generator().manual_seed(3)), -1
     )
@@ -239,7 +238,9 @@ def test_engine_tensors_do_not_follow_the_default_dtype(default, device):
     assert tokens.dtype == torch.long and tokens.device.type == device.type
     assert log_prob.dtype == torch.float32 and log_prob.device.type == device.type
     want = decode(table_step(table), TableState(rows), 2, beam_size=3, **common)
-    assert torch.equal(out, want)  # beam scores in float32 either way
+    assert out.shape == want.shape
+    if device.type != "meta":  # (meta: shapes, no values)
+        assert torch.equal(out, want)  # beam scores in float32 either way
 
 
 @pytest.mark.parametrize("engine", [greedy, sample, beam_search])

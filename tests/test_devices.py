@@ -107,6 +107,18 @@ def test_a_training_step_runs_on_the_device(name, device):
             assert on(param.grad, device), param_name
 
 
+def test_a_sampled_pointer_step_runs_on_the_device(device):
+    """TSP's `task.objective=reinforce` samples tours through the decoding engine, which
+    stopped on values (has every row ended?): the step failed on meta."""
+    config = runs.apply_overrides(tiny_config("pointer-net", "tsp"), ["task.objective=reinforce"])
+    task, net = runs.build(config)
+    model = net.to(device).train()
+    loss, _ = task.loss(model, task.batch(0, 2, device))
+    assert on(loss, device) and loss.dim() == 0
+    loss.backward()
+    assert all(on(p.grad, device) for p in model.parameters() if p.grad is not None)
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_evaluation_runs_on_the_models_device(name, device, request):
     if device.type == "meta":

@@ -10,7 +10,9 @@ hidden vectors; the Transformer's holds its key/value caches; the Pointer Networ
 positions chosen so far. Beam search flattens (batch, beam) into the batch dimension, so every
 decoder sees an ordinary batch. `device` is the decoder's (its inputs'): the engine's own
 tensors (start tokens, scores) are made there, in explicit dtypes (token ids long, scores
-float32), never the default device's or dtype's.
+float32), never the default device's or dtype's. On PyTorch's `meta` device, which holds
+shapes but no values, the engine runs every one of max_len steps (no row can be seen to end)
+and skips its check of the log-probabilities' values.
 """
 
 from __future__ import annotations
@@ -56,7 +58,9 @@ def _check_log_probs(function: str, log_probs: torch.Tensor, t: int) -> None:
     (a token masked out, a finished beam's continuations); +inf cannot come from a log_softmax
     of finite logits. Costs one sum and one sync per step, beside the engine's own sync (at
     batch 1, 11 greedy steps of a dates-sized RNNsearch: +2 to 3 %)."""
-    if math.isnan(float(log_probs.sum())):  # one reduction: -inf + finite is -inf, not NaN
+    if log_probs.is_meta:
+        return
+    if math.isnan(float(log_probs.detach().sum())):  # one reduction: -inf + finite is -inf, not NaN
         rows = int(torch.isnan(log_probs).any(-1).sum())
         fail(
             function,
@@ -64,6 +68,11 @@ def _check_log_probs(function: str, log_probs: torch.Tensor, t: int) -> None:
             "finite log-probabilities from the decoder",
             f"NaN in {rows} row(s) at step {t}",
         )
+
+
+def _all(ended: torch.Tensor) -> bool:
+    """Whether every row has ended; never on `meta` (no values: run to max_len)."""
+    return not ended.is_meta and bool(ended.all())
 
 
 def _pad_after_eos(tokens: torch.Tensor, eos: int, pad: int) -> torch.Tensor:
@@ -97,7 +106,7 @@ def greedy(
         tokens = log_probs.argmax(-1)  # (batch,)
         out.append(tokens)
         done |= tokens == eos
-        if done.all():
+        if _all(done):
             break
     return _pad_after_eos(torch.stack(out, 1), eos, pad)
 
@@ -132,7 +141,7 @@ def sample(
         tokens = choice.index
         out.append(tokens)
         done = done | (tokens == eos)
-        if done.all():
+        if _all(done):
             break
     return _pad_after_eos(torch.stack(out, 1), eos, pad), total
 
@@ -205,7 +214,7 @@ def beam_search(
         history = paths.gather(1, live[..., None].expand(-1, -1, t + 1))
         state = state.reorder((rows[:, None] * k + beam.gather(1, live)).view(-1))
         tokens = token.gather(1, live).view(-1)
-        if (kept[:, -1] > float("-inf")).all():
+        if _all(kept[:, -1] > float("-inf")):
             break
     steps = history.shape[-1]
     done = (kept[:, -1] > float("-inf"))[:, None]

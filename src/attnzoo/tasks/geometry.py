@@ -86,7 +86,7 @@ def _check_tours(function: str, points: torch.Tensor, tours: object) -> None:
             f"shape (batch, n) = {tuple(points.shape[:2])}",
             f"shape {tuple(tours.shape)}",
         )
-    if tours.numel() and (tours.min() < 0 or tours.max() >= points.shape[1]):
+    if tours.numel() and not tours.is_meta and (tours.min() < 0 or tours.max() >= points.shape[1]):
         fail(function, "tours", f"indices in [0, {points.shape[1]})", "an index out of range")
 
 
