@@ -197,6 +197,9 @@ def test_list_names_every_page_with_its_budget():
         (["repro", "--list", "--seeds", "0"], "--seeds"),
         (["repro", "ntm", "--budget", "full", "--out", "x"], "--out"),
         (["repro"], "PAGE or --list"),
+        (["repro", "ntm", "--list"], "PAGE (ntm)"),
+        (["repro", "--list", "--budget", "smoke"], "--budget (smoke)"),
+        (["repro", "--list", "--out", "x"], "--out (x)"),
     ],
 )
 def test_bad_input_is_one_line(args, named):

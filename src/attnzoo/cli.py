@@ -238,7 +238,7 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="models and tasks").set_defaults(func=cmd_list)
     repro = sub.add_parser("repro", help="re-run the benchmarks behind a docs page, regenerate it")
     repro.add_argument("page", nargs="?", help="a docs page (see --list)")
-    repro.add_argument("--budget", choices=("smoke", "full"), default="full")
+    repro.add_argument("--budget", choices=("smoke", "full"), help="(default: full)")
     repro.add_argument("--seeds", type=int, default=None, help="seeds per trained experiment")
     repro.add_argument("--list", action="store_true", help="pages and their full CPU-minutes")
     repro.add_argument("--out", default=None, help="smoke only: folder (default runs/smoke/PAGE)")
@@ -279,14 +279,30 @@ def _check_train_args(args) -> None:
         raise UsageError("attnzoo train: needs MODEL and --task TASK (see `attnzoo list`)")
 
 
+def _check_repro_args(args) -> None:
+    """PAGE or --list; --list lists every page at its full budget, so PAGE, --budget and
+    --out beside it would be ignored: refused instead."""
+    if args.page is None and not args.list:
+        raise UsageError("attnzoo repro: needs PAGE or --list (see `attnzoo repro --list`)")
+    if args.list:
+        given = {"PAGE": args.page, "--budget": args.budget, "--out": args.out}
+        for name, value in given.items():
+            if value is not None:
+                raise UsageError(
+                    f"attnzoo repro: {name} ({value}) expected alone, without --list "
+                    "(it lists every page at its full budget)"
+                )
+    args.budget = args.budget or "full"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = parser().parse_args(argv)
         if args.command == "train":
             _check_train_args(args)
-        if args.command == "repro" and args.page is None and not args.list:
-            raise UsageError("attnzoo repro: needs PAGE or --list (see `attnzoo repro --list`)")
+        if args.command == "repro":
+            _check_repro_args(args)
     except UsageError as err:
         print(f"attnzoo: error: {err}", file=sys.stderr)
         return 2
