@@ -302,6 +302,21 @@ def test_caption_and_gan_attention_maps_mark_non_finite_weights():
         assert 20 < green < panel.width * panel.height / 4
 
 
+def test_intra_attention_figure_says_how_little_the_words_hold():
+    """Each line is shaded relative to its largest weight: a step that put 95 % on the
+    LSTMN's start state (no word) and 5 % on one earlier word drew that word as dark as a
+    step that put all its weight there. Such a line now says what share its words hold."""
+    from attnzoo.viz.figures import intra_attention_figure
+
+    words = ["in", "the", "beginning", "god"]
+    full = torch.tensor([[0, 0, 0, 0], [1, 0, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 1, 0]])
+    faint = full * 0.05  # 5 % on words: one word (lines 1, 3) or two (line 2)
+    texts = [x.get_text() for x in intra_attention_figure(words, faint).axes[0].texts]
+    assert [x for x in texts if x.endswith("on words")] == ["0% on words"] + ["5% on words"] * 3
+    texts = [x.get_text() for x in intra_attention_figure(words, full).axes[0].texts]
+    assert [x for x in texts if x.endswith("on words")] == ["0% on words"]
+
+
 def test_gan_attention_map_draws_a_nearly_flat_map_flat():
     """Each map is scaled to its peak; its colours ran from the map's own minimum to that
     peak, so a flat map with one cell 0.6 % higher was drawn black against bright yellow."""

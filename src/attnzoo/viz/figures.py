@@ -549,7 +549,10 @@ def intra_attention_figure(words: Sequence[str], weights, *, title: str = "") ->
     """Cheng et al. 2016 Fig. 1: one line per word of a sentence, the words up to it written
     out, the current word in red and each earlier word shaded by the weight the current step
     gave it, relative to the line's largest (darker blue: more; the darkest is the line's
-    maximum). 10 inches wide at its dpi of 80: 800 px (its layout is in points).
+    maximum). A line whose words hold under 95 % of its weight (the rest on a state that is
+    no word, e.g. the LSTMN's start state) says how much they hold at its right: relative
+    shading alone drew 5 % spread over the words as dark as 100 %. 10 inches wide at its dpi of
+    80: 800 px (its layout is in points).
 
     Args:
         words: the sentence, (t,).
@@ -578,8 +581,14 @@ def intra_attention_figure(words: Sequence[str], weights, *, title: str = "") ->
         ax.text(6, 12, title, fontsize=size, va="center", **LITERAL)
     for i in range(t):
         y = top + (i + 0.5) * line_pt
+        held = float(np.nan_to_num(w[i, : i + 1]).sum())
+        room = width_pt - 12
+        if held < 0.95:
+            note = f"{held:.0%} on words"
+            ax.text(width_pt - 6, y, note, fontsize=8, va="center", ha="right", **LITERAL)
+            room -= 84
         shown = list(range(i + 1))
-        while sum(len(words[k]) + 1 for k in shown) * char_pt > width_pt - 12 and len(shown) > 1:
+        while sum(len(words[k]) + 1 for k in shown) * char_pt > room and len(shown) > 1:
             shown.pop(0)  # a long sentence: its earliest words scroll off to the left
         x = 6.0
         top_weight = max(w[i, :i].max(initial=0.0), 1e-12)
