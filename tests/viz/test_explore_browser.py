@@ -258,3 +258,35 @@ def test_every_layout_draws_without_errors(browser, tmp_path, model, task):
     if data["layout"] == "memory":
         assert browser.find_elements("css selector", "table.signals td")
     assert severe(browser) == []
+
+
+@pytest.mark.parametrize("path", [True, False])
+def test_image_points_are_a_path_only_when_they_are_one(browser, tmp_path, path):
+    """SAGAN's explorer gives each query pixel as a step's point: the page joined them into
+    a glimpse path, as if the model had moved from one to the next. With "path": false it
+    draws the step's point alone."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    from attnzoo.viz.explore import explorer_html
+
+    kind = {"name": "g", "rows": ["q0", "q1", "q2"], "columns": ["a", "b", "c", "d"]}
+    kind["weights"] = np.full((1, 1, 3, 4), 0.25)
+    example = {"input": "i", "reference": "1", "prediction": "1", "correct": None}
+    example |= {"attention": [kind], "image": np.zeros((8, 8)), "sizes": [], "grid": [2, 2]}
+    example |= {"glimpses": [[1.0, 1.0], [6.0, 2.0], [3.0, 7.0]], "path": path}
+    page = tmp_path / "explore.html"
+    data = {"layout": "image", "title": "t", "note": "", "examples": [example]}
+    page.write_text(explorer_html(data, heading="points"))
+    open_page(browser, page)
+    ActionChains(browser).send_keys(Keys.ARROW_RIGHT, Keys.ARROW_RIGHT).perform()
+    assert step_of(browser) == 2
+    drawn = browser.find_elements("css selector", "#glimpse-path")
+    point = browser.find_elements("css selector", "#glimpse-point")
+    assert (len(drawn), len(point)) == ((1, 0) if path else (0, 1))
+    if not path:  # the third query's point, in the page's pixels
+        cx, cy = (float(point[0].get_attribute(a)) for a in ("cx", "cy"))
+        svg = browser.find_element("css selector", "#layout-view svg")
+        scale = float(svg.get_attribute("width")) / 8
+        assert (cx / scale, cy / scale) == pytest.approx((3.0, 7.0))
+    assert severe(browser) == []

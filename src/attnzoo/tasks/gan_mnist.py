@@ -359,8 +359,10 @@ class GanMnistTask:
             if maps is not None:
                 side = maps.shape[-1]
                 scale = images.shape[-1] / side
-                # each row's "glimpse": the query pixel's centre on the image (x, y), pixels
+                # each row's "glimpse": the query pixel's centre on the image (x, y), pixels;
+                # the queries follow no path (the page had joined them as one)
                 example["glimpses"] = (queries.flip(-1).float() + 0.5) * scale
+                example["path"] = False
                 example["grid"] = [side, side]
                 example["attention"] = [
                     {

@@ -37,6 +37,8 @@ Schema (version 1)::
         "sizes": [int]: the sides of the retina's square patches, pixels ([] without),
         "grid": [rows, columns] (optional): the columns are the cells of this grid over the
             image, row-major; the page draws the step's weights over the image,
+        "path": bool (optional, default true): the glimpses are one path, drawn up to the
+            step; false: each step's point alone (e.g. query pixels that follow no path),
       }]
     }
 
@@ -188,6 +190,8 @@ def _check_image(where: str, example: dict) -> None:
     sizes = example["sizes"]
     if not isinstance(sizes, list) or not all(isinstance(v, int) and v > 0 for v in sizes):
         _fail(f"{where}.sizes", "a list of positive ints", repr(sizes))
+    if not isinstance(example.get("path", True), bool):
+        _fail(f"{where}.path", "true or false", repr(example["path"]))
 
 
 def quantise(weights) -> np.ndarray:

@@ -199,11 +199,16 @@
           if (level > 0) add("rect", { x: (j % gw) * cw, y: Math.floor(j / gw) * ch, width: cw, height: ch, fill: "#ff7f0e", "fill-opacity": (0.7 * level) / top, class: "grid-cell" });
         });
       }
-      const seen = e.glimpses.slice(0, state.step + 1);
+      // the path up to the step; without one (e.path false), the step's point alone
+      const seen = e.glimpses.slice(e.path === false ? state.step : 0, state.step + 1);
       if (seen.length) {
-        const d = seen.map(([x, y], s) => (s ? "L" : "M") + x * px + " " + y * px).join(" ");
-        add("path", { d: d, fill: "none", stroke: "#2ca02c", "stroke-width": 1.5, id: "glimpse-path" });
         const [x, y] = seen[seen.length - 1];
+        if (e.path === false) {
+          add("circle", { cx: x * px, cy: y * px, r: 4, fill: "#2ca02c", id: "glimpse-point" });
+        } else {
+          const d = seen.map(([gx, gy], s) => (s ? "L" : "M") + gx * px + " " + gy * px).join(" ");
+          add("path", { d: d, fill: "none", stroke: "#2ca02c", "stroke-width": 1.5, id: "glimpse-path" });
+        }
         for (const side of e.sizes) {
           const left = Math.floor(x - side / 2 + 0.5), top = Math.floor(y - side / 2 + 0.5);
           add("rect", { x: left * px, y: top * px, width: side * px, height: side * px, fill: "none", stroke: "#d62728" });
