@@ -138,6 +138,24 @@ def test_beam_search_returns_highest_scoring_among_exhaustive(alpha):
         assert all(x == PAD for x in out[r].tolist()[len(best) :])
 
 
+@pytest.mark.parametrize("seed", [17, 27])
+def test_beam_search_of_a_row_does_not_depend_on_the_other_rows(seed):
+    """Rows stop searching at different steps; a row decoded beside others gives what it
+    gives alone: a stopped row neither takes in later hypotheses nor lets its live ones
+    compete at the end (with peaked tables and length normalisation, a live hypothesis can
+    later outrank the finished ones it ranked below when its row stopped; these seeds'
+    tables have such rows)."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.log_softmax(6 * torch.randn(20, 8, 6, 6, generator=g), -1)
+    common = dict(bos=BOS, eos=EOS, max_len=8, device="cpu", beam_size=3, length_penalty=1.0)
+    together = beam_search(table_step(table), TableState(torch.arange(20)), 20, **common)
+    for r in range(20):
+        alone = beam_search(table_step(table), TableState(torch.tensor([r])), 1, **common)[0]
+        width = min(len(alone), together.shape[1])
+        assert together[r, :width].tolist() == alone[:width].tolist(), r
+        assert (together[r, width:] == PAD).all() and (alone[width:] == PAD).all()
+
+
 def test_beam_search_keeps_a_finished_hypothesis_live_ones_outrank_for_a_while():
     """[EOS] (log p = log .1) ends at step 1; the live [A, B] and [A, C] outrank it at step 2
     (log .9 + log .55, log .9 + log .45), then fall below it by the fourth token (each .33).

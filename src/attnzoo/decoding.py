@@ -167,8 +167,9 @@ def beam_search(
     2 * beam_size extensions, those among the first beam_size that end in EOS join the row's
     finished ones (the best beam_size kept), and the best beam_size that do not end go on, as in
     fairseq and Hugging Face: a finished hypothesis never gives up its place to live ones that
-    may later score lower, and beam_size 1 is greedy search. A row stops with beam_size
-    finished hypotheses; one that reaches max_len with fewer ranks its live ones among them.
+    may later score lower, and beam_size 1 is greedy search. A row stops once its beam_size-th
+    finished hypothesis ranks at or above its best live one (the old rule: every one of its
+    beam_size best is finished); its best finished or, at max_len, live one is returned.
 
     Returns the best hypothesis per batch row: (batch, <= max_len), padding after EOS.
     """
@@ -185,6 +186,7 @@ def beam_search(
     history = torch.empty(batch, k, 0, dtype=torch.long, device=device)
     kept = torch.full((batch, k), float("-inf"), dtype=torch.float32, device=device)
     finished = torch.full((batch, k, max_len), pad, dtype=torch.long, device=device)
+    stopped = torch.zeros(batch, dtype=torch.bool, device=device)
     for t in range(max_len):
         log_probs, state = step(tokens, state)  # (batch * k, V)
         _check_log_probs("beam_search", log_probs, t)
@@ -193,14 +195,13 @@ def beam_search(
         top, best = candidates.topk(min(2 * k, k * vocab), dim=-1)  # all of length t + 1
         beam, token = best // vocab, best % vocab
         ends = token == eos  # at most k of them: one EOS per beam
-        done = kept[:, -1] > float("-inf")  # rows already holding k finished hypotheses
         paths = torch.cat(
             [history.gather(1, beam[..., None].expand(-1, -1, t)), token[..., None]], -1
         )
-        # the finished ones (of rows not done) join the kept ones; the best k of them stay
+        # the finished ones (of rows still searching) join the kept ones; the best k stay
         first = torch.arange(top.shape[1], device=device) < k  # ranked among the best k
         ended = torch.where(
-            ends & first & ~done[:, None], top / (t + 1) ** length_penalty, -math.inf
+            ends & first & ~stopped[:, None], top / (t + 1) ** length_penalty, -math.inf
         )
         kept, order = torch.cat([kept.to(ended.dtype), ended], 1).topk(k, dim=-1)
         padded = paths.new_full((batch, paths.shape[1], max_len), pad)
@@ -214,12 +215,13 @@ def beam_search(
         history = paths.gather(1, live[..., None].expand(-1, -1, t + 1))
         state = state.reorder((rows[:, None] * k + beam.gather(1, live)).view(-1))
         tokens = token.gather(1, live).view(-1)
-        if _all(kept[:, -1] > float("-inf")):
+        # sticky: a row's result never depends on how long the other rows search
+        stopped |= kept[:, -1] >= (scores / (t + 1) ** length_penalty).amax(-1)
+        if _all(stopped):
             break
     steps = history.shape[-1]
-    done = (kept[:, -1] > float("-inf"))[:, None]
-    # a row that reached max_len without k finished ones: its unfinished ones compete
-    live = torch.where(done, -math.inf, scores / steps**length_penalty)
+    # a row that reached max_len still searching: its live ones compete
+    live = torch.where(stopped[:, None], -math.inf, scores / steps**length_penalty)
     everything = torch.cat([kept, live], 1)
     paths = torch.cat([finished[..., :steps], history], 1)  # (batch, 2k, steps)
     chosen = paths[rows, everything.argmax(-1)]
