@@ -9,7 +9,7 @@ from attnzoo.core.scores import _PAD_MAX_DIM, _PLAIN_WEIGHTS_MAX_KEYS, _UPCAST_M
 from tests.core.reference import ref_attention, ref_logits
 from tests.core.test_scores import make
 
-NAMES = ["dot", "scaled_dot", "general", "cosine", "additive", "location"]
+NAMES = list(scores.SCORES)  # the code's registry: a new score is tested here as it lands
 
 
 def geometric(i, j, causal, window):
@@ -129,21 +129,50 @@ def test_weights_on_either_path_follow_the_float64_reference_with_gradients(
             torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["dot", "general", "additive", "location"])
-def test_gradcheck_through_attention(name):
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("geometry", [{}, {"causal": True}, {"window": 1}])
+def test_gradcheck_through_attention(name, geometry):
+    """Every score, with padding, causal or window geometry and a fully masked row (row 2
+    of example 1; with the window, query 0 of example 1 too: its window holds only a padded
+    key), with and without weights."""
     score, _ = make(name)
     score = score.double()
-    q = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
-    k = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
-    v = torch.randn(2, 4, 2, dtype=torch.float64, requires_grad=True)
-    mask = torch.tensor([[[True, True, False, True]], [[False, True, True, True]]])
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 3, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 4, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 4, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True, True, False, True], [False, True, True, True]])[:, None]
+    mask = mask.expand(2, 3, 4).clone()
+    mask[1, 2] = False
     for rw in (False, True):
         assert torch.autograd.gradcheck(
             lambda q, k, v, rw=rw: (
-                attention(q, k, v, score=score, mask=mask, return_weights=rw).context
+                attention(q, k, v, score=score, mask=mask, return_weights=rw, **geometry).context
             ),
             (q, k, v),
         )
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [1, 3])
+@pytest.mark.parametrize(("i", "j"), [(7, 17), (17, 7)])
+def test_window_and_per_query_head_masks_equal_float64_reference(name, causal, window, i, j):
+    """The window geometry, and masks per query and per head (not only padding), against
+    the float64 reference."""
+    score, params = make(name)
+    g = torch.Generator().manual_seed(i * j + window)
+    q, k, v = (torch.randn(2, 3, n, 6, generator=g) for n in (i, j, j))
+    mask = torch.rand(2, 3, i, j, generator=g) > 0.3
+    out = attention(
+        q, k, v, score=score, mask=mask, causal=causal, window=window, return_weights=True
+    )
+    full = mask & geometric(i, j, causal, window)
+    expected, weights = ref_attention(ref_logits(name, q, k, params), v, full)
+    torch.testing.assert_close(out.context.double(), expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.weights.double(), weights, rtol=1e-4, atol=1e-6)
+    plain = attention(q, k, v, score=score, mask=mask, causal=causal, window=window)
+    torch.testing.assert_close(plain.context.double(), expected, rtol=1e-4, atol=1e-5)
 
 
 @given(

@@ -9,8 +9,33 @@ def test_masked_softmax_exact_and_fully_masked_row():
     mask = torch.tensor([[True, True, False], [False, False, False]])
     w = masked_softmax(logits, mask)
     assert w.tolist() == [[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]]
-    w.sum().backward()
+    # a weighted sum: the gradient of a plain sum of softmax rows is zero whatever the mask
+    (w * torch.tensor([[1.0, 3.0, 7.0], [2.0, 5.0, 11.0]])).sum().backward()
     assert torch.isfinite(logits.grad).all() and (logits.grad[1] == 0).all()
+    assert logits.grad[0].tolist() == [-0.5, 0.5, 0.0]  # w(1 - w) * (1 - 3), masked key 0
+
+
+@pytest.mark.parametrize("shape", [(3, 7), (2, 3, 17)])
+def test_masked_softmax_follows_float64_reference_with_gradcheck(shape):
+    """Against a loop over rows in float64 (softmax over the allowed keys, zero for a row with
+    none), and gradcheck, fully masked rows included."""
+    g = torch.Generator().manual_seed(sum(shape))
+    logits = torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(*shape, generator=g) > 0.4
+    mask[0, ...] = False  # fully masked rows
+    want = torch.zeros(shape, dtype=torch.float64)
+    flat_w, flat_l, flat_m = (
+        want.view(-1, shape[-1]),
+        logits.detach().view(-1, shape[-1]),
+        mask.view(-1, shape[-1]),
+    )
+    for r in range(flat_l.shape[0]):
+        if flat_m[r].any():
+            e = flat_l[r][flat_m[r]].exp()
+            flat_w[r][flat_m[r]] = e / e.sum()
+    assert torch.equal(masked_softmax(logits, mask) == 0, want == 0)
+    torch.testing.assert_close(masked_softmax(logits, mask), want)
+    assert torch.autograd.gradcheck(lambda x: masked_softmax(x, mask), (logits,))
 
 
 def test_masked_softmax_bf16_uses_dtype_minimum():
