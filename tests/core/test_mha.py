@@ -405,3 +405,73 @@ def test_self_attention_cache_reordered_then_extended():
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(copy.key, fresh.key, rtol=1e-5, atol=1e-6)
     assert torch.equal(cache.key, saved[0]) and torch.equal(cache.value, saved[1])
+
+
+SCORE_NAMES = list(scores.SCORES)  # the code's registry
+
+
+def mha_of(name: str, **options) -> MultiHeadAttention:
+    """d_model 8, 2 heads, the score `name` built for 4-wide heads and up to 16 keys."""
+    return MultiHeadAttention(8, 2, score=scores.make_score(name, 4, 4, max_keys=16), **options)
+
+
+@pytest.mark.parametrize("name", SCORE_NAMES)
+def test_gradcheck_self_cross_and_cached(name):
+    """Cross-attention under padding with a row masked in every head, causal
+    self-attention, and the same causal self-attention through a cache in two calls."""
+    torch.manual_seed(0)
+    mha = mha_of(name).double()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    memory = torch.randn(2, 5, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True, True, True, False, True], [True, False, True, True, True]])
+    mask = mask[:, None, None].expand(2, 2, 3, 5).clone()
+    mask[1, :, 2] = False  # example 1, query 2: nothing to attend in any head
+
+    def cached(x):
+        cache = KVCache()
+        first = mha(x[:, :2], causal=True, cache=cache).context
+        return torch.cat([first, mha(x[:, 2:], causal=True, cache=cache).context], 1)
+
+    assert torch.autograd.gradcheck(lambda x, m: mha(x, m, mask=mask).context, (x, memory))
+    assert torch.autograd.gradcheck(lambda x: mha(x, causal=True).context, (x,))
+    assert torch.autograd.gradcheck(cached, (x,))
+
+
+@pytest.mark.parametrize("name", SCORE_NAMES)
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_a_row_masked_in_every_head_gives_the_output_bias_and_finite_gradients(
+    name, return_weights
+):
+    mha = mha_of(name)
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    memory = torch.randn(2, 5, 8, requires_grad=True)
+    mask = torch.ones(2, 2, 3, 5, dtype=torch.bool)
+    mask[1, :, 2] = False
+    out = mha(x, memory, mask=mask, return_weights=return_weights)
+    assert torch.equal(out.context[1, 2], mha.out_proj.bias)  # out_proj of a zero context
+    if return_weights:
+        assert (out.weights[1, :, 2] == 0).all()
+        torch.testing.assert_close(out.weights.sum(-1)[0], torch.ones(2, 3))
+    (out.context * torch.randn(2, 3, 8)).sum().backward()
+    for t in (x, memory, *mha.parameters()):
+        assert t.grad is None or torch.isfinite(t.grad).all()
+
+
+@pytest.mark.parametrize("name", SCORE_NAMES)
+def test_incremental_cache_under_padding_equals_full_for_every_score(name):
+    """One position at a time through a self-attention cache, under a padding mask (key 0
+    of example 1 padded: its query 0 attends to nothing), equals the full causal pass."""
+    mha = mha_of(name).eval()
+    x = torch.randn(2, 6, 8)
+    pad = torch.tensor([[True] * 6, [False, True, True, False, True, True]])[:, None]
+    full = mha(x, causal=True, mask=pad, return_weights=True)
+    cache = KVCache()
+    steps = [
+        mha(x[:, t : t + 1], causal=True, mask=pad[..., : t + 1], cache=cache, return_weights=True)
+        for t in range(6)
+    ]
+    context = torch.cat([s.context for s in steps], 1)
+    torch.testing.assert_close(context, full.context, rtol=1e-5, atol=1e-5)
+    for t, s in enumerate(steps):  # each step's weights: over the t + 1 keys so far
+        torch.testing.assert_close(s.weights[..., 0, :], full.weights[..., t, : t + 1])
