@@ -1,7 +1,11 @@
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnzoo import LocalAttention, attention, scores
+from tests.core.reference import ref_logits
+from tests.core.test_scores import D, make
 
 
 def test_local_m_equals_attention_with_window():
@@ -71,3 +75,117 @@ def test_bf16_windows_are_centred_on_their_own_positions():
     i = torch.arange(n)
     expected = (i[:, None] - i[None, :]).abs() <= window
     assert torch.equal(weights > 0, expected)
+
+
+# --- against an independent float64 reference, every score of the registry ---------------
+
+NAMES = list(scores.SCORES)
+
+
+def reference(local, name, params, q, k, v, mask, lengths):
+    """A loop over rows and queries: the window around p_t (t, or S sigmoid(v_p^T tanh(W_p
+    h_t)) with S the row's length), the score's softmax over the allowed keys in it, times
+    the Gaussian for local-p; zero for a query with none."""
+    q, k, v = q.detach().double(), k.detach().double(), v.detach().double()
+    b, i, j = q.shape[0], q.shape[1], k.shape[1]
+    logits = ref_logits(name, q, k, params)
+    weights = torch.zeros(b, i, j, dtype=torch.float64)
+    for r in range(b):
+        size = j if lengths is None else int(lengths[r])
+        for t in range(i):
+            if local.predictive:
+                w_p, v_p = local.w_p.weight.detach().double(), local.v_p.weight.detach().double()
+                p = size * torch.sigmoid(v_p @ torch.tanh(w_p @ q[r, t]))[0]
+            else:
+                p = torch.tensor(float(t), dtype=torch.float64)
+            inside = [
+                s
+                for s in range(size)
+                if abs(s - float(p)) <= local.window and (mask is None or mask[r, t, s])
+            ]
+            if not inside:
+                continue
+            align = torch.softmax(logits[r, t, inside], 0)
+            if local.predictive:
+                s = torch.tensor(inside, dtype=torch.float64)
+                align = align * torch.exp(-((s - p) ** 2) / (2 * (local.window / 2) ** 2))
+            weights[r, t, inside] = align
+    return weights @ v, weights
+
+
+def local_of(name, predictive, window):
+    score, params = make(name)
+    local = LocalAttention(score, window=window, d_query=D if predictive else None)
+    return local, params
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("predictive", [False, True])
+@pytest.mark.parametrize(("i", "j"), [(7, 17), (17, 7), (1, 143)])
+@pytest.mark.parametrize("given_lengths", [False, True])
+def test_both_modes_equal_float64_reference(name, predictive, i, j, given_lengths):
+    torch.manual_seed(i + j)
+    local, params = local_of(name, predictive, window=2)
+    q, k, v = torch.randn(3, i, D), torch.randn(3, j, D), torch.randn(3, j, 5)
+    mask = torch.rand(3, i, j) > 0.2
+    lengths = torch.tensor([j, max(1, j // 2), 1]) if given_lengths else None
+    out = local(q, k, v, mask=mask, lengths=lengths)
+    context, weights = reference(local, name, params, q, k, v, mask, lengths)
+    torch.testing.assert_close(out.weights.double(), weights, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(out.context.double(), context, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("predictive", [False, True])
+def test_gradcheck_both_modes(name, predictive):
+    """With padding and a query whose window holds no key (local-m: query 5 of 6 over 3
+    keys, window 1) or a masked row."""
+    torch.manual_seed(2)
+    local, _ = local_of(name, predictive, window=1)
+    local = local.double()
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 6, D, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 3, D, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 3, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(2, 6, 3, dtype=torch.bool)
+    mask[1, 1] = False
+    lengths = torch.tensor([3, 2])
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: local(q, k, v, mask=mask, lengths=lengths).context, (q, k, v)
+    )
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    name=st.sampled_from(NAMES),
+    predictive=st.booleans(),
+    i=st.integers(1, 12),
+    j=st.integers(1, 12),
+    window=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_properties(name, predictive, i, j, window, seed):
+    """local-m rows sum to 1 (0 for a query with no key allowed), local-p rows to at most
+    1; weights outside the window or masked are exactly 0; a query with none allowed gets a
+    zero context and finite gradients."""
+    torch.manual_seed(seed)
+    local, _ = local_of(name, predictive, window)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, i, D, generator=g, requires_grad=True)
+    k = torch.randn(2, j, D, generator=g, requires_grad=True)
+    v = torch.randn(2, j, 3, generator=g, requires_grad=True)
+    mask = torch.rand(2, i, j, generator=g) > 0.3
+    out = local(q, k, v, mask=mask)
+    p = local.centers(q, j, None, None).detach()  # (2, i)
+    inside = (torch.arange(j)[None, None] - p[..., None]).abs() <= window
+    allowed = inside & mask
+    assert (out.weights[~allowed] == 0).all()
+    sums = out.weights.sum(-1)
+    if predictive:
+        assert (sums <= 1 + 1e-5).all()
+    else:
+        torch.testing.assert_close(sums, allowed.any(-1).float())
+    assert (out.context[~allowed.any(-1)] == 0).all()
+    (out.context * torch.randn_like(out.context)).sum().backward()
+    for t in (q, k, v, *local.parameters()):
+        assert t.grad is None or torch.isfinite(t.grad).all()
