@@ -17,12 +17,16 @@ def ref_logits(name, q, k, params=None):
         return torch.einsum("...id,de,...je->...ij", q, params["weight"].double(), k)
     if name == "cosine":
         beta = params.get("beta", 1.0) if params else 1.0
+        if isinstance(beta, torch.Tensor):  # per query: (..., i)
+            beta = beta.double()[..., None]
         qn = q / q.norm(dim=-1, keepdim=True).clamp_min(1e-8)
         kn = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-8)
         return beta * torch.einsum("...id,...jd->...ij", qn, kn)
     if name == "additive":
         wq, wk, v = (params[n].double() for n in ("wq", "wk", "v"))
         a = torch.einsum("...id,hd->...ih", q, wq)
+        if params.get("bq") is not None:  # Additive(bias=True): inside the tanh, query side
+            a = a + params["bq"].double()
         b = torch.einsum("...jd,hd->...jh", k, wk)
         out = torch.zeros(*a.shape[:-1], b.shape[-2], dtype=torch.float64)
         for j in range(b.shape[-2]):  # a loop over keys, unlike the library's blocks

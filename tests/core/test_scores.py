@@ -27,7 +27,7 @@ def make(name):
     raise ValueError(name)
 
 
-NAMES = ["dot", "scaled_dot", "general", "cosine", "additive", "location"]
+NAMES = list(scores.SCORES)  # the code's registry
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -48,6 +48,41 @@ def test_score_gradcheck(name):
     q = torch.randn(2, 3, D, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, 4, D, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda q, k: score(q, k), (q, k))
+
+
+@pytest.mark.parametrize("name", ["general", "additive", "additive-bias", "location"])
+def test_scores_with_other_query_and_key_widths_follow_the_reference(name):
+    """d_query 5 != d_key 3 (and Additive's bias inside the tanh), against float64 and by
+    gradcheck: the reference tests above use one width for both."""
+    torch.manual_seed(0)
+    if name == "general":
+        score = scores.General(5, 3)
+        params = {"weight": score.weight}
+    elif name.startswith("additive"):
+        score = scores.Additive(5, 3, 4, bias=name.endswith("bias"))
+        params = {"wq": score.query_proj.weight, "wk": score.key_proj.weight, "v": score.v}
+        params["bq"] = score.query_proj.bias
+    else:
+        score = scores.Location(5, 9)
+        params = {"weight": score.proj.weight, "bias": score.proj.bias}
+    score = score.double()
+    q = torch.randn(2, 7, 5, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 9, 3, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(score(q, k), ref_logits(name.split("-")[0], q, k, params))
+    assert torch.autograd.gradcheck(lambda q, k: score(q, k), (q, k))
+
+
+def test_cosine_per_query_beta_follows_the_reference_with_gradcheck():
+    """The NTM's per-step key strength: a (batch, query_len) beta tensor, with gradients to
+    beta too."""
+    q = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    beta = (torch.rand(2, 3, dtype=torch.float64) * 5).requires_grad_()
+    s = scores.Cosine()
+    torch.testing.assert_close(
+        s.logits(q, s.prepare_key(k), beta), ref_logits("cosine", q, k, {"beta": beta})
+    )
+    assert torch.autograd.gradcheck(lambda q, k, b: s.logits(q, s.prepare_key(k), b), (q, k, beta))
 
 
 def test_hand_computed_values():
