@@ -83,3 +83,43 @@ def test_gumbel_straight_through_is_one_hot_with_soft_gradient():
     assert logits.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="'tau'"):
         gumbel_softmax_st(logits, tau=0.0)
+
+
+@pytest.mark.parametrize("kind", ["hard_argmax", "sample_hard", "gumbel_softmax_st"])
+def test_hard_choices_of_a_fully_masked_row_are_zero_with_finite_gradients(kind):
+    """A row with no allowed key attends nowhere: zero weights, a log-probability of 0 (no
+    choice to score), finite gradients (hard_argmax had the only such test)."""
+    logits = torch.randn(3, 4, 5, requires_grad=True)
+    mask = torch.rand(3, 4, 5, generator=torch.Generator().manual_seed(0)) > 0.3
+    mask[:, 0] = True
+    mask[1, 2] = False
+    if kind == "gumbel_softmax_st":
+        weights = gumbel_softmax_st(logits, mask, tau=0.7)
+        loss = (weights * torch.randn(3, 4, 5)).sum()
+    else:
+        choose = {"hard_argmax": hard_argmax, "sample_hard": sample_hard}[kind]
+        out = choose(logits, mask)
+        weights = out.weights
+        assert out.log_prob[1, 2] == 0 and (out.log_prob[mask.sum(-1) > 1] < 0).all()
+        loss = out.log_prob.sum()
+    assert (weights[1, 2] == 0).all() and (weights[~mask] == 0).all()
+    assert (weights.sum(-1)[mask.any(-1)] == 1).all()
+    loss.backward()
+    assert torch.isfinite(logits.grad).all() and (logits.grad[1, 2] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["hard_argmax", "sample_hard"])
+def test_log_prob_of_the_choice_passes_gradcheck_under_a_mask(kind):
+    """log p(chosen) = the masked log-softmax at the chosen key, a fully masked row 0; the
+    choice itself held fixed (sample_hard from a generator seeded again at each call)."""
+    logits = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(3, 4, 5, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask[:, 0] = True
+    mask[2, 3] = False
+
+    def log_prob(x):
+        if kind == "hard_argmax":
+            return hard_argmax(x, mask).log_prob
+        return sample_hard(x, mask, generator=torch.Generator().manual_seed(2)).log_prob
+
+    assert torch.autograd.gradcheck(log_prob, (logits,))
