@@ -19,6 +19,7 @@ from attnzoo import (
     sample_hard,
 )
 from attnzoo.core.hard import BOUNDS
+from attnzoo.tasks.base import sampling_generator
 
 REWARD = torch.tensor([1.0, 0.0, 2.0, -0.5], dtype=torch.float64)  # r(a) of 4 actions
 LOGITS = torch.tensor([0.3, -0.2, 0.1, 0.5], dtype=torch.float64)
@@ -366,6 +367,17 @@ def test_toolkit_on_every_device(device):
     baseline.update(reward)
     loss.total.backward()
     assert policy.mean.weight.grad.device.type == device.type
+    # the rest of the toolkit: a tensor std, TD(lambda) returns, the hybrid loss
+    mean = torch.randn(3, 2, device=device, requires_grad=True)
+    std = torch.full((3, 2), 0.5, device=device, requires_grad=True)
+    drawn = gaussian_sample(mean, std, generator=sampling_generator(device).manual_seed(0))
+    rewards = torch.randn(3, 2, device=device)
+    returns = lambda_returns(rewards, torch.randn(3, 2, device=device), 0.9, 0.8)
+    step = reinforce_loss(drawn.log_prob.sum(-1, keepdim=True).expand(3, 2), returns)
+    total = hybrid_loss((mean**2).sum(), step, weight=0.5)
+    assert returns.device.type == total.device.type == device.type and total.dim() == 0
+    total.backward()
+    assert mean.grad.device.type == std.grad.device.type == device.type
 
 
 def test_a_masked_step_holding_garbage_never_reaches_the_loss_or_a_gradient():
