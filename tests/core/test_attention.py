@@ -250,6 +250,38 @@ def test_dropout_zero_in_eval_and_changes_context_in_training():
         assert not torch.allclose(a.context, b.context)
 
 
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_dropout_keeps_masks_causality_and_its_expectation(name, return_weights):
+    """Under dropout: a fully masked row stays exactly zero with finite gradients, no causal
+    leak, and the mean context over many draws is the context without dropout (inverted
+    dropout: kept weights scaled by 1 / (1 - p)), on the fused and the plain path alike."""
+    score, _ = make(name)
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 5, 6, generator=g)
+    k = torch.randn(2, 5, 6, generator=g, requires_grad=True)
+    v = torch.randn(2, 5, 3, generator=g, requires_grad=True)
+    mask = torch.ones(2, 5, 5, dtype=torch.bool)
+    mask[1, 3] = False
+    options = dict(score=score, mask=mask, causal=True, return_weights=return_weights)
+    want = attention(q, k, v, **options).context.detach()
+    torch.manual_seed(7)
+    draws = 4000  # as many copies of the batch, one call
+    copies = [t.detach().repeat(draws, 1, 1) for t in (q, k, v)]
+    many = dict(options, mask=mask.repeat(draws, 1, 1))
+    mean = attention(*copies, dropout=0.3, **many).context.view(draws, *want.shape).mean(0)
+    out = attention(q, k, v, dropout=0.3, **options).context
+    assert (out[1, 3] == 0).all()
+    for i in range(5):  # no causal leak: context i reads no key or value after i
+        gk, gv = torch.autograd.grad(
+            out[:, i].sum(), (k, v), retain_graph=True, allow_unused=True, materialize_grads=True
+        )  # (location reads no key content)
+        assert (gk[:, i + 1 :] == 0).all() and (gv[:, i + 1 :] == 0).all()
+        assert torch.isfinite(gk).all() and torch.isfinite(gv).all()
+    # the mean of 4000 draws: within 5 standard errors of a weight's Bernoulli noise
+    torch.testing.assert_close(mean, want, rtol=0, atol=5 * 3 * (0.3 / 0.7 / draws) ** 0.5)
+
+
 def test_prepared_key_reused_across_steps():
     score = scores.Additive(4, 4, 8)
     k, v = torch.randn(2, 9, 4), torch.randn(2, 9, 3)
