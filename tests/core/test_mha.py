@@ -7,7 +7,7 @@ from torch import nn
 from attnzoo import KVCache, MultiHeadAttention, scores
 from attnzoo.core import scores as scores_module
 from attnzoo.core.mha import CacheError
-from tests.core.reference import ref_attention
+from tests.core.reference import ref_attention, ref_logits
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -475,3 +475,36 @@ def test_incremental_cache_under_padding_equals_full_for_every_score(name):
     torch.testing.assert_close(context, full.context, rtol=1e-5, atol=1e-5)
     for t, s in enumerate(steps):  # each step's weights: over the t + 1 keys so far
         torch.testing.assert_close(s.weights[..., 0, :], full.weights[..., t, : t + 1])
+
+
+@pytest.mark.parametrize("name", SCORE_NAMES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_cross_and_causal_attention_equal_float64_reference(name, causal):
+    """Per head: project, score by the papers' formulas (tests/core/reference.py), a loop
+    softmax over the allowed keys, concatenate, project out; d_memory != d_model, 7 queries
+    over 17 keys, padding and causality (MHA was checked in float64 only for scaled_dot
+    self-attention)."""
+    torch.manual_seed(1)
+    score = scores.make_score(name, 4, 4, max_keys=17)
+    mha = MultiHeadAttention(8, 2, score=score, d_memory=5).double()
+    x = torch.randn(3, 7, 8, dtype=torch.float64)
+    memory = torch.randn(3, 17, 5, dtype=torch.float64)
+    pad = (torch.arange(17)[None] < torch.tensor([17, 9, 1])[:, None])[:, None]  # (3, 1, 17)
+    out = mha(x, memory, mask=pad, causal=causal, return_weights=True)
+
+    def heads(t, proj):
+        return (t @ proj.weight.T + proj.bias).view(3, -1, 2, 4).transpose(1, 2)
+
+    q, k, v = heads(x, mha.q_proj), heads(memory, mha.k_proj), heads(memory, mha.v_proj)
+    params = {
+        "general": lambda s: {"weight": s.weight},
+        "additive": lambda s: {"wq": s.query_proj.weight, "wk": s.key_proj.weight, "v": s.v},
+        "location": lambda s: {"weight": s.proj.weight, "bias": s.proj.bias},
+    }.get(name, lambda s: None)(mha.score)
+    allowed = pad[:, None] & (
+        torch.arange(17)[None] <= torch.arange(7)[:, None] if causal else torch.ones(7, 17).bool()
+    )
+    ctx, w = ref_attention(ref_logits(name, q, k, params), v, allowed)
+    expected = ctx.transpose(1, 2).reshape(3, 7, 8) @ mha.out_proj.weight.T + mha.out_proj.bias
+    torch.testing.assert_close(out.context, expected)
+    torch.testing.assert_close(out.weights, w)
