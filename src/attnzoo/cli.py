@@ -239,7 +239,12 @@ def parser() -> argparse.ArgumentParser:
     repro = sub.add_parser("repro", help="re-run the benchmarks behind a docs page, regenerate it")
     repro.add_argument("page", nargs="?", help="a docs page (see --list)")
     repro.add_argument("--budget", choices=("smoke", "full"), help="(default: full)")
-    repro.add_argument("--seeds", type=int, default=None, help="seeds per trained experiment")
+    repro.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help="seeds per trained experiment (seeds run before stay)",
+    )
     repro.add_argument("--list", action="store_true", help="pages and their full CPU-minutes")
     repro.add_argument("--out", default=None, help="smoke only: folder (default runs/smoke/PAGE)")
     repro.set_defaults(func=cmd_repro)

@@ -10,7 +10,9 @@ its scripts as subprocesses (the package never imports benchmarks/).
 - `--budget smoke` runs tiny versions (about a minute per page) into runs/smoke/PAGE/ and
   renders the page there: it checks the pipeline, never the numbers, and touches nothing
   under docs/ or benchmarks/results/.
-- `--seeds N` sets the seeds of every experiment that runs over seeds.
+- `--seeds N` runs seeds 0..N-1 of every experiment that runs over seeds. Seeds an earlier
+  call ran stay in the results (the driver's merge): at `--budget full` it adds seeds to the
+  docs' results, never drops them.
 - `--list` prints each page, its benchmarks and its full budget in CPU-minutes.
 """
 
