@@ -2,6 +2,8 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from attnzoo import KVCache, MultiHeadAttention, scores
@@ -508,3 +510,33 @@ def test_cross_and_causal_attention_equal_float64_reference(name, causal):
     expected = ctx.transpose(1, 2).reshape(3, 7, 8) @ mha.out_proj.weight.T + mha.out_proj.bias
     torch.testing.assert_close(out.context, expected)
     torch.testing.assert_close(out.weights, w)
+
+
+@settings(deadline=None, max_examples=30)
+@given(
+    name=st.sampled_from(SCORE_NAMES),
+    i=st.integers(1, 9),
+    j=st.integers(1, 9),
+    causal=st.booleans(),
+    window=st.one_of(st.none(), st.integers(1, 3)),
+    seed=st.integers(0, 2**16),
+)
+def test_weights_sum_to_one_and_masked_weights_are_zero(name, i, j, causal, window, seed):
+    """Per head: each query's weights sum to 1 over what it may attend (0 where nothing),
+    masked and out-of-geometry weights exactly 0, with and without weights the same context."""
+    torch.manual_seed(seed)
+    mha = mha_of(name, d_memory=5).eval()
+    g = torch.Generator().manual_seed(seed)
+    x, memory = torch.randn(2, i, 8, generator=g), torch.randn(2, j, 5, generator=g)
+    mask = torch.rand(2, 2, i, j, generator=g) > 0.3
+    out = mha(x, memory, mask=mask, causal=causal, window=window, return_weights=True)
+    allowed = mask.clone()
+    rows, cols = torch.arange(i)[:, None], torch.arange(j)[None]
+    if causal:
+        allowed &= cols <= rows
+    if window is not None:
+        allowed &= (cols - rows).abs() <= window
+    assert (out.weights[~allowed] == 0).all()
+    torch.testing.assert_close(out.weights.sum(-1), allowed.any(-1).float())
+    plain = mha(x, memory, mask=mask, causal=causal, window=window).context
+    torch.testing.assert_close(plain, out.context, rtol=1e-4, atol=1e-5)
