@@ -461,17 +461,18 @@ def test_a_row_masked_in_every_head_gives_the_output_bias_and_finite_gradients(
 
 
 @pytest.mark.parametrize("name", SCORE_NAMES)
-def test_incremental_cache_under_padding_equals_full_for_every_score(name):
+@pytest.mark.parametrize("window", [None, 2])
+def test_incremental_cache_under_padding_equals_full_for_every_score(name, window):
     """One position at a time through a self-attention cache, under a padding mask (key 0
     of example 1 padded: its query 0 attends to nothing), equals the full causal pass."""
     mha = mha_of(name).eval()
     x = torch.randn(2, 6, 8)
     pad = torch.tensor([[True] * 6, [False, True, True, False, True, True]])[:, None]
-    full = mha(x, causal=True, mask=pad, return_weights=True)
+    geometry = dict(causal=True, window=window, return_weights=True)
+    full = mha(x, mask=pad, **geometry)
     cache = KVCache()
     steps = [
-        mha(x[:, t : t + 1], causal=True, mask=pad[..., : t + 1], cache=cache, return_weights=True)
-        for t in range(6)
+        mha(x[:, t : t + 1], mask=pad[..., : t + 1], cache=cache, **geometry) for t in range(6)
     ]
     context = torch.cat([s.context for s in steps], 1)
     torch.testing.assert_close(context, full.context, rtol=1e-5, atol=1e-5)
