@@ -142,3 +142,38 @@ def test_a_short_alignment_keeps_every_token_label_at_full_size():
     ax = fig.axes[0]
     assert len(_labels(ax.xaxis)) == 20 and len(_labels(ax.yaxis)) == 10
     assert min(t.get_fontsize() for t in _labels(ax.xaxis)) == figures.MAX_FONT
+
+
+TITLED = {
+    "alignment_figure": lambda title: figures.alignment_figure(
+        _weights(30, 31), _words(31), _words(30, "t"), title=title
+    ),
+    "head_grid_figure": lambda title: figures.head_grid_figure(
+        _weights(2 * 4 * 9, 9).view(2, 4, 9, 9), _words(9), _words(9, "t"), title=title
+    ),
+    "pointer_figure": lambda title: figures.pointer_figure(
+        torch.rand(10, 2),
+        _weights(11, 11),
+        list(range(10)),
+        list(range(10)),
+        ["end", *map(str, range(10))],
+        title=title,
+    ),
+    "memory_figure": lambda title: figures.memory_figure(**_memory(10), title=title),
+    "loss_figure": lambda title: figures.loss_figure([1, 2, 3], [3.0, 2.0, 1.0], title=title),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TITLED))
+def test_a_long_title_wraps_inside_the_figure(name):
+    """A kjv2web reference as an alignment figure's title ran past both edges of the page:
+    a title wraps to the figure's width, every line of it inside the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    fig = TITLED[name](" ".join(["the waters which were above the firmament"] * 8))
+    FigureCanvasAgg(fig).draw()
+    titles = [t for t in fig.findobj(Text) if "waters" in t.get_text()]
+    assert len(titles) == 1
+    box = titles[0].get_window_extent()
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height, box

@@ -20,6 +20,12 @@ from attnzoo.core.files import atomic_write
 LITERAL = {"parse_math": False, "usetex": False}
 
 
+def fitted(title: str, inches: float, fontsize: float) -> str:
+    """`title` wrapped into lines that fit `inches` at `fontsize` points (about 0.6 em a
+    character): a long one (a kjv2web reference) was cut off at both edges of the page."""
+    return textwrap.fill(title, max(10, int(inches * 72 / (0.6 * fontsize))))
+
+
 def _label(token: str) -> str:
     return token if token.strip() else "␣"  # make a space token visible
 
@@ -105,7 +111,7 @@ def alignment_figure(
     ax.set_xlabel("source")
     ax.set_ylabel("output")
     if title:
-        ax.set_title(title, fontsize=9, pad=28, **LITERAL)
+        ax.set_title(fitted(title, size[0] - 0.3, 9), fontsize=9, pad=28, **LITERAL)
     note_nonfinite(fig, w)
     fig.tight_layout()
     return fig
@@ -159,7 +165,7 @@ def head_grid_figure(
             if layer == 0:
                 ax.set_title(f"head {head + 1}", fontsize=7)
     if title:
-        fig.suptitle(title, fontsize=9, **LITERAL)
+        fig.suptitle(fitted(title, fig.get_figwidth() - 0.3, 9), fontsize=9, **LITERAL)
     note_nonfinite(fig, w)
     fig.tight_layout()
     return fig
@@ -178,7 +184,7 @@ def loss_figure(steps: Sequence[int], losses: Sequence[float], *, title: str = "
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (per counted item)")
     if title:
-        ax.set_title(title, **LITERAL)
+        ax.set_title(fitted(title, 4.6, 12), fontsize=12, **LITERAL)
     fig.tight_layout()
     return fig
 
@@ -252,7 +258,7 @@ def pointer_figure(
         ax.set_xlabel("output step")
         ax.set_ylabel("value")
     ax.legend(fontsize=8, loc="best")
-    ax.set_title(title, fontsize=9, **LITERAL)
+    ax.set_title(fitted(title, PAGE_WIDTH / 2 - 0.5, 9), fontsize=9, **LITERAL)
     note_nonfinite(fig, w)
     fig.tight_layout()
     return fig
@@ -399,7 +405,8 @@ def memory_figure(
                 axis = ax.set_xticks if span is None else ax.set_yticks
                 axis(at, [str(k) for k in rows[at]])
     if title:  # 0.1 inch from the top whatever the figure's height (tight_layout makes room)
-        fig.suptitle(title, fontsize=9, y=1.0 - 0.1 / fig.get_figheight(), va="top", **LITERAL)
+        text = fitted(title, fig.get_figwidth() - 0.3, 9)
+        fig.suptitle(text, fontsize=9, y=1.0 - 0.1 / fig.get_figheight(), va="top", **LITERAL)
     note_nonfinite(fig, *(data for row in panels for _, data, _ in row), what="value")
     fig.tight_layout()
     return fig
