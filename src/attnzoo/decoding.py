@@ -195,28 +195,26 @@ def beam_search(
         top, best = candidates.topk(min(2 * k, k * vocab), dim=-1)  # all of length t + 1
         beam, token = best // vocab, best % vocab
         ends = token == eos  # at most k of them: one EOS per beam
+        ranks = torch.arange(top.shape[1], device=device)  # 0 = the best extension
+        norm = (t + 1) ** length_penalty  # every extension has length t + 1
         paths = torch.cat(
             [history.gather(1, beam[..., None].expand(-1, -1, t)), token[..., None]], -1
         )
         # the finished ones (of rows still searching) join the kept ones; the best k stay
-        first = torch.arange(top.shape[1], device=device) < k  # ranked among the best k
-        ended = torch.where(
-            ends & first & ~stopped[:, None], top / (t + 1) ** length_penalty, -math.inf
-        )
+        ended = torch.where(ends & (ranks < k) & ~stopped[:, None], top / norm, -math.inf)
         kept, order = torch.cat([kept.to(ended.dtype), ended], 1).topk(k, dim=-1)
         padded = paths.new_full((batch, paths.shape[1], max_len), pad)
         padded[..., : t + 1] = paths
         pool = torch.cat([finished, padded], 1)
         finished = pool.gather(1, order[..., None].expand(-1, -1, max_len))
         # the best k that did not end go on (ended ones rank last; -inf if too few)
-        rank = torch.arange(top.shape[1], device=device) + ends * top.shape[1]
-        live = rank.topk(k, dim=-1, largest=False).indices  # (batch, k), best first
+        live = (ranks + ends * top.shape[1]).topk(k, dim=-1, largest=False).indices  # best first
         scores = torch.where(ends.gather(1, live), -math.inf, top.gather(1, live))
         history = paths.gather(1, live[..., None].expand(-1, -1, t + 1))
         state = state.reorder((rows[:, None] * k + beam.gather(1, live)).view(-1))
         tokens = token.gather(1, live).view(-1)
         # sticky: a row's result never depends on how long the other rows search
-        stopped |= kept[:, -1] >= (scores / (t + 1) ** length_penalty).amax(-1)
+        stopped |= kept[:, -1] >= (scores / norm).amax(-1)
         if _all(stopped):
             break
     steps = history.shape[-1]

@@ -10,6 +10,8 @@ from attnzoo import KVCache, MultiHeadAttention, scores
 from attnzoo.core import scores as scores_module
 from attnzoo.core.mha import CacheError
 from tests.core.reference import ref_attention, ref_logits
+from tests.core.test_attention import geometric
+from tests.core.test_scores import params_of
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -499,15 +501,8 @@ def test_cross_and_causal_attention_equal_float64_reference(name, causal):
         return (t @ proj.weight.T + proj.bias).view(3, -1, 2, 4).transpose(1, 2)
 
     q, k, v = heads(x, mha.q_proj), heads(memory, mha.k_proj), heads(memory, mha.v_proj)
-    params = {
-        "general": lambda s: {"weight": s.weight},
-        "additive": lambda s: {"wq": s.query_proj.weight, "wk": s.key_proj.weight, "v": s.v},
-        "location": lambda s: {"weight": s.proj.weight, "bias": s.proj.bias},
-    }.get(name, lambda s: None)(mha.score)
-    allowed = pad[:, None] & (
-        torch.arange(17)[None] <= torch.arange(7)[:, None] if causal else torch.ones(7, 17).bool()
-    )
-    ctx, w = ref_attention(ref_logits(name, q, k, params), v, allowed)
+    allowed = pad[:, None] & geometric(7, 17, causal, None)
+    ctx, w = ref_attention(ref_logits(name, q, k, params_of(mha.score)), v, allowed)
     expected = ctx.transpose(1, 2).reshape(3, 7, 8) @ mha.out_proj.weight.T + mha.out_proj.bias
     torch.testing.assert_close(out.context, expected)
     torch.testing.assert_close(out.weights, w)
@@ -531,12 +526,7 @@ def test_weights_sum_to_one_and_masked_weights_are_zero(name, i, j, causal, wind
     x, memory = torch.randn(2, i, 8, generator=g), torch.randn(2, j, 5, generator=g)
     mask = torch.rand(2, 2, i, j, generator=g) > 0.3
     out = mha(x, memory, mask=mask, causal=causal, window=window, return_weights=True)
-    allowed = mask.clone()
-    rows, cols = torch.arange(i)[:, None], torch.arange(j)[None]
-    if causal:
-        allowed &= cols <= rows
-    if window is not None:
-        allowed &= (cols - rows).abs() <= window
+    allowed = mask & geometric(i, j, causal, window)
     assert (out.weights[~allowed] == 0).all()
     torch.testing.assert_close(out.weights.sum(-1), allowed.any(-1).float())
     plain = mha(x, memory, mask=mask, causal=causal, window=window).context

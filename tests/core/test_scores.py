@@ -7,24 +7,31 @@ from tests.core.reference import ref_logits
 D = 6
 
 
+def params_of(score):
+    """The parameters of a score module, named as the float64 reference reads them."""
+    if isinstance(score, scores.General):
+        return {"weight": score.weight}
+    if isinstance(score, scores.Cosine):
+        return {"beta": score.beta}
+    if isinstance(score, scores.Additive):
+        wq, wk = score.query_proj, score.key_proj
+        return {"wq": wq.weight, "bq": wq.bias, "wk": wk.weight, "v": score.v}
+    if isinstance(score, scores.Location):
+        return {"weight": score.proj.weight, "bias": score.proj.bias}
+    return None
+
+
 def make(name):
     """(score module, params for the reference)."""
-    if name == "dot":
-        return scores.Dot(), None
-    if name == "scaled_dot":
-        return scores.ScaledDot(), None
-    if name == "general":
-        s = scores.General(D, D)
-        return s, {"weight": s.weight}
-    if name == "cosine":
-        return scores.Cosine(beta=2.5), {"beta": 2.5}
-    if name == "additive":
-        s = scores.Additive(D, D, 5)
-        return s, {"wq": s.query_proj.weight, "wk": s.key_proj.weight, "v": s.v}
-    if name == "location":
-        s = scores.Location(D, 150)
-        return s, {"weight": s.proj.weight, "bias": s.proj.bias}
-    raise ValueError(name)
+    score = {
+        "dot": scores.Dot,
+        "scaled_dot": scores.ScaledDot,
+        "general": lambda: scores.General(D, D),
+        "cosine": lambda: scores.Cosine(beta=2.5),
+        "additive": lambda: scores.Additive(D, D, 5),
+        "location": lambda: scores.Location(D, 150),
+    }[name]()
+    return score, params_of(score)
 
 
 NAMES = list(scores.SCORES)  # the code's registry
@@ -55,16 +62,13 @@ def test_scores_with_other_query_and_key_widths_follow_the_reference(name):
     """d_query 5 != d_key 3 (and Additive's bias inside the tanh), against float64 and by
     gradcheck: the reference tests above use one width for both."""
     torch.manual_seed(0)
-    if name == "general":
-        score = scores.General(5, 3)
-        params = {"weight": score.weight}
-    elif name.startswith("additive"):
-        score = scores.Additive(5, 3, 4, bias=name.endswith("bias"))
-        params = {"wq": score.query_proj.weight, "wk": score.key_proj.weight, "v": score.v}
-        params["bq"] = score.query_proj.bias
-    else:
-        score = scores.Location(5, 9)
-        params = {"weight": score.proj.weight, "bias": score.proj.bias}
+    score = {
+        "general": lambda: scores.General(5, 3),
+        "additive": lambda: scores.Additive(5, 3, 4),
+        "additive-bias": lambda: scores.Additive(5, 3, 4, bias=True),
+        "location": lambda: scores.Location(5, 9),
+    }[name]()
+    params = params_of(score)
     score = score.double()
     q = torch.randn(2, 7, 5, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, 9, 3, dtype=torch.float64, requires_grad=True)
