@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -83,6 +85,68 @@ def test_gumbel_straight_through_is_one_hot_with_soft_gradient():
     assert logits.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="'tau'"):
         gumbel_softmax_st(logits, tau=0.0)
+
+
+@pytest.mark.parametrize("tau", [0.3, 1.0, 2.5])
+def test_gumbel_straight_through_follows_float64_reference_with_the_same_noise(tau):
+    """Forward: the one-hot of argmax over the allowed keys of logits + g; backward: the
+    gradient of the soft sample softmax((logits + g) / tau) over the allowed keys, written as
+    a loop over rows; g the Gumbel noise drawn from the same generator state. Odd sizes, a
+    fully masked row."""
+    shape = (3, 7, 17)
+    logits = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(*shape, generator=torch.Generator().manual_seed(3)) > 0.4
+    mask[1, 4] = False
+    probe = torch.randn(*shape, dtype=torch.float64)
+
+    weights = gumbel_softmax_st(logits, mask, tau=tau, generator=torch.Generator().manual_seed(9))
+    (grad,) = torch.autograd.grad((weights * probe).sum(), logits)
+
+    noise = torch.empty(*shape, dtype=torch.float64).exponential_(
+        generator=torch.Generator().manual_seed(9)
+    )
+    gumbel = -noise.log()
+    want_w = torch.zeros(shape, dtype=torch.float64)
+    want_g = torch.zeros(shape, dtype=torch.float64)
+    for row in torch.cartesian_prod(torch.arange(shape[0]), torch.arange(shape[1])).tolist():
+        allowed = mask[tuple(row)].nonzero().flatten().tolist()
+        if not allowed:
+            continue
+        x = logits.detach()[tuple(row)]
+        perturbed = {j: (x[j] + gumbel[tuple(row)][j]).item() for j in allowed}
+        want_w[(*row, max(perturbed, key=perturbed.get))] = 1.0
+        z = sum(math.exp(perturbed[j] / tau) for j in allowed)
+        y = {j: math.exp(perturbed[j] / tau) / z for j in allowed}
+        mean = sum(y[j] * probe[(*row, j)].item() for j in allowed)
+        for j in allowed:  # d/dx_j sum_k c_k y_k = y_j (c_j - sum_k c_k y_k) / tau
+            want_g[(*row, j)] = y[j] * (probe[(*row, j)].item() - mean) / tau
+    assert torch.equal(weights.detach(), want_w)
+    torch.testing.assert_close(grad, want_g, rtol=1e-9, atol=1e-12)
+
+
+def test_gumbel_straight_through_draws_keys_with_softmax_probabilities_at_any_tau():
+    """The Gumbel-max trick: key j with probability softmax(logits)_j, whatever tau; the same
+    generator state gives the same choices at every tau."""
+    logits = torch.tensor([0.0, 1.0, 2.0, -1.0]).expand(20_000, 4)
+    mask = torch.tensor([True, True, True, False])
+    freq = {}
+    for tau in (0.2, 5.0):
+        g = torch.Generator().manual_seed(4)
+        freq[tau] = gumbel_softmax_st(logits, mask, tau=tau, generator=g)
+    assert torch.equal(freq[0.2], freq[5.0])
+    want = torch.softmax(torch.tensor([0.0, 1.0, 2.0]), -1)
+    torch.testing.assert_close(freq[0.2].mean(0)[:3], want, atol=0.015, rtol=0)
+    assert (freq[0.2][:, 3] == 0).all()
+
+
+def test_gumbel_straight_through_passes_nan_of_an_allowed_logit():
+    logits = torch.randn(2, 5)
+    logits[0, 3] = float("nan")
+    mask = torch.tensor([True, True, True, True, False])
+    w = gumbel_softmax_st(logits, mask)
+    assert w[0, :4].isnan().all() and (w[0, 4] == 0) and w[1].isfinite().all()
+    logits[1, 4] = float("nan")  # masked: never read
+    assert gumbel_softmax_st(logits, mask)[1].isfinite().all()
 
 
 @pytest.mark.parametrize("kind", ["hard_argmax", "sample_hard", "gumbel_softmax_st"])

@@ -164,11 +164,25 @@ def _one_hot(log_p, index, mask) -> HardSample:
 
 
 def gumbel_softmax_st(
-    logits: torch.Tensor, mask: torch.Tensor | None = None, *, tau: float = 1.0
+    logits: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    tau: float = 1.0,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Straight-through Gumbel-softmax (Jang 2017): one-hot forward, soft gradient backward."""
+    """Straight-through Gumbel-softmax (Jang 2017): one-hot forward, soft gradient backward.
+
+    y = softmax((logits + g) / tau) with g ~ Gumbel(0, 1) drawn from `generator`; the forward
+    value is the one-hot of argmax y (the Gumbel-max trick: key j with probability
+    softmax(logits)_j whatever tau), the gradient that of y. The noise is drawn here rather
+    than by `F.gumbel_softmax`, which takes no generator: the same generator state gives the
+    same choice, as in `sample_hard`. Masked keys get weight 0 and no gradient; a row with no
+    allowed key gets zeros."""
     _check_logits("gumbel_softmax_st", logits, mask)
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau < math.inf:
         fail("gumbel_softmax_st", "tau", "a positive finite temperature", repr(tau))
-    weights = F.gumbel_softmax(masked_fill_lowest(logits, mask), tau=tau, hard=True, dim=-1)
+    gumbel = -torch.empty_like(logits).exponential_(generator=generator).log()
+    soft = ((masked_fill_lowest(logits, mask) + gumbel) / tau).softmax(-1)
+    hard = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0)
+    weights = hard - soft.detach() + soft
     return weights if mask is None else weights.masked_fill(~mask, 0.0)
