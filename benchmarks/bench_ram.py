@@ -174,19 +174,16 @@ def speed(params) -> dict:
     from attnzoo.tasks.registry import TASKS
 
     class LoopSensor(GlimpseSensor):
-        """The same retina, one image at a time (the per-sample Python loop)."""
+        """The same retina, one image at a time (the per-sample Python loop): each image's
+        pyramid built once per forward pass, as the batched sensor builds the batch's."""
 
         def prepare(self, images):
-            return [images[i : i + 1] for i in range(images.shape[0])]  # filtered per read
+            parent = super()
+            return [parent.prepare(images[i : i + 1]) for i in range(images.shape[0])]
 
         def read(self, prepared, location):
             parent = super()
-            return torch.cat(
-                [
-                    parent.read(parent.prepare(x), location[i : i + 1])
-                    for i, x in enumerate(prepared)
-                ]
-            )
+            return torch.cat([parent.read(p, location[i : i + 1]) for i, p in enumerate(prepared)])
 
     def crop_then_pool(images, location):  # every patch read at full size, then pooled
         corners, out = patch_corners(location, canvas, canvas, patch, scales), []
@@ -227,6 +224,8 @@ def speed(params) -> dict:
         (loss / count).backward()
         optimizer.step()
 
+    # the same weights and sampled paths: the same loss (the loop does the batched step's work)
+    torch.testing.assert_close(task.loss(looped, data)[0], task.loss(batched, data)[0])
     optimizers = {m: torch.optim.Adam(m.parameters(), lr=1e-4) for m in (batched, looped)}
     models = {"batched": batched, "loop": looped}
     step_times = C.time_interleaved(
