@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attnzoo.tasks.base import INSTALL_HINT, MissingDataDependency, require
+from attnzoo.tasks.sequences import make_example
 from attnzoo.tasks.text import Example, Vocab, alignment_score, bleu, chrf, exact_match
 
 # --- Example -----------------------------------------------------------------------------
@@ -99,6 +100,27 @@ def test_alignment_score_counts_argmax_inside_span(as_type):
     assert alignment_score(as_type(WEIGHTS), [(0, 2), None, (1, 3)]) == (1, 2)
     # Half-open: the end is excluded.
     assert alignment_score(as_type(WEIGHTS), [(0, 1), (3, 4), (0, 1)]) == (2, 3)
+
+
+def test_alignment_score_of_several_ranges_hits_inside_any_of_them():
+    # argmaxes 1, 3, 0: position 0 in the second range, 1 in neither, 2 in the first
+    spans = [((3, 4), (1, 2)), ((0, 1), (2, 3)), ((0, 1), (3, 4))]
+    assert alignment_score(np.array(WEIGHTS), spans) == (2, 3)
+    with pytest.raises(ValueError, match="outside a source of length 2"):
+        Example(("a", "b"), ("b",), (((1, 2), (2, 3)),))
+
+
+def test_sort_alignment_accepts_every_copy_of_a_repeated_symbol():
+    """Attention on either "3" of a sorted [3, 1, 3, 0] is right for either "3" of the
+    output; the single symbols keep their one position."""
+    e = make_example([3, 1, 3, 0], "sort")
+    for j in (0, 2):  # all of both "3" rows on source position j
+        weights = np.zeros((4, 4))
+        weights[[0, 1], [3, 1]] = 1.0
+        weights[[2, 3], j] = 1.0
+        assert alignment_score(weights, e.spans) == (4, 4)
+    weights[2:] = np.eye(4)[1]  # the "3"s on the "1": misses
+    assert alignment_score(weights, e.spans) == (2, 4)
 
 
 def test_alignment_score_ignores_spans_past_the_weight_rows():

@@ -3,7 +3,9 @@
 Sources are random strings of symbols "0".."V-1" with lengths drawn uniformly from
 [min_len, max_len]; the target is the same symbols copied, reversed or sorted (by symbol id,
 stable). Each target token's span is the source position it comes from, so alignment can be
-scored: the diagonal for copy, the anti-diagonal for reverse, a permutation for sort.
+scored: the diagonal for copy, the anti-diagonal for reverse, a permutation for sort. A sorted
+symbol that occurs more than once may come from any of its positions (its spans are all of
+them): the output does not tell equal symbols apart, so attending to either copy is right.
 """
 
 from __future__ import annotations
@@ -52,8 +54,11 @@ def make_example(ids: Sequence[int], kind: str) -> Example:
         order = list(range(n))
     elif kind == "reverse":
         order = list(range(n - 1, -1, -1))
-    else:
-        order = sorted(range(n), key=lambda p: (ids[p], p))  # stable: ties keep source order
+    else:  # a sorted token may come from any position holding its symbol
+        order = sorted(range(n), key=lambda p: (ids[p], p))
+        where = {i: tuple((p, p + 1) for p in range(n) if ids[p] == i) for i in set(ids)}
+        spans = tuple(where[ids[p]] if len(where[ids[p]]) > 1 else (p, p + 1) for p in order)
+        return Example(source, tuple(source[p] for p in order), spans)
     return Example(source, tuple(source[p] for p in order), tuple((p, p + 1) for p in order))
 
 

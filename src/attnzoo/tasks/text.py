@@ -25,6 +25,9 @@ import numpy as np
 from attnzoo.tasks.base import require
 
 Span = tuple[int, int]
+# a target token's source: one span, or several where any of them is right (a sort's equal
+# symbols, whose order among themselves nothing in the output tells)
+Alignment = Span | tuple[Span, ...]
 
 
 @dataclass(frozen=True)
@@ -35,22 +38,29 @@ class Example:
         source: the input tokens, (source_len,).
         target: the output tokens, (target_len,).
         spans: for each target token, the half-open range [start, end) of source positions it
-            comes from, or None for a target token with no source counterpart (a separator).
-            spans itself is None for a task whose alignment is unknown.
+            comes from, a tuple of such ranges where it may come from any of them, or None for
+            a target token with no source counterpart (a separator). spans itself is None for
+            a task whose alignment is unknown.
     """
 
     source: tuple[str, ...]
     target: tuple[str, ...]
-    spans: tuple[Span | None, ...] | None = None
+    spans: tuple[Alignment | None, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.spans is None:
             return
         if len(self.spans) != len(self.target):
             raise ValueError(f"{len(self.spans)} spans for {len(self.target)} target tokens")
-        for span in self.spans:
-            if span is not None and not 0 <= span[0] < span[1] <= len(self.source):
-                raise ValueError(f"span {span} outside a source of length {len(self.source)}")
+        for span in filter(None, self.spans):
+            for start, end in ranges(span):
+                if not 0 <= start < end <= len(self.source):
+                    raise ValueError(f"span {span} outside a source of length {len(self.source)}")
+
+
+def ranges(span: Alignment) -> tuple[Span, ...]:
+    """The ranges of one target token's `Alignment`."""
+    return (span,) if isinstance(span[0], int) else span
 
 
 @dataclass(frozen=True)
@@ -164,8 +174,9 @@ class Vocab:
         return cls(d["tokens"])
 
 
-def alignment_score(weights: Any, spans: Sequence[Span | None]) -> tuple[int, int]:
-    """Count target positions whose attention argmax lies inside their known source span.
+def alignment_score(weights: Any, spans: Sequence[Alignment | None]) -> tuple[int, int]:
+    """Count target positions whose attention argmax lies inside their known source span (any
+    of its ranges, where it has several).
 
     Args:
         weights: attention weights of one example, (target_len, source_len), a tensor or an
@@ -174,7 +185,8 @@ def alignment_score(weights: Any, spans: Sequence[Span | None]) -> tuple[int, in
 
     Returns:
         (hits, counted): counted is the number of positions t < target_len with a span that
-        is not None, hits how many of them have argmax_j weights[t, j] in [start, end).
+        is not None, hits how many of them have argmax_j weights[t, j] in [start, end) of
+        one of its ranges.
 
     Note: ties go to the first maximal source position (numpy's argmax).
     """
@@ -189,7 +201,7 @@ def alignment_score(weights: Any, spans: Sequence[Span | None]) -> tuple[int, in
         if span is None:
             continue
         counted += 1
-        hits += int(span[0] <= best[t] < span[1])
+        hits += any(start <= best[t] < end for start, end in ranges(span))
     return hits, counted
 
 
