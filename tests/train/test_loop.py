@@ -316,6 +316,33 @@ def test_an_evaluation_step_between_log_steps_is_evaluated_and_logged(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 5, 7, 8, 9, 11]
 
 
+def test_checkpoint_writes_are_not_training_time(tmp_path, monkeypatch):
+    """A clock that advances only while a checkpoint is written: train_seconds stays 0 (it
+    counted every write, the last one always, so that a 10-step calibration charged the
+    bigger model's checkpoint to its steps) and checkpoint_seconds holds them all; each
+    checkpoint's saved timing excludes the writes before it."""
+    from attnzoo.train import loop
+
+    now = [0.0]
+    saved = []
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: now[0])
+
+    def save(folder, step, *args, timing, **kw):
+        saved.append(timing)
+        now[0] += 100.0
+
+    monkeypatch.setattr(loop, "save_checkpoint", save)
+    config = TrainConfig(
+        steps=5, batch_size=2, warmup=0, threads=1, device="cpu", log_every=1,
+        checkpoint_every=2,
+    )  # fmt: skip
+    loop.train(_ConvTask(), _LinearToy(), config, tmp_path, progress=False)
+    timing = json.loads((tmp_path / "timing.json").read_text())
+    assert [t["steps_run"] for t in saved] == [2, 4, 5]  # every second step and the last
+    assert all(t["train_seconds"] == 0 for t in saved)
+    assert (timing["train_seconds"], timing["checkpoint_seconds"]) == (0, 300.0)
+
+
 def test_a_logged_rate_is_the_one_its_step_trained_at(tmp_path):
     """The row of step s logged the scheduler's rate after its step, step s + 1's (the last
     row a rate of 0 under cosine, which no step used)."""

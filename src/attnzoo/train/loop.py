@@ -185,11 +185,12 @@ def parameter_groups(model: torch.nn.Module, lr: float) -> list[dict]:
     return [{"params": groups[f], "lr": lr * f} for f in ordered]
 
 
-def _timing(earlier: dict, elapsed: float, eval_during: float, steps: int) -> dict:
+def _timing(earlier: dict, elapsed: float, eval_during: float, saving: float, steps: int) -> dict:
     """`earlier` (a checkpoint's `saved_timing`) plus this process's `elapsed` seconds since
-    its loop began, of which `eval_during` evaluating, over its `steps` steps."""
+    its loop began, of which `eval_during` evaluating and `saving` writing checkpoints, over its
+    `steps` steps."""
     return {
-        "train_seconds": earlier["train_seconds"] + elapsed - eval_during,
+        "train_seconds": earlier["train_seconds"] + elapsed - eval_during - saving,
         "eval_seconds_during": earlier["eval_seconds_during"] + eval_during,
         "steps_run": earlier["steps_run"] + steps,
         "sessions": earlier["sessions"] + 1,
@@ -210,7 +211,10 @@ def train(
 
     With `run_dir`, writes metrics.jsonl, final.json, timing.json and checkpoints/ there;
     timing.json holds the seconds spent training (`train_seconds`, evaluations during training
-    excluded and counted in `eval_seconds_during`) over the `steps_run` steps they cover and
+    excluded and counted in `eval_seconds_during`, checkpoint writes excluded and this
+    process's counted in `checkpoint_seconds`: a short run, such as a benchmark's calibration,
+    would otherwise charge its last checkpoint, a cost that grows with the parameter count, to
+    a few steps) over the `steps_run` steps they cover and
     the `sessions` processes that trained the run (a resumed run adds the time its checkpoint
     recorded; one from a checkpoint that recorded none counts this process alone), and the
     final evaluation's seconds (`eval_seconds`), kept apart from final.json so that a resumed
@@ -279,7 +283,7 @@ def train(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
     bar = _progress(progress and env.main, config.steps, start)
-    loop_start, eval_during = time.perf_counter(), 0.0
+    loop_start, eval_during, saving = time.perf_counter(), 0.0, 0.0
     window_losses, window_items, window_start = [], 0, time.perf_counter()
     window_first = start  # the window's first step: named when its loss is not finite
     phase_losses: dict[str, list[torch.Tensor]] = {name: [] for name, *_ in phases or ()}
@@ -352,17 +356,21 @@ def train(
             window_losses, window_items, window_start = [], 0, time.perf_counter()
             window_first = step + 1
         if env.main and checkpoint:
-            elapsed = time.perf_counter() - loop_start
-            timing = _timing(earlier, elapsed, eval_during, step + 1 - start)
+            save_start = time.perf_counter()
+            timing = _timing(
+                earlier, save_start - loop_start, eval_during, saving, step + 1 - start
+            )
             save_checkpoint(ckpt_dir, step, model, optimizer, scheduler, task=task, timing=timing)
+            saving += time.perf_counter() - save_start
         if env.world > 1 and (step + 1) % config.checkpoint_every == 0:
             dist.barrier()
     bar.close()
     eval_start = time.perf_counter()
     final = {**evaluate(task, model), "device": str(device)}
     timing = {
-        **_timing(earlier, eval_start - loop_start, eval_during, config.steps - start),
+        **_timing(earlier, eval_start - loop_start, eval_during, saving, config.steps - start),
         "eval_seconds": time.perf_counter() - eval_start,
+        "checkpoint_seconds": saving,
         "threads": torch.get_num_threads(),
         "device": str(device),
     }
