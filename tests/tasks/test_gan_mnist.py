@@ -191,6 +191,25 @@ def test_figures_and_explorer(digits, model, mnist_classifier, tmp_path):
     torch.testing.assert_close(weights.sum(-1), torch.ones(1, 1, len(G.QUERIES)))
 
 
+def test_an_attention_figures_image_is_drawn_in_an_evaluation_sized_batch(digits, model):
+    """The generator normalises over its batch: the figure's first image and maps are the
+    same whether it draws one or four (eval.batch_size = 16 here), and equal those of the
+    first image of a batch of 16 from the same latents (one image drawn alone differed)."""
+    t = task()
+    (image, label, maps, queries), four = (
+        t.attention_maps(model.eval(), 1),
+        t.attention_maps(model, 4),
+    )
+    assert maps is not None and torch.equal(queries, four[3])
+    for got, of_four in zip((image, label, maps), four[:3], strict=True):
+        torch.testing.assert_close(got, of_four[:1])
+    g = G.sampling_generator(torch.device("cpu")).manual_seed(t.config.seed + 97)
+    z = G.latents(16, model.config.z_dim, g, torch.device("cpu"))
+    with torch.no_grad():
+        batch = model.generator(z, torch.arange(16) % G.CLASSES).images
+    torch.testing.assert_close(image[0], ((batch[0, 0] + 1) / 2).clamp(0, 1))
+
+
 @pytest.mark.parametrize(
     ("fields", "argument"),
     [

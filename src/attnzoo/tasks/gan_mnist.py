@@ -324,20 +324,26 @@ class GanMnistTask:
     def attention_maps(self, model: nn.Module, count: int):
         """(images (count, side, side) in [0, 1], labels, generator attention maps (count, n,
         h, w) of the QUERIES pixels, the queries (n, 2) as (row, col) on the map), or the maps
-        None for a model without attention."""
+        None for a model without attention.
+
+        The first `count` of a batch of at least eval.batch_size, as `generate` draws the
+        scored samples: the generator's batch norm uses the batch's statistics, so an image
+        drawn alone (or in a smaller batch) would not be one the scores describe."""
         device = model_device(model)
-        labels = torch.arange(count, device=device) % CLASSES
+        drawn = max(count, self.eval_config.batch_size)
+        labels = torch.arange(drawn, device=device) % CLASSES
         g = sampling_generator(device).manual_seed(self.config.seed + 97)
-        z = latents(count, model.config.z_dim, g, device)
+        z = latents(drawn, model.config.z_dim, g, device)
         out = model.generator(z, labels, return_weights=True)
-        images = ((out.images + 1) / 2).clamp(0, 1)[:, 0].cpu()
+        images = ((out.images[:count] + 1) / 2).clamp(0, 1)[:, 0].cpu()
+        labels = labels[:count].cpu()
         if out.weights is None:
-            return images, labels.cpu(), None, None
+            return images, labels, None, None
         side = round(out.weights.shape[-1] ** 0.5)
         queries = torch.tensor([[int(r * side), int(c * side)] for r, c in QUERIES])
         rows = queries[:, 0] * side + queries[:, 1]
-        maps = out.weights[:, rows].view(count, len(rows), side, side).float().cpu()
-        return images, labels.cpu(), maps, queries
+        maps = out.weights[:count, rows].view(count, len(rows), side, side).float().cpu()
+        return images, labels, maps, queries
 
     @torch.no_grad()
     def explore(self, model: nn.Module, count: int) -> dict:
