@@ -66,3 +66,26 @@ def test_multiply_adds_count_what_torch_counts():
         counted = counter.get_total_flops() / 2 / (batch * length) + v_dot
         expected = bench_lstmn.multiply_adds(params, length, V)[name]
         assert abs(counted - expected) < 1e-9 * expected, name
+
+
+def test_figures_come_from_the_run_the_caption_names(tmp_path, monkeypatch):
+    """The caption says "declared-budget run" where the JSON has matched rows: the figures
+    then come from that run's dir only (the reduced run's replaced them when the declared
+    run's dir was absent), and from the reduced run's where the JSON has none."""
+    runs = {}
+    for unit in ("matched-lstmn", "matched-short-lstmn"):
+        run = tmp_path / unit
+        (run / "figures").mkdir(parents=True)
+        for name in ("intra_attention", "intra_attention_1", "intra_attention_heatmap"):
+            (run / "figures" / f"{name}.png").write_text(unit)
+        runs[unit] = run
+    monkeypatch.setattr(bench_lstmn.C, "bench_run_dir", lambda bench, i, seed=0: runs[i])
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    with_matched = {"summary": {"matched-lstmn": {"seeds": [0]}}}
+    written = bench_lstmn.figures(with_matched, docs)
+    assert len(written) == 3 and {p.read_text() for p in written} == {"matched-lstmn"}
+    written = bench_lstmn.figures({"summary": {}}, docs)
+    assert len(written) == 3 and {p.read_text() for p in written} == {"matched-short-lstmn"}
+    runs["matched-lstmn"] = tmp_path / "absent"  # the declared run's dir not kept
+    assert bench_lstmn.figures(with_matched, docs) == []
