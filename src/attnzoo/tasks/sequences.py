@@ -57,7 +57,7 @@ def make_example(ids: Sequence[int], kind: str) -> Example:
     else:  # a sorted token may come from any position holding its symbol
         order = sorted(range(n), key=lambda p: (ids[p], p))
         where = {i: tuple((p, p + 1) for p in range(n) if ids[p] == i) for i in set(ids)}
-        spans = tuple(where[ids[p]] if len(where[ids[p]]) > 1 else (p, p + 1) for p in order)
+        spans = tuple(w if len(w := where[ids[p]]) > 1 else w[0] for p in order)
         return Example(source, tuple(source[p] for p in order), spans)
     return Example(source, tuple(source[p] for p in order), tuple((p, p + 1) for p in order))
 
