@@ -54,12 +54,14 @@ def make_example(ids: Sequence[int], kind: str) -> Example:
         order = list(range(n))
     elif kind == "reverse":
         order = list(range(n - 1, -1, -1))
-    else:  # a sorted token may come from any position holding its symbol
+    else:
         order = sorted(range(n), key=lambda p: (ids[p], p))
-        where = {i: tuple((p, p + 1) for p in range(n) if ids[p] == i) for i in set(ids)}
-        spans = tuple(w if len(w := where[ids[p]]) > 1 else w[0] for p in order)
-        return Example(source, tuple(source[p] for p in order), spans)
-    return Example(source, tuple(source[p] for p in order), tuple((p, p + 1) for p in order))
+    # each token's source position; a sorted token may come from any position holding its symbol
+    where = {p: ((p, p + 1),) for p in range(n)}
+    if kind == "sort":
+        where = {p: tuple((q, q + 1) for q in range(n) if ids[q] == ids[p]) for p in range(n)}
+    spans = tuple(w if len(w := where[p]) > 1 else w[0] for p in order)
+    return Example(source, tuple(source[p] for p in order), spans)
 
 
 def make_splits(config: SequenceConfig | None = None) -> Splits:

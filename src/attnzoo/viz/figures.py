@@ -184,7 +184,7 @@ def loss_figure(steps: Sequence[int], losses: Sequence[float], *, title: str = "
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (per counted item)")
     if title:
-        ax.set_title(fitted(title, 4.6, 12), fontsize=12, **LITERAL)
+        ax.set_title(fitted(title, fig.get_figwidth() - 0.4, 12), fontsize=12, **LITERAL)
     fig.tight_layout()
     return fig
 
