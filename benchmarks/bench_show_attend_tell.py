@@ -16,6 +16,11 @@ beside the uniform baseline (box area / canvas area):
 - soft-lambda0-grid16: the same with one pooling fewer in the encoder (a 16 x 16 feature map
   of 256 cells whose units see about 18 pixels, where the default 8 x 8 map's see about 38 of
   the 64): does a cell that sees less of the canvas put the weight inside the box?
+- soft-supervised: soft attention trained with Liu et al. 2017's supervised attention
+  (`model.attention_supervision`): each digit word's attention is pulled towards its box by a
+  cross-entropy term, so its correctness is that of attention trained on the boxes it is
+  scored on, not of the paper's unsupervised attention: how much correctness does a model
+  that is told where to look reach, and what does that cost its captions?
 - none: the LSTM captioner without attention (the mean annotation at every step), its LSTM
   widened to the soft model's parameter count (within 2%);
 - encoder: the captioner's CNN encoder trained as a digit classifier on `mnist` (`sat-encoder`,
@@ -67,9 +72,11 @@ MODELS = {"soft": "show-attend-tell", "hard": "show-attend-tell-hard", "none": "
 # CPU a step on a quiet core, 35.7 minutes for 6,000 at load average 3-5)
 FULL = ["train.steps=6000", "train.batch_size=64", "train.eval_every=0"]
 MINUTES = 30.0
+SUPERVISION = 1.0  # soft-supervised's lambda_a (its supervised attention, Liu et al. 2017)
 ABLATIONS = {  # soft with these changes (see the docstring)
     "soft-lambda0": ["model.doubly_stochastic=0"],
     "soft-lambda0-grid16": ["model.doubly_stochastic=0", "model.channels=[16,32,64]"],
+    "soft-supervised": [f"model.attention_supervision={SUPERVISION}"],
 }
 PRETRAINED = {  # id: the row it starts from the encoder row
     "soft-lambda0-pretrained": "soft-lambda0",
@@ -305,6 +312,7 @@ TARGETS = targets(
 SCORES = columns(f"row=id; exact match %=exact_match_pct; by expectation %={EXPECTED}", 1)
 SCORES += columns("BLEU-1=bleu1; BLEU-2=bleu2; BLEU-3=bleu3; BLEU-4=bleu4", 1)
 SCORES += columns("correctness=correctness; uniform=uniform_correctness", 3)
+SCORES += columns("at size word=size_word_correctness", 3)
 SCORES += columns("ratio=correctness_over_uniform", 1)
 RUN = columns("params=params; steps=steps; batch=batch_size; test images=n_test", 0)
 RUN += columns("train min=train_minutes", 1)

@@ -1,6 +1,8 @@
 """The digit captions task (`attnzoo.tasks.captions`): the grammar, the boxes, determinism,
 the correctness metric against a pixel-level float64 reference, the loss's parts."""
 
+import dataclasses
+import math
 import re
 from types import SimpleNamespace
 
@@ -19,6 +21,7 @@ from attnzoo.tasks.captions import (
     WORDS,
     DigitCaptionsConfig,
     DigitCaptionsTask,
+    attention_supervision,
     box_cover,
     collate,
     compose,
@@ -230,6 +233,97 @@ def test_evaluate_reports_bleu_with_its_signature_and_correctness(task):
     assert metrics["correctness_over_uniform"] == pytest.approx(
         metrics["correctness"] / metrics["uniform_correctness"]
     )
+
+
+def test_attention_supervision_against_a_pixel_level_reference():
+    """Liu 2017's strong supervision: per word with a box, -sum_l beta_l log alpha_l with
+    beta_l the share of the box's pixels in cell l (a float64 loop over pixels); words
+    without a box add nothing; a weight that underflowed to 0 inside a box gives a finite
+    loss; and descending the loss moves attention into the boxes."""
+    g = torch.Generator().manual_seed(1)
+    grid, canvas, b, t = (4, 4), 16, 2, 5
+    corners = torch.randint(0, 12, (b, t, 2), generator=g).double()
+    boxes = torch.cat([corners, corners + torch.randint(1, 5, (b, t, 2), generator=g)], -1)
+    has_box = torch.rand(b, t, generator=g) < 0.5
+    has_box[0, 0] = True
+    batch = SimpleNamespace(boxes=boxes, has_box=has_box)
+    logits = torch.randn(b, t, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    weights = logits.softmax(-1)
+    expected = 0.0
+    for i in range(b):
+        for j in range(t):
+            if not has_box[i, j]:
+                continue
+            x0, y0, x1, y1 = (int(v) for v in boxes[i, j])
+            pixels = [0.0] * 16
+            for y in range(y0, y1):
+                for x in range(x0, x1):
+                    pixels[(y * grid[0] // canvas) * grid[1] + x * grid[1] // canvas] += 1
+            total = sum(pixels)
+            expected -= sum(n / total * math.log(weights[i, j, k].item()) for k, n in
+                            enumerate(pixels) if n)  # fmt: skip
+    got = attention_supervision(weights, batch, grid, canvas)
+    assert got.item() == pytest.approx(expected, rel=1e-12)
+    dead = weights.detach().clone()
+    dead[has_box] = torch.nn.functional.one_hot(torch.tensor(15), 16).double()  # 0 elsewhere
+    assert torch.isfinite(attention_supervision(dead, batch, grid, canvas))
+
+    def mass():
+        return (logits.softmax(-1)[has_box] * box_cover(boxes[has_box], grid, canvas)).sum()
+
+    before = mass().item()
+    optimizer = torch.optim.SGD([logits], lr=0.5)
+    for _ in range(20):
+        optimizer.zero_grad()
+        attention_supervision(logits.softmax(-1), batch, grid, canvas).backward()
+        optimizer.step()
+    assert mass().item() > before + 0.5
+
+
+@pytest.mark.parametrize("variant", ["soft", "hard"])
+def test_the_loss_adds_the_weighted_attention_supervision(task, variant):
+    """`model.attention_supervision` w adds w times `attention_supervision` of the model's own
+    weights on the batch to the loss, for both variants; at 0 the loss is the paper's."""
+    small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8, dropout=0.0)
+    make = {"soft": soft, "hard": hard}[variant]
+    torch.manual_seed(0)
+    plain = ShowAttendTell(make(**small), **task.model_dims()).double()
+    supervised = ShowAttendTell(make(**small, attention_supervision=0.7), **task.model_dims())
+    supervised = supervised.double()
+    supervised.load_state_dict(plain.state_dict())
+    batch = task.batch(2, 6, "cpu")
+    batch = batch._replace(images=batch.images.double(), boxes=batch.boxes.double())
+    base, _ = task.loss(plain, batch)
+    loss, _ = task.loss(supervised, batch)
+    g = torch.Generator().manual_seed(task.seed * 7 + batch.step)  # the loss's own draws
+    inputs = (batch.images, batch.tokens_in, batch.lengths)
+    out = plain(*inputs, sample=True, generator=g, step=batch.step)
+    term = attention_supervision(out.weights, batch, out.grid, task.config.canvas)
+    assert term.item() > 0
+    assert loss.item() - base.item() == pytest.approx(0.7 * term.item(), rel=1e-9)
+
+
+def test_size_word_correctness_scores_each_box_one_step_earlier(task):
+    """`size_word_correctness` reads the step before each digit word: a model whose attention
+    is moved one step earlier scores there what the unmoved one scores at the digit words."""
+    torch.manual_seed(0)
+    small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8, dropout=0.0)
+    model = ShowAttendTell(soft(**small), **task.model_dims()).eval()
+    with torch.no_grad():  # sharp attention that differs from step to step
+        for p in model.score.parameters():
+            p.mul_(30)
+    plain = task.evaluate(model)
+    forward = model.forward
+
+    def earlier(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        w = out.weights
+        return dataclasses.replace(out, weights=torch.cat([w[:, 1:], w[:, -1:]], 1))
+
+    model.forward = earlier
+    moved = task.evaluate(model)
+    assert moved["size_word_correctness"] == pytest.approx(plain["correctness"], rel=1e-6)
+    assert plain["size_word_correctness"] != pytest.approx(plain["correctness"], rel=0.05)
 
 
 def test_evaluate_decodes_a_hard_model_also_by_expectation(task):

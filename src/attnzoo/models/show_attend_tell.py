@@ -54,6 +54,10 @@ Note:
     - lambda defaults to 0.1, not the paper's 1: with T ~ 12 words and L = 64 cells, the term
       (summed per caption, as the log-likelihood is) pushes attention to spread over every
       cell, and at 1 it outweighs the caption's log-likelihood once that is learned.
+    - `attention_supervision` (off by default) adds Liu et al. 2017's supervised attention:
+      the cross-entropy between each digit word's attention and its box, computed by the
+      task (`attnzoo.tasks.captions.attention_supervision`). The paper's attention is
+      unsupervised; a model trained with it is not, and its correctness must be read so.
     - Dropout on the LSTM output before the deep output (the paper's dropout; its rate here is
       `dropout`).
 """
@@ -101,6 +105,12 @@ class ShowAttendTellConfig:
     attn_hidden: the additive score's tanh layer.
     dropout: before the deep output.
     doubly_stochastic: lambda of the regulariser (soft only; 0: off).
+    attention_supervision: lambda_a of supervised attention (Liu et al. 2017, "strong
+        supervision"; soft and hard; 0: off, the paper's model): the task adds lambda_a times
+        the cross-entropy between each word's attention alpha_t and the ground-truth map of the
+        region the word names (`attnzoo.tasks.captions.attention_supervision`), so training
+        reads the regions that attention correctness scores: a model trained so is not
+        unsupervised attention.
     entropy_weight: lambda_e of the entropy bonus (hard only).
     reinforce_weight: lambda_r of the REINFORCE terms (hard only).
     baseline_momentum: the moving-average baseline's momentum (hard only; the paper: 0.9).
@@ -128,6 +138,7 @@ class ShowAttendTellConfig:
     attn_hidden: int = 64
     dropout: float = 0.1
     doubly_stochastic: float = 0.1
+    attention_supervision: float = 0.0
     entropy_weight: float = 0.01
     reinforce_weight: float = 1.0
     baseline_momentum: float = 0.9
@@ -146,7 +157,12 @@ class ShowAttendTellConfig:
             check_size("ShowAttendTellConfig", name, getattr(self, name))
         if not 0 <= self.dropout < 1:
             fail("ShowAttendTellConfig", "dropout", "a number in [0, 1)", self.dropout)
-        for name in ("doubly_stochastic", "entropy_weight", "reinforce_weight"):
+        for name in (
+            "doubly_stochastic",
+            "attention_supervision",
+            "entropy_weight",
+            "reinforce_weight",
+        ):
             if not 0 <= getattr(self, name) < math.inf:
                 fail("ShowAttendTellConfig", name, "a finite number >= 0", getattr(self, name))
         if not 0 <= self.expectation_rate <= 1:
@@ -181,8 +197,11 @@ class ShowAttendTellConfig:
     def reads(self) -> set[str]:
         """The fields this variant reads: every variant its sizes and dropout; soft the
         doubly stochastic weight; hard the policy-gradient options (the moving-average
-        baseline only where a whole caption's reward is credited)."""
+        baseline only where a whole caption's reward is credited); both the attention
+        supervision weight."""
         fields = {"variant", "channels", "embed_dim", "hidden", "attn_hidden", "dropout"}
+        if self.variant != "none":
+            fields.add("attention_supervision")
         if self.variant == "soft":
             fields.add("doubly_stochastic")
         if self.variant == "hard":

@@ -335,6 +335,22 @@ def correctness(
     return mass, uniform
 
 
+def attention_supervision(
+    weights: torch.Tensor, batch: CaptionBatch, grid: tuple[int, int], canvas: int
+) -> torch.Tensor:
+    """Supervised attention (Liu et al. 2017, "strong supervision"): over the words with a
+    box, the summed cross-entropy -sum_l beta_l log alpha_l between the word's attention
+    alpha (its step's weights (L,)) and the ground-truth map beta, each cell's share of the
+    box (`box_cover`) normalised to sum to 1; a scalar, summed over words as the caption's
+    log-likelihood is summed over tokens. weights (b, t, L). A weight that underflowed to 0
+    in a cell of the box counts as the smallest positive number of its dtype (a large, finite
+    loss)."""
+    cover = box_cover(batch.boxes[batch.has_box].to(weights.dtype), grid, canvas)  # (words, L)
+    beta = cover / cover.sum(-1, keepdim=True)
+    alpha = weights[batch.has_box].clamp_min(torch.finfo(weights.dtype).tiny)
+    return -torch.xlogy(beta, alpha).sum()
+
+
 class DigitCaptionsTask:
     """The Task protocol (`attnzoo.tasks.base.Task`) over digit captions."""
 
@@ -375,7 +391,9 @@ class DigitCaptionsTask:
 
     def loss(self, model: torch.nn.Module, batch: CaptionBatch) -> tuple[torch.Tensor, int]:
         """Summed cross-entropy over the real target tokens (<end> included) plus the model's
-        penalty (the doubly stochastic term); with hard attention, plus REINFORCE with an
+        penalty (the doubly stochastic term) and, with `attention_supervision` set in the
+        model's config, that weight times `attention_supervision` (Liu 2017's supervised
+        attention on the boxes of the digit words); with hard attention, plus REINFORCE with an
         entropy bonus, counted on real steps of the images that sampled (not those that
         attended by expectation, `out.expected`), crediting each sampled location as
         `ShowAttendTellConfig.credit` says: "caption", Xu 2015 eq. 12, the whole caption's
@@ -392,6 +410,12 @@ class DigitCaptionsTask:
 
         token_ll = read(out.log_probs)
         supervised = -token_ll.sum() + out.penalty
+        weight = getattr(getattr(model, "config", None), "attention_supervision", 0.0)
+        if weight and out.weights is not None:
+            grid, canvas = out.grid, self.config.canvas
+            supervised = supervised + weight * attention_supervision(
+                out.weights, batch, grid, canvas
+            )
         log_pi = getattr(out, "log_pi", None)
         if log_pi is None:
             return supervised, batch.tokens
@@ -491,7 +515,10 @@ class DigitCaptionsTask:
         attention mass inside its box at feature-map resolution, teacher-forced on the
         reference caption; for hard attention the mass of the location distribution, which is
         the chance that the sampled location lies in the box) beside `uniform_correctness`
-        (box area / canvas area) and their ratio; `n` images. A hard-attention model also
+        (box area / canvas area) and their ratio, and `size_word_correctness`: the mass
+        inside the same boxes one step earlier, at each digit word's size word (the grammar
+        names every digit "a small|large DIGIT"), which tells whether attention looked at a
+        digit to size it and named it from memory; `n` images. A hard-attention model also
         gets `exact_match_expected_pct`: its captions decoded by the expectation at every
         step instead of a sampled cell (`ShowAttendTell.start`), the authors' released
         code's default for generating captions from a hard model."""
@@ -501,7 +528,7 @@ class DigitCaptionsTask:
         g = sampling_generator(device).manual_seed(self.config.seed + 17)
         hard = getattr(getattr(model, "config", None), "variant", "") == "hard"
         g_expected = sampling_generator(device).manual_seed(self.config.seed + 18)
-        hypotheses, masses, uniforms, expected = [], [], [], []
+        hypotheses, masses, uniforms, befores, expected = [], [], [], [], []
         for part in self._parts(batch):
             part = move(part, device)
             hypotheses += [detokenize(ids) for ids in self.decode(model, part.images, g)]
@@ -510,9 +537,13 @@ class DigitCaptionsTask:
                 expected += [detokenize(x) for x in ids]
             out = model(part.images, part.tokens_in, part.lengths, sample=True, generator=g)
             if out.weights is not None:
-                mass, uniform = correctness(out.weights.float(), part, out.grid, self.config.canvas)
+                weights, canvas = out.weights.float(), self.config.canvas
+                mass, uniform = correctness(weights, part, out.grid, canvas)
                 masses.append(mass.cpu())
                 uniforms.append(uniform.cpu())
+                # the same boxes one step earlier: each digit word's size word
+                earlier = part._replace(boxes=part.boxes[:, 1:], has_box=part.has_box[:, 1:])
+                befores.append(correctness(weights[:, :-1], earlier, out.grid, canvas)[0].cpu())
         n = len(references)
         metrics: dict = {
             "exact_match_pct": 100.0
@@ -532,6 +563,7 @@ class DigitCaptionsTask:
             metrics["correctness"] = float(mass.mean())
             metrics["uniform_correctness"] = float(uniform.mean())
             metrics["correctness_over_uniform"] = float(mass.mean() / uniform.mean())
+            metrics["size_word_correctness"] = float(torch.cat(befores).mean())
             metrics["boxed_words"] = len(mass)
         return metrics
 
