@@ -190,7 +190,7 @@ def derive(summary: dict) -> dict:
     setup.update(large_low=task.large[0], large_high=task.large[1])
     setup.update(grid=task.canvas // scale, cells=(task.canvas // scale) ** 2, vocab=len(WORDS))
     setup.update(max_len=MAX_LEN, annotation=models["soft"].channels[-1])
-    setup.update(warmup_steps=WARMUP_STEPS, anneal_steps=ANNEAL_STEPS)
+    setup.update(warmup_steps=WARMUP_STEPS, anneal_steps=ANNEAL_STEPS, supervision=SUPERVISION)
     for name, config in models.items():
         setup.update(
             {f"{name}_{k}": v for k, v in asdict(config).items() if isinstance(v, float | int)}
@@ -312,8 +312,8 @@ TARGETS = targets(
 SCORES = columns(f"row=id; exact match %=exact_match_pct; by expectation %={EXPECTED}", 1)
 SCORES += columns("BLEU-1=bleu1; BLEU-2=bleu2; BLEU-3=bleu3; BLEU-4=bleu4", 1)
 SCORES += columns("correctness=correctness; uniform=uniform_correctness", 3)
-SCORES += columns("at size word=size_word_correctness", 3)
 SCORES += columns("ratio=correctness_over_uniform", 1)
+SCORES += columns("at size word=size_word_correctness", 3)
 RUN = columns("params=params; steps=steps; batch=batch_size; test images=n_test", 0)
 RUN += columns("train min=train_minutes", 1)
 ENCODER_COLUMNS = columns("row=id; MNIST test error %=error", 2)
