@@ -303,6 +303,33 @@ def test_the_loss_adds_the_weighted_attention_supervision(task, variant):
     assert loss.item() - base.item() == pytest.approx(0.7 * term.item(), rel=1e-9)
 
 
+@pytest.mark.parametrize("variant", ["soft", "hard"])
+def test_the_loss_reads_the_model_inside_a_distributed_wrapper(task, variant):
+    """Under torchrun the loop passes `DistributedDataParallel(model)`, which holds the model
+    as `.module` and has no `config`: the loss reads its options (attention supervision,
+    credit, weights) and the moving-average baseline from the model inside, with the same
+    result as on the bare model."""
+
+    class Wrapper(torch.nn.Module):  # what the loss may read of DistributedDataParallel
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, *args, **kwargs):
+            return self.module(*args, **kwargs)
+
+    small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8, dropout=0.0)
+    make = {"soft": soft, "hard": hard}[variant]
+    torch.manual_seed(0)
+    bare = ShowAttendTell(make(**small, attention_supervision=0.5), **task.model_dims())
+    inside = ShowAttendTell(make(**small, attention_supervision=0.5), **task.model_dims())
+    inside.load_state_dict(bare.state_dict())
+    batch = task.batch(1, 4, "cpu")
+    want, _ = task.loss(bare, batch)
+    got, _ = task.loss(Wrapper(inside), batch)
+    assert got.item() == pytest.approx(want.item(), rel=1e-6)
+
+
 def test_size_word_correctness_scores_each_box_one_step_earlier(task):
     """`size_word_correctness` reads the step before each digit word: a model whose attention
     is moved one step earlier scores there what the unmoved one scores at the digit words."""

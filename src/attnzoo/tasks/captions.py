@@ -410,25 +410,24 @@ class DigitCaptionsTask:
 
         token_ll = read(out.log_probs)
         supervised = -token_ll.sum() + out.penalty
-        weight = getattr(getattr(model, "config", None), "attention_supervision", 0.0)
-        if weight and out.weights is not None:
-            grid, canvas = out.grid, self.config.canvas
-            supervised = supervised + weight * attention_supervision(
-                out.weights, batch, grid, canvas
-            )
+        inner = getattr(model, "module", model)  # under torchrun, DistributedDataParallel's
+        config = inner.config
+        if config.attention_supervision:
+            term = attention_supervision(out.weights, batch, out.grid, self.config.canvas)
+            supervised = supervised + config.attention_supervision * term
         log_pi = getattr(out, "log_pi", None)
         if log_pi is None:
             return supervised, batch.tokens
         # images that attended by expectation sampled nothing: no policy term, no baseline
         expected = getattr(out, "expected", None)
         sampled = torch.ones_like(real[:, 0]) if expected is None else ~expected  # (b,)
-        if model.config.credit == "to_go":
+        if config.credit == "to_go":
             with torch.no_grad():
                 by_expectation = read(model(*inputs, sample=False, expectation=True).log_probs)
             reward, baseline = rewards_to_go(token_ll.detach()), rewards_to_go(by_expectation)
         else:
             reward = token_ll.detach().sum(-1, keepdim=True)  # (b, 1) log p(y | s, a)
-            tracker = model.reward_baseline
+            tracker = inner.reward_baseline
             # before the first update the tracker holds 0, not a log-likelihood: that one step
             # uses its sampled images' mean instead (a baseline of one batch, once)
             first = (reward.squeeze(-1) * sampled).sum() / sampled.sum().clamp(min=1)
@@ -439,10 +438,10 @@ class DigitCaptionsTask:
             reward,
             baseline.to(reward.dtype).detach(),
             entropy=out.entropy,
-            entropy_weight=model.config.entropy_weight,
+            entropy_weight=config.entropy_weight,
             mask=real & sampled.unsqueeze(-1),
         )
-        return hybrid_loss(supervised, policy, weight=model.config.reinforce_weight), batch.tokens
+        return hybrid_loss(supervised, policy, weight=config.reinforce_weight), batch.tokens
 
     def held_out(self, split: str) -> tuple[CaptionBatch, list[str]]:
         """The split's images and captions (one CPU batch), composed once."""
