@@ -325,7 +325,10 @@ class BanditsTask:
         sampled policy, plus an entropy bonus."""
         seed = sampling_seed(self.seed * 7 + batch.step, batch.rank)
         g = sampling_generator(batch.payoff.device).manual_seed(seed)
-        actions, rewards = self._rollout(model, batch, g)
+        # the episodes are played without gradient by the model itself (under torchrun, the
+        # one inside DistributedDataParallel, which has no `start`); the update's pass runs
+        # through `model`, so that the wrapper synchronises its gradients
+        actions, rewards = self._rollout(getattr(model, "module", model), batch, g)
         out = model(self._inputs(actions[:, :-1], rewards[:, :-1]))
         value = self.baseline(out.value)
         log_p = torch.log_softmax(out.logits, -1)  # (b, K, N)
