@@ -21,6 +21,9 @@ beside the uniform baseline (box area / canvas area):
   cross-entropy term, so its correctness is that of attention trained on the boxes it is
   scored on, not of the paper's unsupervised attention: how much correctness does a model
   that is told where to look reach, and what does that cost its captions?
+- hard-supervised: hard attention (the paper's recipe) with the same supervised attention on
+  its location distribution: is what holds hard attention back finding the digits, or reading
+  a caption from one sampled cell per word?
 - none: the LSTM captioner without attention (the mean annotation at every step), its LSTM
   widened to the soft model's parameter count (within 2%);
 - encoder: the captioner's CNN encoder trained as a digit classifier on `mnist` (`sat-encoder`,
@@ -149,6 +152,8 @@ def experiments(budget: str) -> list[Experiment]:
         found.append(Experiment(id, "captions", params, seeds, minutes, needs=(source,)))
     params = {"model": MODELS["hard"], "sets": [*sets, *TO_GO]}
     found.append(Experiment("hard-togo", "captions", params, seeds, minutes))
+    params = {"model": MODELS["hard"], "sets": [*sets, *ABLATIONS["soft-supervised"]]}
+    found.append(Experiment("hard-supervised", "captions", params, seeds, minutes))
     long = [x for x in sets if not x.startswith("train.steps=")] + [f"train.steps={LONG_STEPS}"]
     params = {"model": MODELS["soft"], "sets": sets if smoke else long}
     found.append(Experiment("soft-12k", "captions", params, seeds, 2 * minutes))
@@ -212,6 +217,9 @@ def derive(summary: dict) -> dict:
         ),
         "togo_hard_minus_soft_exact_match": C.paired(
             summary, "exact_match_pct", "hard-togo", "soft"
+        ),
+        "supervised_hard_minus_soft_exact_match": C.paired(
+            summary, "exact_match_pct", "hard-supervised", "soft-supervised"
         ),
         "togo_hard_minus_soft_lambda0_exact_match": C.paired(
             summary, "exact_match_pct", "hard-togo", "soft-lambda0"
@@ -301,6 +309,8 @@ TARGETS = targets(
      "warmup_hard_minus_soft_exact_match", ">=", -5),
     ("hard-togo: exact match within five points of soft", "compare",
      "togo_hard_minus_soft_exact_match", ">=", -5),
+    ("hard-supervised: exact match within five points of soft-supervised", "compare",
+     "supervised_hard_minus_soft_exact_match", ">=", -5),
     ("hard-pretrained: exact match within five points of soft-lambda0-pretrained", "compare",
      "pretrained_hard_minus_soft_exact_match", ">=", -5),
     ("hard-from-soft-pretrained (its soft row's steps, then its own): exact match within five "
