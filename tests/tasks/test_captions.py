@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tests.train.test_distributed_loss import Wrapper
 
 from attnzoo.models.show_attend_tell import CREDITS, ShowAttendTell, hard, soft
 from attnzoo.tasks import captions
@@ -309,14 +310,6 @@ def test_the_loss_reads_the_model_inside_a_distributed_wrapper(task, variant):
     as `.module` and has no `config`: the loss reads its options (attention supervision,
     credit, weights) and the moving-average baseline from the model inside, with the same
     result as on the bare model."""
-
-    class Wrapper(torch.nn.Module):  # what the loss may read of DistributedDataParallel
-        def __init__(self, module):
-            super().__init__()
-            self.module = module
-
-        def forward(self, *args, **kwargs):
-            return self.module(*args, **kwargs)
 
     small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8, dropout=0.0)
     make = {"soft": soft, "hard": hard}[variant]

@@ -45,6 +45,7 @@ from attnzoo.tasks.base import (
     EvalConfig,
     check_counts,
     held_out_generator,
+    inner_model,
     model_device,
     sampling_generator,
     sampling_seed,
@@ -325,10 +326,9 @@ class BanditsTask:
         sampled policy, plus an entropy bonus."""
         seed = sampling_seed(self.seed * 7 + batch.step, batch.rank)
         g = sampling_generator(batch.payoff.device).manual_seed(seed)
-        # the episodes are played without gradient by the model itself (under torchrun, the
-        # one inside DistributedDataParallel, which has no `start`); the update's pass runs
-        # through `model`, so that the wrapper synchronises its gradients
-        actions, rewards = self._rollout(getattr(model, "module", model), batch, g)
+        # the episodes are played without gradient by the model itself (`inner_model`); the
+        # update's pass runs through `model`, so that torchrun's wrapper syncs its gradients
+        actions, rewards = self._rollout(inner_model(model), batch, g)
         out = model(self._inputs(actions[:, :-1], rewards[:, :-1]))
         value = self.baseline(out.value)
         log_p = torch.log_softmax(out.logits, -1)  # (b, K, N)

@@ -150,6 +150,15 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def inner_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The model a task's `loss` was given, or under torchrun the one inside it: the loop then
+    passes `DistributedDataParallel(model)`, which has none of the model's attributes or
+    methods and synchronises gradients only for work run through its own call. A loss reads
+    options and runs gradient-free work (e.g. playing episodes) on this, and its graded pass
+    through `model`."""
+    return getattr(model, "module", model)
+
+
 def sampling_seed(base: int, rank: int) -> int:
     """The seed of a training step's sampling noise (a task's `loss`: glimpse locations,
     sampled tours, pulls) on process `rank` of a torchrun job: `base` itself on rank 0, so a

@@ -54,6 +54,7 @@ from attnzoo.decoding import decode
 from attnzoo.tasks.base import (
     EvalConfig,
     check_counts,
+    inner_model,
     model_device,
     require,
     sampling_generator,
@@ -410,7 +411,7 @@ class DigitCaptionsTask:
 
         token_ll = read(out.log_probs)
         supervised = -token_ll.sum() + out.penalty
-        inner = getattr(model, "module", model)  # under torchrun, DistributedDataParallel's
+        inner = inner_model(model)
         config = inner.config
         if config.attention_supervision:
             term = attention_supervision(out.weights, batch, out.grid, self.config.canvas)
