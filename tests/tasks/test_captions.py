@@ -236,6 +236,19 @@ def test_evaluate_reports_bleu_with_its_signature_and_correctness(task):
     )
 
 
+@pytest.mark.parametrize("variant", ["soft", "hard"])
+def test_supervised_attention_loss_runs_on_the_device(task, variant, device):
+    """The supervision term's box maps are made on the batch's device (meta included)."""
+    small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8)
+    make = {"soft": soft, "hard": hard}[variant]
+    model = ShowAttendTell(make(**small, attention_supervision=1.0), **task.model_dims())
+    model = model.to(device)
+    loss, _ = task.loss(model, task.batch(0, 4, device))
+    loss.backward()
+    assert loss.device.type == device.type
+    assert model.score.key_proj.weight.grad.device.type == device.type
+
+
 def test_attention_supervision_against_a_pixel_level_reference():
     """Liu 2017's strong supervision: per word with a box, -sum_l beta_l log alpha_l with
     beta_l the share of the box's pixels in cell l (a float64 loop over pixels); words

@@ -346,9 +346,11 @@ def attention_supervision(
     log-likelihood is summed over tokens. weights (b, t, L). A weight that underflowed to 0
     in a cell of the box counts as the smallest positive number of its dtype (a large, finite
     loss)."""
-    cover = box_cover(batch.boxes[batch.has_box].to(weights.dtype), grid, canvas)  # (words, L)
-    beta = cover / cover.sum(-1, keepdim=True)
-    alpha = weights[batch.has_box].clamp_min(torch.finfo(weights.dtype).tiny)
+    # every step's map, 0 at steps without a box: no boolean indexing, whose size depends on
+    # values (the `meta` device cannot run it)
+    cover = box_cover(batch.boxes.to(weights.dtype), grid, canvas)  # (b, t, L)
+    beta = torch.where(batch.has_box[..., None], cover / cover.sum(-1, keepdim=True), 0.0)
+    alpha = weights.clamp_min(torch.finfo(weights.dtype).tiny)
     return -torch.xlogy(beta, alpha).sum()
 
 
