@@ -16,6 +16,11 @@ beside the uniform baseline (box area / canvas area):
 - soft-lambda0-grid16: the same with one pooling fewer in the encoder (a 16 x 16 feature map
   of 256 cells whose units see about 18 pixels, where the default 8 x 8 map's see about 38 of
   the 64): does a cell that sees less of the canvas put the weight inside the box?
+- soft-lambda0-kernel1: soft-lambda0 with the encoder's last convolution 1 x 1
+  (`model.last_kernel`): the same 8 x 8 map of 64 cells, whose units see 22 pixels instead
+  of 38, so a cell next to a digit's box sees less of that digit: is it the neighbouring
+  cells' view of the digit that draws the weight outside the box? `*-kernel1-pretrained`
+  starts its encoder from `encoder-kernel1`, the classifier with the same last convolution.
 - soft-supervised: soft attention trained with Liu et al. 2017's supervised attention
   (`model.attention_supervision`): each digit word's attention is pulled towards its box by a
   cross-entropy term, so its correctness is that of attention trained on the boxes it is
@@ -80,13 +85,16 @@ ABLATIONS = {  # soft with these changes (see the docstring)
     "soft-lambda0": ["model.doubly_stochastic=0"],
     "soft-lambda0-grid16": ["model.doubly_stochastic=0", "model.channels=[16,32,64]"],
     "soft-supervised": [f"model.attention_supervision={SUPERVISION}"],
+    "soft-lambda0-kernel1": ["model.doubly_stochastic=0", "model.last_kernel=1"],
 }
-PRETRAINED = {  # id: the row it starts from the encoder row
-    "soft-lambda0-pretrained": "soft-lambda0",
-    "none-pretrained": "none",
-    "hard-pretrained": "hard",
+PRETRAINED = {  # id: (the row it is, the encoder row it starts from)
+    "soft-lambda0-pretrained": ("soft-lambda0", "encoder"),
+    "none-pretrained": ("none", "encoder"),
+    "hard-pretrained": ("hard", "encoder"),
+    "soft-lambda0-kernel1-pretrained": ("soft-lambda0-kernel1", "encoder-kernel1"),
 }
 ENCODER = ["train.steps=3000", "train.batch_size=64"]  # the classifier's budget on `mnist`
+ENCODERS = {"encoder": [], "encoder-kernel1": ["model.last_kernel=1"]}  # id: its own changes
 WARMUP_STEPS = 4000  # hard-warmup's steps from all captions by expectation to the paper's mix
 FROM_SOFT_STEPS = 6000  # the hard-from-* rows' own steps, after their soft row's (as many)
 # their recipe, chosen in probes on seed 0 (the page says so): every caption reads a sampled
@@ -134,14 +142,14 @@ def experiments(budget: str) -> list[Experiment]:
     # of `digit_captions` over the digit's 28-pixel frame
     canvas = DigitCaptionsConfig()
     low, high = (round(side / DIGIT, 4) for side in (canvas.small[0], canvas.large[1]))
-    encoder = {"model": "sat-encoder", "task": "mnist"}
-    encoder["sets"] = [*ENCODER, f"task.zoom=[{low},{high}]"]
-    if smoke:
-        encoder["sets"] = ["train.steps=3", "train.batch_size=4", "task.n_test=8"]
-    found.insert(0, Experiment("encoder", "encoder", encoder, 1, 0.1 if smoke else 4.0))
-    for id, row in PRETRAINED.items():
-        params = {**rows[row], "init_from": "encoder"}
-        found.append(Experiment(id, "captions", params, seeds, minutes, needs=("encoder",)))
+    own = ["train.steps=3", "train.batch_size=4", "task.n_test=8"] if smoke else ENCODER
+    for id, changes in reversed(ENCODERS.items()):
+        encoder = {"model": "sat-encoder", "task": "mnist"}
+        encoder["sets"] = [*own, f"task.zoom=[{low},{high}]", *changes]
+        found.insert(0, Experiment(id, "encoder", encoder, 1, 0.1 if smoke else 4.0))
+    for id, (row, encoder) in PRETRAINED.items():
+        params = {**rows[row], "init_from": encoder}
+        found.append(Experiment(id, "captions", params, seeds, minutes, needs=(encoder,)))
     warmup = f"model.expectation_warmup={2 if smoke else WARMUP_STEPS}"
     params = {"model": MODELS["hard"], "sets": [*sets, warmup]}
     found.append(Experiment("hard-warmup", "captions", params, seeds, minutes))
@@ -167,16 +175,19 @@ def experiments(budget: str) -> list[Experiment]:
 
 
 def worker(params: dict, ctx: C.Context) -> dict:
-    if ctx.id == "encoder":
+    if ctx.id in ENCODERS:
         return C.train_worker(params["sets"], params["model"], params["task"], ctx)[0]
     sets = params["sets"]
-    if "init_from" in params:  # the encoder's one run, or the same seed's soft row's
+    if "init_from" in params:  # an encoder's one run, or the same seed's soft row's
         sets = [*sets, f"train.init_from={C.sibling_run(ctx, params['init_from'])}"]
     metrics, config, task, model = C.train_worker(sets, params["model"], "digit_captions", ctx)
     metrics["n_test"] = config["task"]["n_test"]
-    if params["model"] == MODELS["hard"] and EXPECTED not in metrics:
-        # a run evaluated before the task reported it: its model evaluated again for it
-        metrics[EXPECTED] = task.evaluate(model)[EXPECTED]
+    later = {EXPECTED} if params["model"] == MODELS["hard"] else set()
+    if params["model"] != MODELS["none"]:
+        later |= {"size_word_correctness", "near_correctness"}
+    if missing := later - metrics.keys():  # a run evaluated before the task reported these
+        evaluated = task.evaluate(model)  # its model evaluated again for them
+        metrics.update({k: evaluated[k] for k in missing})
     return metrics
 
 
@@ -185,7 +196,7 @@ def derive(summary: dict) -> dict:
     of the baseline over soft's."""
     from dataclasses import asdict
 
-    from attnzoo.models.show_attend_tell import hard, no_attention, soft
+    from attnzoo.models.show_attend_tell import hard, no_attention, receptive_field, soft
     from attnzoo.tasks.captions import MAX_LEN, WORDS, DigitCaptionsConfig
 
     task, models = DigitCaptionsConfig(), {"soft": soft(), "hard": hard(), "none": no_attention()}
@@ -194,7 +205,10 @@ def derive(summary: dict) -> dict:
     setup.update(small_low=task.small[0], small_high=task.small[1])
     setup.update(large_low=task.large[0], large_high=task.large[1])
     setup.update(grid=task.canvas // scale, cells=(task.canvas // scale) ** 2, vocab=len(WORDS))
-    setup.update(max_len=MAX_LEN, annotation=models["soft"].channels[-1])
+    setup.update(max_len=MAX_LEN, annotation=models["soft"].channels[-1], cell=scale)
+    convolutions = len(models["soft"].channels)  # the pixels an annotation sees, by last kernel
+    setup.update(field=receptive_field(convolutions))
+    setup.update(field_kernel1=receptive_field(convolutions, 1))
     setup.update(warmup_steps=WARMUP_STEPS, anneal_steps=ANNEAL_STEPS, supervision=SUPERVISION)
     for name, config in models.items():
         setup.update(
@@ -323,7 +337,7 @@ SCORES = columns(f"row=id; exact match %=exact_match_pct; by expectation %={EXPE
 SCORES += columns("BLEU-1=bleu1; BLEU-2=bleu2; BLEU-3=bleu3; BLEU-4=bleu4", 1)
 SCORES += columns("correctness=correctness; uniform=uniform_correctness", 3)
 SCORES += columns("ratio=correctness_over_uniform", 1)
-SCORES += columns("at size word=size_word_correctness", 3)
+SCORES += columns("at size word=size_word_correctness; within a cell=near_correctness", 3)
 RUN = columns("params=params; steps=steps; batch=batch_size; test images=n_test", 0)
 RUN += columns("train min=train_minutes", 1)
 ENCODER_COLUMNS = columns("row=id; MNIST test error %=error", 2)

@@ -12,12 +12,14 @@ from attnzoo.core.hard import reinforce_loss
 from attnzoo.decoding import decode
 from attnzoo.models.show_attend_tell import (
     VARIANTS,
+    Encoder,
     ShowAttendTell,
     ShowAttendTellConfig,
     doubly_stochastic,
     hard,
     no_attention,
     parameter_count,
+    receptive_field,
     soft,
 )
 
@@ -261,11 +263,36 @@ def test_greedy_decoding_through_the_engine_agrees_with_teacher_forcing(variant)
     assert beam.shape[0] == 3
 
 
+@pytest.mark.parametrize("last_kernel", [1, 3, 5])
 @pytest.mark.parametrize("variant", ["soft", "hard", "none"])
-def test_parameter_count_equals_the_built_models(variant):
-    config = ShowAttendTellConfig(variant=variant, channels=(3, 5, 7), hidden=9, embed_dim=4)
+def test_parameter_count_equals_the_built_models(variant, last_kernel):
+    config = ShowAttendTellConfig(
+        variant=variant, channels=(3, 5, 7), last_kernel=last_kernel, hidden=9, embed_dim=4
+    )
     model = ShowAttendTell(config, 13, image_size=(16, 16), channels=1)
     assert parameter_count(config, vocab=13) == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("last_kernel", [1, 3, 5])
+@pytest.mark.parametrize("channels", [(4,), (4, 4), (4, 4, 4, 4)])
+def test_receptive_field_is_the_input_that_reaches_an_annotation(channels, last_kernel):
+    """The pixels whose gradient reaches the middle annotation span `receptive_field` each
+    way. Every weight is positive, so every unit is active and no path is cut, and each max
+    pooling is swapped for an average over the same window, which passes the gradient to
+    every pixel of it (max pooling passes it to one)."""
+    encoder = Encoder(1, channels, last_kernel).double()
+    for p in encoder.parameters():
+        torch.nn.init.constant_(p, 0.1)
+    for k, layer in enumerate(encoder.net):
+        if isinstance(layer, torch.nn.MaxPool2d):
+            encoder.net[k] = torch.nn.AvgPool2d(layer.kernel_size, layer.stride)
+    images = torch.rand(1, 1, 64, 64, dtype=torch.float64, requires_grad=True)
+    maps = encoder.net(images)
+    maps[0, :, maps.shape[-2] // 2, maps.shape[-1] // 2].sum().backward()
+    reached = images.grad[0, 0] != 0
+    field = receptive_field(len(channels), last_kernel)
+    for found in (reached.any(1).nonzero(), reached.any(0).nonzero()):
+        assert int(found.max() - found.min()) + 1 == field
 
 
 def test_the_baseline_has_the_soft_models_parameters_within_two_percent():
@@ -281,6 +308,8 @@ def test_the_baseline_has_the_soft_models_parameters_within_two_percent():
     [
         ("variant", "medium"),
         ("channels", ()),
+        ("last_kernel", 2),
+        ("last_kernel", 0),
         ("hidden", 0),
         ("dropout", 1.0),
         ("expectation_warmup", -1),

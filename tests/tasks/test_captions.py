@@ -27,6 +27,7 @@ from attnzoo.tasks.captions import (
     collate,
     compose,
     detokenize,
+    grown,
 )
 
 NP = r"a (small|large) (" + "|".join(NUMBERS) + ")"
@@ -140,6 +141,51 @@ def test_box_cover_against_a_pixel_level_reference():
     uniform = torch.full((5, 32), 1 / 32, dtype=torch.float64)
     area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]) / canvas**2
     torch.testing.assert_close((uniform * box_cover(boxes, grid, canvas)).sum(-1), area)
+
+
+def test_grown_boxes_against_a_pixel_level_reference():
+    """The mass inside a box grown by a cell: that of the attention upsampled to pixels over
+    the box's pixels and every pixel within one cell's width (columns) or height (rows) of
+    it, on the canvas; for a box at the edge too."""
+    g = torch.Generator().manual_seed(1)
+    grid, canvas = (4, 8), 32  # cells 4 wide, 8 high
+    weights = torch.rand(6, 32, generator=g, dtype=torch.float64).softmax(-1)
+    corners = torch.randint(0, 30, (6, 2), generator=g).double()
+    corners[0] = 0  # at the top left corner: nothing to grow into there
+    boxes = torch.cat([corners, corners + torch.randint(1, 9, (6, 2), generator=g)], -1).clamp(
+        max=32
+    )
+    got = (weights * box_cover(grown(boxes, grid, canvas), grid, canvas)).sum(-1)
+    for k in range(6):
+        x0, y0, x1, y1 = (int(v) for v in boxes[k])
+        total = 0.0
+        for y in range(max(0, y0 - 8), min(canvas, y1 + 8)):
+            for x in range(max(0, x0 - 4), min(canvas, x1 + 4)):
+                cell = (y * grid[0] // canvas) * grid[1] + x * grid[1] // canvas
+                total += float(weights[k, cell]) / ((canvas / grid[0]) * (canvas / grid[1]))
+        assert got[k].item() == pytest.approx(total, rel=1e-12)
+
+
+def test_near_correctness_of_uniform_attention_is_the_grown_area(task):
+    """Uniform attention puts in the grown box its share of the canvas: near_correctness is
+    the mean over digit words of that area (one cell of the 8 x 8 map is canvas / 8 wide and
+    high), and at least the correctness."""
+    small = dict(channels=(4, 8, 8, 8), embed_dim=8, hidden=8, attn_hidden=8, dropout=0.0)
+    model = ShowAttendTell(soft(**small), **task.model_dims()).eval()
+    with torch.no_grad():
+        for p in model.score.parameters():
+            p.zero_()  # every logit 0: uniform weights
+    metrics = task.evaluate(model)
+    batch, _ = task.held_out("test")
+    canvas = task.config.canvas
+    cell = canvas / 8
+    areas = []
+    for x0, y0, x1, y1 in batch.boxes[batch.has_box].tolist():
+        width = min(canvas, x1 + cell) - max(0, x0 - cell)
+        height = min(canvas, y1 + cell) - max(0, y0 - cell)
+        areas.append(width * height / canvas**2)
+    assert metrics["near_correctness"] == pytest.approx(sum(areas) / len(areas), rel=1e-5)
+    assert metrics["near_correctness"] > metrics["correctness"]
 
 
 def test_the_loss_adds_the_penalty_and_counts_real_tokens(task):

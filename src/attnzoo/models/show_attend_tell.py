@@ -100,6 +100,9 @@ class ShowAttendTellConfig:
     variant: soft | hard | none (no attention: the mean annotation at every step).
     channels: output channels of the encoder's 3 x 3 convolutions; each but the last is
         followed by 2 x 2 max pooling (D, the annotation size, is the last).
+    last_kernel: the side of the last convolution's kernel (odd; 3: the same as the others).
+        It sets how far past its own cell an annotation sees: with the default channels a
+        cell of 8 pixels sees 38 (`Encoder.receptive_field`) with 3 and 22 with 1.
     embed_dim: m, the word embedding (also the deep output's width).
     hidden: n, the LSTM's width.
     attn_hidden: the additive score's tanh layer.
@@ -133,6 +136,7 @@ class ShowAttendTellConfig:
 
     variant: str = "soft"
     channels: tuple[int, ...] = CHANNELS
+    last_kernel: int = 3
     embed_dim: int = 64
     hidden: int = 192
     attn_hidden: int = 64
@@ -153,6 +157,7 @@ class ShowAttendTellConfig:
         if self.credit not in CREDITS:
             fail("ShowAttendTellConfig", "credit", f"one of {list(CREDITS)}", repr(self.credit))
         _check_channels("ShowAttendTellConfig", self.channels)
+        _check_kernel("ShowAttendTellConfig", self.last_kernel)
         for name in ("embed_dim", "hidden", "attn_hidden"):
             check_size("ShowAttendTellConfig", name, getattr(self, name))
         if not 0 <= self.dropout < 1:
@@ -199,7 +204,8 @@ class ShowAttendTellConfig:
         doubly stochastic weight; hard the policy-gradient options (the moving-average
         baseline only where a whole caption's reward is credited); both the attention
         supervision weight."""
-        fields = {"variant", "channels", "embed_dim", "hidden", "attn_hidden", "dropout"}
+        fields = {"variant", "channels", "last_kernel", "embed_dim", "hidden", "attn_hidden"}
+        fields.add("dropout")
         if self.variant != "none":
             fields.add("attention_supervision")
         if self.variant == "soft":
@@ -217,6 +223,11 @@ def _check_channels(owner: str, channels) -> None:
         fail(owner, "channels", "a non-empty tuple of ints", channels)
     for c in channels:
         check_size(owner, "channels", c)
+
+
+def _check_kernel(owner: str, kernel) -> None:
+    if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
+        fail(owner, "last_kernel", "an odd int >= 1 (the map keeps its size)", repr(kernel))
 
 
 def soft(**overrides) -> ShowAttendTellConfig:
@@ -245,8 +256,9 @@ def parameter_count(config: ShowAttendTellConfig, vocab: int = 20) -> int:
     c = config
     d, n, m, a = c.channels[-1], c.hidden, c.embed_dim, c.attn_hidden
     count, previous = 0, 1  # the image channels are not known here: counted as 1, see below
-    for out in c.channels:
-        count += previous * out * 9 + out
+    for k, out in enumerate(c.channels):
+        side = c.last_kernel if k == len(c.channels) - 1 else 3
+        count += previous * out * side**2 + out
         previous = out
     count += 2 * (d * n + n)  # f_init,h and f_init,c
     count += vocab * m  # E
@@ -278,15 +290,18 @@ def matched_hidden(reference: ShowAttendTellConfig) -> int:
 
 class Encoder(nn.Module):
     """The CNN: 3 x 3 convolutions with ReLU, 2 x 2 max pooling after each but the last (run
-    before that block's ReLU, the same function: `image_baselines.pool_then_relu`).
+    before that block's ReLU, the same function: `image_baselines.pool_then_relu`); the last
+    convolution's kernel is `last_kernel` x `last_kernel`.
     images (b, channels, H, W) -> annotations (b, L, D), L = h * w of the last map."""
 
-    def __init__(self, in_channels: int, channels: tuple[int, ...]):
+    def __init__(self, in_channels: int, channels: tuple[int, ...], last_kernel: int = 3):
         super().__init__()
         layers: list[nn.Module] = []
         for k, out in enumerate(channels):
-            layers.append(nn.Conv2d(in_channels, out, 3, padding=1))
-            layers += pool_then_relu() if k < len(channels) - 1 else [nn.ReLU()]
+            last = k == len(channels) - 1
+            side = last_kernel if last else 3
+            layers.append(nn.Conv2d(in_channels, out, side, padding=side // 2))
+            layers += [nn.ReLU()] if last else pool_then_relu()
             in_channels = out
         self.net = nn.Sequential(*layers)
         self.pools = len(channels) - 1
@@ -296,16 +311,33 @@ class Encoder(nn.Module):
         return maps.flatten(2).transpose(1, 2)  # (b, L, D)
 
 
+def receptive_field(convolutions: int, last_kernel: int = 3) -> int:
+    """The side, in pixels, of the input an annotation of `Encoder` sees: each 3 x 3
+    convolution adds 2 steps of its map, each 2 x 2 pooling 1, and a step doubles with each
+    pooling (the default 8 x 8 map: 38 pixels, a cell 8)."""
+    side, step = 1, 1
+    for k in range(convolutions):
+        last = k == convolutions - 1
+        side += ((last_kernel if last else 3) - 1) * step
+        if not last:
+            side += step
+            step *= 2
+    return side
+
+
 @dataclass(frozen=True)
 class EncoderConfig:
     """Attributes:
-    channels: the encoder's convolutions, as `ShowAttendTellConfig.channels`."""
+    channels: the encoder's convolutions, as `ShowAttendTellConfig.channels`.
+    last_kernel: as `ShowAttendTellConfig.last_kernel`."""
 
     channels: tuple[int, ...] = CHANNELS
+    last_kernel: int = 3
 
     def __post_init__(self):
         check_fields(self)
         _check_channels("EncoderConfig", self.channels)
+        _check_kernel("EncoderConfig", self.last_kernel)
 
 
 def encoder_classifier(**overrides) -> EncoderConfig:
@@ -328,7 +360,7 @@ class EncoderClassifier(nn.Module):
         check_size("EncoderClassifier", "channels", channels)
         check_size("EncoderClassifier", "classes", classes)
         self.image_size = image_size = check_image_size("EncoderClassifier", image_size)
-        self.encoder = Encoder(channels, tuple(config.channels))
+        self.encoder = Encoder(channels, tuple(config.channels), config.last_kernel)
         if min(image_size) < 2**self.encoder.pools:
             wanted = f"sides of at least {2**self.encoder.pools}"
             fail("EncoderClassifier", "image_size", wanted, image_size)
@@ -411,7 +443,7 @@ class ShowAttendTell(nn.Module):
         check_size("ShowAttendTell", "vocab", vocab)
         check_size("ShowAttendTell", "max_len", max_len, optional=True)
         check_size("ShowAttendTell", "channels", channels)
-        self.encoder = Encoder(channels, tuple(c.channels))
+        self.encoder = Encoder(channels, tuple(c.channels), c.last_kernel)
         scale = 2**self.encoder.pools
         image_size = check_image_size("ShowAttendTell", image_size)
         if any(s % scale for s in image_size):

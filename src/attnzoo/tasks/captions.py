@@ -324,6 +324,14 @@ def box_cover(boxes: torch.Tensor, grid: tuple[int, int], canvas: int) -> torch.
     return (over_y[..., :, None] * over_x[..., None, :]).flatten(-2)  # (..., gh gw)
 
 
+def grown(boxes: torch.Tensor, grid: tuple[int, int], canvas: int, cells: int = 1) -> torch.Tensor:
+    """Boxes (..., 4) pixels grown by `cells` feature-map cells on every side, clipped to the
+    canvas: with `box_cover`, the cells a box touches and those next to them."""
+    gh, gw = grid
+    step = boxes.new_tensor([-canvas / gw, -canvas / gh, canvas / gw, canvas / gh]) * cells
+    return (boxes + step).clamp(0, canvas)
+
+
 def correctness(
     weights: torch.Tensor, batch: CaptionBatch, grid: tuple[int, int], canvas: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -520,7 +528,9 @@ class DigitCaptionsTask:
         (box area / canvas area) and their ratio, and `size_word_correctness`: the mass
         inside the same boxes one step earlier, at each digit word's size word (the grammar
         names every digit "a small|large DIGIT"), which tells whether attention looked at a
-        digit to size it and named it from memory; `n` images. A hard-attention model also
+        digit to size it and named it from memory, and `near_correctness`: the mass inside
+        each box grown by one feature-map cell on every side (`grown`), which tells how much of
+        the weight outside the box lies next to it; `n` images. A hard-attention model also
         gets `exact_match_expected_pct`: its captions decoded by the expectation at every
         step instead of a sampled cell (`ShowAttendTell.start`), the authors' released
         code's default for generating captions from a hard model."""
@@ -530,7 +540,7 @@ class DigitCaptionsTask:
         g = sampling_generator(device).manual_seed(self.config.seed + 17)
         hard = getattr(getattr(model, "config", None), "variant", "") == "hard"
         g_expected = sampling_generator(device).manual_seed(self.config.seed + 18)
-        hypotheses, masses, uniforms, befores, expected = [], [], [], [], []
+        hypotheses, masses, uniforms, befores, nears, expected = [], [], [], [], [], []
         for part in self._parts(batch):
             part = move(part, device)
             hypotheses += [detokenize(ids) for ids in self.decode(model, part.images, g)]
@@ -546,6 +556,8 @@ class DigitCaptionsTask:
                 # the same boxes one step earlier: each digit word's size word
                 earlier = part._replace(boxes=part.boxes[:, 1:], has_box=part.has_box[:, 1:])
                 befores.append(correctness(weights[:, :-1], earlier, out.grid, canvas)[0].cpu())
+                near = part._replace(boxes=grown(part.boxes, out.grid, canvas))
+                nears.append(correctness(weights, near, out.grid, canvas)[0].cpu())
         n = len(references)
         metrics: dict = {
             "exact_match_pct": 100.0
@@ -566,6 +578,7 @@ class DigitCaptionsTask:
             metrics["uniform_correctness"] = float(uniform.mean())
             metrics["correctness_over_uniform"] = float(mass.mean() / uniform.mean())
             metrics["size_word_correctness"] = float(torch.cat(befores).mean())
+            metrics["near_correctness"] = float(torch.cat(nears).mean())
             metrics["boxed_words"] = len(mass)
         return metrics
 
