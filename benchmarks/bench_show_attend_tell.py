@@ -312,7 +312,8 @@ def figures(data: dict, folder: Path) -> list[Path]:
 TARGETS = targets(
     "issue 13",
     *((f"{id}: {name}", id, key, ">=", threshold)
-      for id in ("soft", *ABLATIONS, "soft-lambda0-pretrained", "soft-12k")
+      for id in ("soft", *ABLATIONS, "soft-lambda0-pretrained", "soft-lambda0-kernel1-pretrained",
+                 "soft-12k")
       for name, key, threshold in (
           ("exact caption match % >= 95", "exact_match_pct", 95),
           ("attention correctness >= 0.5", "correctness", 0.5),
