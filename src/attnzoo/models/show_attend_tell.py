@@ -102,7 +102,7 @@ class ShowAttendTellConfig:
         followed by 2 x 2 max pooling (D, the annotation size, is the last).
     last_kernel: the side of the last convolution's kernel (odd; 3: the same as the others).
         It sets how far past its own cell an annotation sees: with the default channels a
-        cell of 8 pixels sees 38 (`Encoder.receptive_field`) with 3 and 22 with 1.
+        cell of 8 pixels sees a square of 38 (`receptive_field`) with 3 and of 22 with 1.
     embed_dim: m, the word embedding (also the deep output's width).
     hidden: n, the LSTM's width.
     attn_hidden: the additive score's tanh layer.
@@ -312,9 +312,9 @@ class Encoder(nn.Module):
 
 
 def receptive_field(convolutions: int, last_kernel: int = 3) -> int:
-    """The side, in pixels, of the input an annotation of `Encoder` sees: each 3 x 3
-    convolution adds 2 steps of its map, each 2 x 2 pooling 1, and a step doubles with each
-    pooling (the default 8 x 8 map: 38 pixels, a cell 8)."""
+    """The side, in pixels, of the square of input an annotation of `Encoder` sees: a k x k
+    convolution adds k - 1 steps of its map, a 2 x 2 pooling 1, and a step doubles with each
+    pooling (the default 8 x 8 map of a 64 x 64 canvas: 38 pixels, for a cell of 8)."""
     side, step = 1, 1
     for k in range(convolutions):
         last = k == convolutions - 1

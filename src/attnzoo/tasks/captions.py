@@ -324,11 +324,11 @@ def box_cover(boxes: torch.Tensor, grid: tuple[int, int], canvas: int) -> torch.
     return (over_y[..., :, None] * over_x[..., None, :]).flatten(-2)  # (..., gh gw)
 
 
-def grown(boxes: torch.Tensor, grid: tuple[int, int], canvas: int, cells: int = 1) -> torch.Tensor:
-    """Boxes (..., 4) pixels grown by `cells` feature-map cells on every side, clipped to the
+def grown(boxes: torch.Tensor, grid: tuple[int, int], canvas: int) -> torch.Tensor:
+    """Boxes (..., 4) pixels grown by one feature-map cell on every side, clipped to the
     canvas: with `box_cover`, the cells a box touches and those next to them."""
     gh, gw = grid
-    step = boxes.new_tensor([-canvas / gw, -canvas / gh, canvas / gw, canvas / gh]) * cells
+    step = boxes.new_tensor([-canvas / gw, -canvas / gh, canvas / gw, canvas / gh])
     return (boxes + step).clamp(0, canvas)
 
 
