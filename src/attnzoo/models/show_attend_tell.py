@@ -204,8 +204,9 @@ class ShowAttendTellConfig:
         doubly stochastic weight; hard the policy-gradient options (the moving-average
         baseline only where a whole caption's reward is credited); both the attention
         supervision weight."""
-        fields = {"variant", "channels", "last_kernel", "embed_dim", "hidden", "attn_hidden"}
-        fields.add("dropout")
+        fields = {
+            "variant", "channels", "last_kernel", "embed_dim", "hidden", "attn_hidden", "dropout"
+        }  # fmt: skip
         if self.variant != "none":
             fields.add("attention_supervision")
         if self.variant == "soft":
@@ -256,8 +257,7 @@ def parameter_count(config: ShowAttendTellConfig, vocab: int = 20) -> int:
     c = config
     d, n, m, a = c.channels[-1], c.hidden, c.embed_dim, c.attn_hidden
     count, previous = 0, 1  # the image channels are not known here: counted as 1, see below
-    for k, out in enumerate(c.channels):
-        side = c.last_kernel if k == len(c.channels) - 1 else 3
+    for out, side in zip(c.channels, kernel_sides(len(c.channels), c.last_kernel), strict=True):
         count += previous * out * side**2 + out
         previous = out
     count += 2 * (d * n + n)  # f_init,h and f_init,c
@@ -297,11 +297,10 @@ class Encoder(nn.Module):
     def __init__(self, in_channels: int, channels: tuple[int, ...], last_kernel: int = 3):
         super().__init__()
         layers: list[nn.Module] = []
-        for k, out in enumerate(channels):
-            last = k == len(channels) - 1
-            side = last_kernel if last else 3
+        sides = kernel_sides(len(channels), last_kernel)
+        for k, (out, side) in enumerate(zip(channels, sides, strict=True)):
             layers.append(nn.Conv2d(in_channels, out, side, padding=side // 2))
-            layers += [nn.ReLU()] if last else pool_then_relu()
+            layers += [nn.ReLU()] if k == len(channels) - 1 else pool_then_relu()
             in_channels = out
         self.net = nn.Sequential(*layers)
         self.pools = len(channels) - 1
@@ -311,15 +310,19 @@ class Encoder(nn.Module):
         return maps.flatten(2).transpose(1, 2)  # (b, L, D)
 
 
+def kernel_sides(convolutions: int, last_kernel: int = 3) -> list[int]:
+    """The side of each of `Encoder`'s convolution kernels: 3, the last `last_kernel`."""
+    return [3] * (convolutions - 1) + [last_kernel]
+
+
 def receptive_field(convolutions: int, last_kernel: int = 3) -> int:
     """The side, in pixels, of the square of input an annotation of `Encoder` sees: a k x k
     convolution adds k - 1 steps of its map, a 2 x 2 pooling 1, and a step doubles with each
     pooling (the default 8 x 8 map of a 64 x 64 canvas: 38 pixels, for a cell of 8)."""
     side, step = 1, 1
-    for k in range(convolutions):
-        last = k == convolutions - 1
-        side += ((last_kernel if last else 3) - 1) * step
-        if not last:
+    for k, kernel in enumerate(kernel_sides(convolutions, last_kernel)):
+        side += (kernel - 1) * step
+        if k < convolutions - 1:  # the pooling after it
             side += step
             step *= 2
     return side
