@@ -68,8 +68,6 @@ def worker(params: dict, ctx: C.Context) -> dict:
     with torch.no_grad():
         beam = {k: v for k, v in task.evaluate(model).items() if v is not None}
     metrics[f"beam{BEAM}"] = beam
-    if "gap_pct" in beam:
-        metrics["best_gap_pct"] = min(metrics["gap_pct"], beam["gap_pct"])
     metrics["n_test"], metrics["beam_size"] = config["task"]["n_test"], BEAM
     return {k: v for k, v in metrics.items() if v is not None}
 
@@ -87,8 +85,10 @@ def figures(data: dict, folder: Path) -> list[Path]:
 
 TARGETS = targets(
     "issue 5",
-    ("TSP n5: gap to optimal % (best of greedy, beam)", "tsp-n5", "best_gap_pct", "<=", 0.5),
-    ("TSP n10: gap to optimal % (best of greedy, beam)", "tsp-n10", "best_gap_pct", "<=", 2),
+    # beam search over valid tours, the decoding fixed before the runs (not the better of
+    # greedy and beam on the test set)
+    ("TSP n5: gap to optimal %, beam search", "tsp-n5", f"beam{BEAM}.gap_pct", "<=", 0.5),
+    ("TSP n10: gap to optimal %, beam search", "tsp-n10", f"beam{BEAM}.gap_pct", "<=", 2),
     ("convex hull n10: accuracy %", "convex_hull-n10", "accuracy", ">=", 85),
     ("convex hull n10: area coverage %", "convex_hull-n10", "area_coverage", ">=", 99),
     (
