@@ -154,6 +154,25 @@ def test_gradcheck_through_attention(name, geometry):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_gradgradcheck_through_a_masked_call(name):
+    """Second derivatives (create_graph) through a call with padding: the selection that clears
+    the padding had a backward autograd could not see through, so the gradients came back
+    detached and a double backward lost every term through the keys and values. The paths
+    with weights (plain autograd; SDPA's CPU backward has no derivative of its own)."""
+    score, _ = make(name)
+    score = score.double()
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 3, 6, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 4, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 4, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True, True, False, True], [False, True, True, True]])[:, None]
+    assert torch.autograd.gradgradcheck(
+        lambda k, v: attention(q, k, v, score=score, mask=mask, return_weights=True).context,
+        (k, v),
+    )
+
+
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("window", [1, 3])
 @pytest.mark.parametrize(("i", "j"), [(7, 17), (17, 7)])
@@ -399,6 +418,41 @@ def test_a_key_prepared_with_its_mask_is_cleared_once_and_gives_the_same_result(
     picked = prepared.index_select(rows)
     out = attnzoo.attention(q[rows], picked, picked.value, score=score, mask=picked.mask)
     torch.testing.assert_close(out.context, expected.context[rows])
+
+
+@pytest.mark.parametrize("shape", ["key_len", "broadcast"])
+def test_index_select_keeps_a_mask_without_a_batch_dim(shape):
+    """A (key_len,) or (1, 1, key_len) padding mask has no batch dim to select rows from: with
+    as many rows as keys, the (key_len,) one was reordered over the keys (a wrong context), the
+    other raised a bare IndexError. Both stay as they are, and the rows attend as unprepared."""
+    torch.manual_seed(0)
+    score = scores.make_score("scaled_dot", 4, 4)
+    k, v, q = torch.randn(5, 5, 4), torch.randn(5, 5, 4), torch.randn(5, 1, 4)
+    padding = torch.tensor([True, True, True, False, False])
+    mask = padding if shape == "key_len" else padding.view(1, 1, 5)
+    prepared = attnzoo.prepare_key(score, k, value=v, mask=mask)
+    rows = torch.tensor([4, 3, 2, 1, 0])
+    picked = prepared.index_select(rows)
+    assert torch.equal(picked.mask, mask)
+    out = attnzoo.attention(q[rows], picked, picked.value, score=score, mask=picked.mask)
+    expected, _ = ref_attention(ref_logits("scaled_dot", q[rows], k[rows]), v[rows], padding)
+    torch.testing.assert_close(out.context.double(), expected)
+
+
+@pytest.mark.parametrize("name", ["scaled_dot", "additive"])
+def test_the_prepared_mask_widened_in_place_keeps_the_cleared_keys_out(name):
+    """PreparedKey.mask itself (the copy prepare_key keeps) widened in place: attention() took
+    the changed copy as its record of the cleared keys and attended them as zero keys. The
+    record is kept apart: the call gives the raw keys under the widened mask and the padding."""
+    torch.manual_seed(0)
+    score = scores.make_score(name, 6, 6, d_hidden=5)
+    k, v, q = torch.randn(1, 5, 6), torch.randn(1, 5, 6), torch.randn(1, 2, 6)
+    padding = torch.tensor([[[True, True, True, False, False]]])
+    prepared = attnzoo.prepare_key(score, k, value=v, mask=padding)
+    prepared.mask[..., 3] = True
+    got = attnzoo.attention(q, prepared, prepared.value, score=score, mask=prepared.mask)
+    expected = attnzoo.attention(q, k, v, score=score, mask=padding)
+    torch.testing.assert_close(got.context, expected.context)
 
 
 @pytest.mark.parametrize("name", ["scaled_dot", "additive", "general", "location"])

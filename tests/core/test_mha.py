@@ -314,6 +314,24 @@ def test_reordered_cross_cache_told_the_reordered_mask_skips_clearing(told, monk
     assert len(calls) == (0 if told else 1)
 
 
+@pytest.mark.parametrize("shape", [(7,), (1, 1, 7)], ids=["key_len", "broadcast"])
+def test_a_cross_cache_filled_under_a_mask_without_a_batch_dim_reorders(shape):
+    """A cache filled under a (key_len,) or (1, 1, key_len) mask kept a record of the cleared
+    keys without a batch dim: reorder() indexed it as one and raised a bare IndexError."""
+    mha = MultiHeadAttention(8, 2).eval()
+    torch.manual_seed(0)
+    x, memory = torch.randn(3, 1, 8), torch.randn(3, 7, 8)
+    mask = (torch.arange(7) < 5).view(shape)
+    index = torch.tensor([2, 2, 0, 1])
+    with torch.no_grad():
+        expected = mha(x[index], memory[index], mask=mask).context
+        cache = KVCache()
+        mha(x, memory, mask=mask, cache=cache)
+        cache.reorder(index)
+        got = mha(x[index], memory[index], cache=cache).context
+    torch.testing.assert_close(got, expected)
+
+
 def test_a_cross_cache_reordered_without_masks_keeps_its_padding_out():
     """Reordered without `masks`, the cache forgot which keys its memory was cleared under: a
     later call without a mask attended the cleared padding (zeros, projected)."""

@@ -107,6 +107,18 @@ def test_cosine_zero_memory_has_finite_gradient():
     assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cosine_in_half_precision_gives_zero_rows_similarity_zero(dtype):
+    """eps = 1e-8 is 0 in fp16: a zero row (the NTM's empty memory, cleared padding) gave
+    0 / 0 = NaN. Normalised in float32, it gives similarity 0, and the rest the reference's."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    k[:, 3:] = 0
+    got = scores.Cosine()(q.to(dtype), k.to(dtype))
+    assert got.dtype == dtype and torch.equal(got[..., 3:], torch.zeros_like(got[..., 3:]))
+    torch.testing.assert_close(got.double(), ref_logits("cosine", q, k), rtol=0.02, atol=0.02)
+
+
 def test_cosine_per_query_beta():
     q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
     beta = torch.rand(2, 3) * 5

@@ -345,6 +345,48 @@ def test_garbage_in_masked_keys_and_values_never_reaches_an_output(
 
 
 @pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("geometry", ["causal", "window"])
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+@pytest.mark.parametrize("prepared", [False, True], ids=["keys", "prepared"])
+def test_garbage_in_keys_no_query_reaches_never_reaches_an_output(
+    monkeypatch, path, geometry, garbage, prepared
+):
+    """I = 5 queries, J = 9 keys: the keys past the last query's causal (j >= 5) or window-1
+    (j >= 6) reach are attended by no query, padding in all but name. Garbage there changes no
+    output and no gradient of the inputs; nor of the score's parameters when the call projects
+    the keys (a key prepared without a mask was projected as given: prepare_key's docstring)."""
+    name, kwargs, block = PATHS[path]
+    if block is not None:
+        monkeypatch.setattr(additive, "BLOCK_ELEMENTS", block)
+    kwargs = {
+        **kwargs,
+        "causal": geometry == "causal",
+        "window": 1 if geometry == "window" else None,
+    }
+    reach = I if geometry == "causal" else I + 1
+    score = make_score(name)
+    q, k, v = _inputs()
+
+    def run(k, v):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        q_, k_, v_ = leaves
+        if prepared:
+            k_ = prepare_key(score, k_)
+        out = attention(q_, k_, v_, score=score, **kwargs)
+        wrt = [q_, v_] if prepared else [*leaves, *score.parameters()]
+        return out, _gradients(out, wrt)
+
+    clean, clean_gradients = run(k, v)
+    k, v = k.clone(), v.clone()
+    k[:, reach:], v[:, reach:] = GARBAGE[garbage], GARBAGE[garbage]
+    out, gradients = run(k, v)
+    assert torch.equal(out.context, clean.context)
+    if kwargs.get("return_weights"):
+        assert torch.equal(out.weights, clean.weights)
+    _assert_same_gradients(gradients, clean_gradients)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
 def test_nan_at_a_position_some_queries_attend_is_never_a_wrong_number(monkeypatch, path):
     """Causal attention with a NaN key and value at position 6: queries 6.. attend it and are
     NaN; queries before it exclude it, and each of their rows is either exactly the clean row
@@ -517,6 +559,32 @@ def test_garbage_in_padding_of_the_public_additive_kernel(monkeypatch):
             grads = torch.autograd.grad(out.square().sum(), leaves)
             real = [g if g.dim() < 3 else g[1, :30] for g in grads]
             results.append((out, real))
+        (out0, grads0), (out1, grads1) = results
+        assert torch.equal(out0, out1)
+        for g0, g1 in zip(grads0, grads1, strict=True):
+            assert torch.equal(g0, g1)
+
+
+@pytest.mark.parametrize("geometry", [{"causal": True}, {"window": 2}], ids=["causal", "window"])
+def test_garbage_past_every_query_in_the_public_additive_kernel(monkeypatch, geometry):
+    """additive_attention itself with 20 queries over 48 keys: the keys past the last query's
+    reach (20 on causal, 22 with window 2) hold NaN; the context and every gradient are those of
+    clean keys, blockwise and in one block."""
+    a, b, v, value = _additive_problem(0)
+    a = a[:, :20]
+    reach = 20 if geometry.get("causal") else 22
+    for block in (additive.BLOCK_ELEMENTS, 4096):
+        monkeypatch.setattr(additive, "BLOCK_ELEMENTS", block)
+        results = []
+        for garbage in (0.0, NAN):
+            b2, value2 = b.clone(), value.clone()
+            b2[:, reach:], value2[:, reach:] = garbage, garbage
+            leaves = [t.clone().requires_grad_() for t in (a, b2, v, value2)]
+            out = additive_attention(*leaves, **geometry)
+            grads = torch.autograd.grad(out.square().sum(), leaves)
+            results.append(
+                (out, [g if g.dim() < 3 or g.shape[1] == 20 else g[:, :reach] for g in grads])
+            )
         (out0, grads0), (out1, grads1) = results
         assert torch.equal(out0, out1)
         for g0, g1 in zip(grads0, grads1, strict=True):

@@ -18,9 +18,11 @@ Non-finite values (DESIGN.md: nothing silently wrong), by construction, with no 
   (`normalisers.propagate_nonfinite`; on the CPU one read of each sum skips it all when the
   inputs are finite). A non-finite query row is non-finite also when it has no allowed key;
   a finite one with no allowed key gets zeros;
-- a key or value position that the mask excludes for every query (padding) is set to 0 by
-  selection before use on every path, before the score projects the keys
-  (`masks.clear_unattended`), so what it holds never reaches an output or a gradient;
+- a key or value position that the mask excludes for every query (padding), or that no
+  query reaches under causal or window when there are fewer queries than keys
+  (`masks.reached_keys`), is set to 0 by selection before use on every path, before the score
+  projects the keys (`masks.clear_unattended`), so what it holds never reaches an output or a
+  gradient;
 - a position excluded for some queries only (causal, window, a per-query mask) is attended
   input: its key never reaches an excluded query's logits on the plain paths (filled, not
   added), but a non-finite value there can reach an excluded query of the same row through
@@ -48,6 +50,7 @@ from attnzoo.core.masks import (
     clear_unattended,
     combine_masks,
     geometry_mask,
+    reached_keys,
     same_mask,
 )
 from attnzoo.core.normalisers import (
@@ -75,8 +78,9 @@ def prepare_key(
     prepared.value, mask=prepared.mask)` then skips that work at every step. The keys it
     cleared (those no query of `mask` attends) hold zeros from then on, so they stay excluded
     whatever mask a call passes: a call with another mask, or none, gives what the raw keys
-    give under that mask and the padding. `PreparedKey.mask` is a copy of `mask`: a later
-    change of `mask` in place leaves it, hence the keys it says were cleared, as they were.
+    give under that mask and the padding. `PreparedKey.mask` is a copy of `mask`, and the
+    keys it cleared are recorded apart (`PreparedKey.attended`): a later change in place of
+    `mask` or of that copy leaves the record, hence the padding, as it was.
 
     Without `mask` the keys are projected as given: a later call's mask keeps their padding
     out of every output, but a score with a key projection (additive, general) then reads
@@ -91,7 +95,8 @@ def prepare_key(
     # a copy: the caller's mask changed in place would otherwise un-exclude the keys cleared
     # here (they hold zeros, attended as zero keys: a context changed without a word)
     mask = mask.clone()
-    return PreparedKey(score.prepare_key(key), score, value, mask, mask_version(mask))
+    attended = attended_keys(mask).transpose(-2, -1).clone()  # (..., 1, key_len)
+    return PreparedKey(score.prepare_key(key), score, value, mask, mask_version(mask), attended)
 
 
 def _check_prepare_inputs(key, value, mask) -> None:
@@ -158,8 +163,8 @@ def attention(
         # cleared once by prepare_key under this very mask, unchanged since, for these values:
         # not again (geometry may leave other keys unattended, so only without it)
         cleared = same and key.value is value and not causal and window is None
-        if key.mask is not None and not same:
-            padding = key.mask  # its cleared keys hold zeros: they stay excluded (below)
+        if key.attended is not None and not same:
+            padding = key.attended  # its cleared keys hold zeros: they stay excluded (below)
         key, prepared = key.tensor, True
     else:
         prepared = False
@@ -175,7 +180,7 @@ def attention(
         weights = (*lead, query.shape[-2], key.shape[-2])
         check_mask("attention", mask, weights, query.device, full_rank=True)
     if padding is not None:  # (..., 1, key_len): the keys its mask let some query attend
-        mask = combine_masks(mask, attended_keys(padding).transpose(-2, -1))
+        mask = combine_masks(mask, padding)
     if dropout.__class__ is not float or not 0.0 <= dropout < 1.0:
         check_dropout("attention", dropout)  # (an int 0 passes it)
     if causal.__class__ is not bool:
@@ -184,14 +189,20 @@ def attention(
         check_flag("attention", "return_weights", return_weights)
     if window is not None:
         check_window("attention", window)
+    reached = None  # the keys within some query's causal or window reach
+    if causal or window is not None:
+        i, j = query.shape[-2], value.shape[-2]
+        reached = reached_keys(i, j, causal=causal, window=window, device=query.device)
     if not prepared:
-        if mask is not None:
+        if (clearing := combine_masks(mask, reached)) is not None:
             # cleared before the score's projection (U_a k), whose weight's gradient would
             # otherwise read the padding (0 * NaN); once here for the paths below unless a
             # causal or window mask leaves more keys to clear there
-            key, value = clear_unattended(mask, key, value)
+            key, value = clear_unattended(clearing, key, value)
             cleared = not causal and window is None
         key = score.prepare_key(key)
+    elif reached is not None:  # the prepared keys no query reaches (not cleared by the kernels)
+        key, value = clear_unattended(reached, key, value)
     return _attend(query, key, value, score, mask, causal, window, dropout, return_weights, cleared)
 
 

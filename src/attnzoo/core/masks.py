@@ -130,6 +130,24 @@ def window_mask(
     return (j[None, None, :] - centers[..., None]).abs() <= window  # (batch, query_len, key_len)
 
 
+def reached_keys(
+    query_len: int,
+    key_len: int,
+    *,
+    causal: bool = False,
+    window: int | None = None,
+    device: torch.device | None = None,
+) -> torch.Tensor | None:
+    """bool (key_len,): the keys some query may attend under `geometry_mask`'s constraints at
+    offset 0, or None when every key is. The others lie past the last query's reach (causal:
+    j >= query_len; window D alone: j >= query_len + D), when there are fewer queries than
+    keys: no query attends them, so they are cleared as padding is (`clear_unattended`)."""
+    reach = query_len if causal else query_len + window if window is not None else key_len
+    if reach >= key_len:
+        return None
+    return torch.arange(key_len, device=device) < reach
+
+
 def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
     """Logical AND of broadcastable masks; None entries mean "no constraint"."""
     present = [m for m in masks if m is not None]
@@ -214,4 +232,6 @@ class _KeepRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (bits,) = ctx.saved_tensors
-        return _and(grad, bits), None
+        # the same selection, itself differentiable: a double backward (create_graph) goes
+        # through it as through the forward
+        return (_KeepRows.apply(grad, bits) if grad.requires_grad else _and(grad, bits)), None

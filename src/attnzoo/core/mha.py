@@ -142,7 +142,9 @@ class KVCache:
                 fail("KVCache.reorder", "masks", expected, got, CacheError)
             cleared = _cleared_record(kept)
         elif self._cleared_under is not None:  # its padding rows hold no memory: still out
-            attended = self._cleared_under[2].index_select(0, index)  # (new_batch, 1, j)
+            attended = self._cleared_under[2]  # (b | 1, 1, j)
+            if attended.shape[0] != 1:  # a batch dim, not a broadcast one
+                attended = attended.index_select(0, index)  # (new_batch, 1, j)
             cleared = (attended, None, attended)  # a mask no call passes: never "the same"
         self.key, self.value, self._tape, self._cleared_under = key, value, tape, cleared
 
@@ -604,9 +606,11 @@ class MultiHeadAttention(nn.Module):
 
 def _cleared_record(mask: torch.Tensor) -> tuple[torch.Tensor, int | None, torch.Tensor]:
     """`KVCache._cleared_under` for memory cleared under `mask`: the mask and its version (is a
-    later call's mask that one, unchanged?) and the keys it let some query attend, (b, 1, j),
+    later call's mask that one, unchanged?) and the keys it let some query attend, (b | 1, 1, j),
     read now (a mask widened in place later let the cleared keys, zeros, be attended)."""
     attended = attended_keys(_per_batch(mask)).transpose(-2, -1)  # (a view of a (b, 1, j) mask)
+    if attended.dim() == 2:  # a (key_len,) mask's: (1, j)
+        attended = attended.unsqueeze(0)
     return mask, mask_version(mask), attended.clone()
 
 

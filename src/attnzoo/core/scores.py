@@ -313,11 +313,11 @@ class Cosine(DotFamily):
         self.beta, self.eps = beta, eps
 
     def prepare_key(self, key):
-        return F.normalize(key, dim=-1, eps=self.eps)
+        return _unit(key, self.eps)
 
     def as_dot(self, query, prepared_key, beta: torch.Tensor | float | None = None):
         _check_dims("Cosine", query.shape[-1], prepared_key.shape[-1])
-        q = F.normalize(query, dim=-1, eps=self.eps)
+        q = _unit(query, self.eps)
         beta = self.beta if beta is None else beta
         if isinstance(beta, torch.Tensor):
             _check_beta(beta, query)
@@ -327,6 +327,14 @@ class Cosine(DotFamily):
     def logits(self, query, prepared_key, beta: torch.Tensor | float | None = None):
         q, k, scale = self.as_dot(query, prepared_key, beta)
         return (q * scale) @ k.transpose(-2, -1)  # (b, [h,] i, j)
+
+
+def _unit(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / max(|x|, eps) over the last dim; half precision in float32, where `eps` (1e-8 by
+    default) is not 0 (in fp16 it is: a zero row, e.g. cleared padding, gave 0 / 0 = NaN)."""
+    if x.dtype in _HALF:
+        return F.normalize(x.float(), dim=-1, eps=eps).to(x.dtype)
+    return F.normalize(x, dim=-1, eps=eps)
 
 
 class Additive(Score):

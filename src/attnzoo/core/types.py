@@ -29,17 +29,30 @@ class PreparedKey(NamedTuple):
     value: torch.Tensor | None = None  # the values, cleared under `mask`
     mask: torch.Tensor | None = None  # the mask `tensor` and `value` were cleared under
     mask_version: int | None = None  # `mask`'s version counter then (`masks.same_mask`)
+    # the keys `mask` let some query attend, read when they were cleared (..., 1, key_len): the
+    # record of what is cleared, which a later change of `mask` in place does not move
+    attended: torch.Tensor | None = None
 
     def index_select(self, index: torch.Tensor) -> PreparedKey:
-        """Batch rows `index` (beam search), every tensor alike."""
-        mask = None if self.mask is None else self.mask.index_select(0, index)
+        """Batch rows `index` (beam search), every tensor alike; a mask without a batch dim
+        ((key_len,), or a leading dim of 1 that broadcasts) is kept as it is."""
+        mask = _rows(self.mask, index)
         return PreparedKey(
             self.tensor.index_select(0, index),
             self.score,
             None if self.value is None else self.value.index_select(0, index),
             mask,
-            None if mask is None else mask_version(mask),
+            self.mask_version if mask is self.mask else mask_version(mask),
+            _rows(self.attended, index),
         )
+
+
+def _rows(mask: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
+    """Rows `index` of a mask whose dim 0 is the batch: one of the weights' rank (3 or more
+    dims) whose leading dim is not a broadcast 1."""
+    if mask is None or mask.dim() < 3 or mask.shape[0] == 1:
+        return mask
+    return mask.index_select(0, index)
 
 
 def mask_version(mask: torch.Tensor) -> int | None:
