@@ -65,7 +65,8 @@ def run_train(
     Order: every check before any work (the config, the device, `out`, claimed by this
     process to the loop's end: `check_out`; on resume, the checkpoint to continue from and the
     changes to the saved config: `check_resumable`), then the data and the model, then `out`
-    is cleared (`overwrite`) or the changes are recorded in config.json, then the loop. A fresh
+    is cleared (`overwrite`), then the loop, which on resume records the changes in config.json
+    once the checkpoint has loaded (a resume that fails to load changes nothing). A fresh
     run with `train.init_from` starts from that run's newest weights wherever they fit
     (`init_checkpoint`); a resumed one from its own checkpoint."""
     out, train_config = Path(out), configs(config)["train"]
@@ -93,14 +94,25 @@ def run_train(
             loaded = load_shared_weights(start, model, "train.init_from")
             listed = ", ".join(loaded[:4])
             note(f"train.init_from: {len(loaded)} tensors from {start} ({listed}, ...)")
-        if main:
-            if entries:
-                clear(out, entries)
-            if not resume or changes:
+        if main and entries:
+            clear(out, entries)
+        if main and not resume:
+            atomic_write_json(out / "config.json", config)
+
+        def record() -> None:  # a resume's changes, once its checkpoint has loaded
+            if main and changes:
                 atomic_write_json(out / "config.json", config)
-            if changes:
                 note(f"--resume: {listing(changes)} (recorded in {out / 'config.json'})")
-        final = train(task, model, train_config, out, resume=folder or False, progress=progress)
+
+        final = train(
+            task,
+            model,
+            train_config,
+            out,
+            resume=folder or False,
+            progress=progress,
+            resumed=record,
+        )
     return task, model, final
 
 

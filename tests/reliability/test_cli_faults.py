@@ -416,6 +416,23 @@ def test_resume_extends_steps_to_equal_a_longer_run(trained, tmp_path, capsys):
     assert final == expected
 
 
+def test_a_resume_whose_checkpoint_fails_to_load_records_no_change(trained, tmp_path, capsys):
+    """The changes of a resume were written to config.json before its checkpoint loaded: one
+    that then failed (a state.json of the wrong shape, here a raw AttributeError traceback)
+    left config.json saying 20 steps for a run that trained 10, which a plain --resume would
+    then have trained to. The error is now one line, and config.json is as it was."""
+    run = copy_run(trained, tmp_path / "run")
+    saved = (run / "config.json").read_bytes()
+    state = run / "checkpoints" / "step_00000009" / "state.json"
+    broken = json.loads(state.read_text())
+    broken["scheduler"] = "not a schedule"
+    state.write_text(json.dumps(broken))
+    argv = ["train", "--resume", "--out", str(run), "--no-progress", "--set", "train.steps=20"]
+    error = _error(argv, capsys)
+    assert "expected an intact checkpoint file, got an optimizer state that does not fit" in error
+    assert (run / "config.json").read_bytes() == saved
+
+
 def test_resume_with_the_same_values_changes_nothing(trained, tmp_path, capsys):
     run = copy_run(trained, tmp_path / "run")
     saved = (run / "config.json").read_bytes()

@@ -127,6 +127,20 @@ def test_held_out_streams_are_none_a_training_step_draws_from():
             assert not any(torch.equal(state, h) for h in held), (run_seed, step)
 
 
+def test_a_held_out_seed_from_2_to_the_30_stays_above_the_training_seeds():
+    """HELD_OUT_SEEDS + 2 seed + valid reached 2**32 from seed 2**30 on, and torch kept the
+    low 32 bits: seed 2**30's test set was run seed 0's training step 0, seed 2**30 + 7's
+    step 14. Every held-out seed's low 32 bits now lie at or above HELD_OUT_SEEDS."""
+    from attnzoo.tasks.base import HELD_OUT_SEEDS, held_out_generator, training_generator
+
+    for seed in (0, 2**30 - 1, 2**30, 2**30 + 7, 2**31 - 1):
+        for split in SPLITS:
+            held = held_out_generator(seed, split)
+            assert held.initial_seed() % 2**32 >= HELD_OUT_SEEDS, (seed, split)
+            steps = [training_generator(0, step).get_state() for step in range(20)]
+            assert not any(torch.equal(held.get_state(), s) for s in steps), (seed, split)
+
+
 def test_a_large_run_seed_never_draws_a_held_out_batch():
     """Run seed 139586 at step 18362 drew the bandits' test episodes: its unreduced training
     seed's low 32 bits were the held-out seed. Training seeds are now reduced below every

@@ -17,7 +17,7 @@ from attnzoo.train.checkpoint import (
     load_checkpoint,
     saved_timing,
 )
-from attnzoo.train.loop import TrainConfig, lr_factor
+from attnzoo.train.loop import TrainConfig, lr_factor, train
 
 TINY = [
     "task.n_train=300",
@@ -46,6 +46,12 @@ def cli(*args, timeout: float = 300, **kw):
 
 def sets(extra=()):
     return [x for s in [*TINY, *extra] for x in ("--set", s)]
+
+
+def test_train_refuses_to_resume_without_a_run_dir():
+    """train(..., run_dir=None, resume=True) started a fresh run without a word."""
+    with pytest.raises(ValueError, match="'resume' expected a run_dir"):
+        train(None, None, TrainConfig(steps=1), None, resume=True)
 
 
 def test_lr_schedules():
@@ -209,6 +215,56 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     assert len(curve) == len(curve2) == 3
     for a, b in zip(curve, curve2, strict=True):
         assert a == pytest.approx(b, rel=1e-3)
+
+
+DDP_RUN = [
+    "task.n_train=64",
+    "task.n_valid=4",
+    "task.n_test=4",
+    "model.hidden=8",
+    "model.dropout=0.5",
+    "train.threads=1",
+    "eval.limit=2",
+    "train.batch_size=8",
+    "train.log_every=2",
+    "train.checkpoint_every=3",
+    "train.schedule=constant",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
+    reason="torchrun not installed",
+)
+def test_a_resumed_two_process_run_with_dropout_equals_an_uninterrupted_one(tmp_path):
+    """Each process draws its own dropout masks: a checkpoint that kept rank 0's RNG state
+    alone gave the resumed rank 1 rank 0's stream, and its weights left the uninterrupted
+    run's from the first step after the resume. A 5-step run extended to 8 (the constant
+    schedule allows it) now ends with the weights of an 8-step run."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def launch(out, *extra, port):
+        command = [torchrun, "--nproc-per-node", "2", "--master-port", str(port), "-m"]
+        command += ["attnzoo.cli", "train", "luong", "--task", "reverse", "--out", str(out)]
+        r = subprocess.run(
+            [*command, "--no-progress", *extra],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    launch(full, *[x for s in [*DDP_RUN, "train.steps=8"] for x in ("--set", s)], port=29531)
+    launch(cut, *[x for s in [*DDP_RUN, "train.steps=5"] for x in ("--set", s)], port=29532)
+    launch(cut, "--resume", "--set", "train.steps=8", port=29533)
+    last = "checkpoints/step_00000007/tensors.safetensors"
+    want, got = load_file(full / last), load_file(cut / last)
+    differing = [k for k in want if k.startswith("model.") and not torch.equal(want[k], got[k])]
+    assert not differing
 
 
 AUTOCAST_RUN = [

@@ -35,9 +35,12 @@ def training_generator(seed: int, step: int) -> torch.Generator:
 
 def held_out_generator(seed: int, split: str) -> torch.Generator:
     """The CPU generator of a task's held-out draw of `split`, from the config's `seed`: seeded
-    at `HELD_OUT_SEEDS + 2 seed + (split is "valid")`, where no training batch draws
-    (`training_generator`). (`2**40 + s` would be the seed `s`: torch keeps the low 32 bits.)"""
-    return torch.Generator().manual_seed(HELD_OUT_SEEDS + 2 * seed + (split == "valid"))
+    at `HELD_OUT_SEEDS + (2 seed + (split is "valid")) mod HELD_OUT_SEEDS`, where no training
+    batch draws (`training_generator`), whatever the seed: torch keeps a seed's low 32 bits,
+    so an unreduced sum of a seed from 2**30 on wrapped into the training seeds (the bandits'
+    first test episodes were then training step 0's)."""
+    offset = (2 * seed + (split == "valid")) % HELD_OUT_SEEDS
+    return torch.Generator().manual_seed(HELD_OUT_SEEDS + offset)
 
 
 class MissingDataDependency(ModuleNotFoundError):
@@ -66,7 +69,10 @@ class EvalConfig:
     """How a task evaluates. A task documents the fields it does not use.
 
     Attributes:
-        split: the held-out split scored ("valid" or "test").
+        split: the held-out split scored ("valid" or "test"), at the end and at each of the
+            training loop's `train.eval_every` evaluations. Those draw learning curves
+            (metrics.jsonl), and nothing chooses a checkpoint or a setting by them; "valid"
+            keeps the test items out of them too.
         limit: the number of held-out items scored; 0: all of them.
         beam_size: 1: greedy decoding; more: beam search.
         batch_size: held-out items per forward pass.

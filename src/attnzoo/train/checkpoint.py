@@ -60,12 +60,15 @@ def save_checkpoint(
     keep: int = 2,
     task=None,
     timing: dict | None = None,
+    rank_rng: list[dict[str, torch.Tensor]] | None = None,
 ):
     """Save everything needed to continue bit-for-bit at step + 1, including the tensors of a
     task that keeps state (`task.state_dict()`, e.g. a REINFORCE baseline policy).
     `optimizer` and `scheduler`: one each, or dicts {name: one} of a model that trains
     several (`attnzoo.train.loop`), all saved. `timing`: the training time up to this step
-    (`saved_timing`), so that a resumed run reports all of it."""
+    (`saved_timing`), so that a resumed run reports all of it. `rank_rng`: in a run of several
+    processes, each one's RNG states ({"torch": ..., "cuda": ...}, by rank), saved beside this
+    process's so that each resumed process continues its own stream (`load_checkpoint`)."""
     directory = Path(directory)
     folder = directory / f"step_{step:08d}"
     tensors = {f"model.{k}": v for k, v in model_tensors(model).items()}
@@ -82,6 +85,8 @@ def save_checkpoint(
     device = _device(model)
     if device.type == "cuda":
         tensors["rng.cuda"] = torch.cuda.get_rng_state(device)
+    for rank, states in enumerate(rank_rng or ()):
+        tensors.update({f"rng.rank{rank}.{name}": state for name, state in states.items()})
     data = save_tensors(_contiguous(tensors))
     state = {
         "step": step,
@@ -311,10 +316,14 @@ def _fit(model: torch.nn.Module, weights: dict[str, torch.Tensor], path: Path) -
         )
 
 
-def load_checkpoint(folder: Path, model, optimizer, scheduler, task=None, map_location=None) -> int:
+def load_checkpoint(
+    folder: Path, model, optimizer, scheduler, task=None, map_location=None, rank: int = 0
+) -> int:
     """Restore model, optimizer, schedule, RNG and task states; returns the step saved.
     Tensors go to `map_location`, by default the model's device. `optimizer` and `scheduler`
-    as `save_checkpoint`'s: dicts by name must name the checkpoint's optimisers."""
+    as `save_checkpoint`'s: dicts by name must name the checkpoint's optimisers. `rank`: the
+    process's in a run of several, whose own RNG states it restores where the checkpoint has
+    them (else the saving process's)."""
     folder = Path(folder)
     tensors, state = _load(folder, map_location or _device(model))
     _fit(model, _section(tensors, "model."), folder / TENSORS)
@@ -336,13 +345,15 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler, task=None, map_lo
         else:
             _load_optimizer(optimizer, state["optimizer"], _section(tensors, "optimizer."))
             scheduler.load_state_dict(state["scheduler"])
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
         _corrupt(folder / STATE, f"an optimizer state that does not fit the model ({err})")
     if hasattr(task, "load_state_dict"):
         task.load_state_dict(_section(tensors, "task."))
-    torch.set_rng_state(tensors["rng.torch"])
-    if "rng.cuda" in tensors and _device(model).type == "cuda":
-        torch.cuda.set_rng_state(tensors["rng.cuda"], _device(model))
+    own = f"rng.rank{rank}."
+    torch.set_rng_state(tensors.get(own + "torch", tensors["rng.torch"]))
+    cuda = tensors.get(own + "cuda", tensors.get("rng.cuda"))
+    if cuda is not None and _device(model).type == "cuda":
+        torch.cuda.set_rng_state(cuda, _device(model))
     random.setstate(_tupled(state["python_rng"]))
     return int(state["step"])
 

@@ -21,7 +21,8 @@ A model with `log_scalars()` -> {name: scalar tensor} has them logged after ever
 line per step in scalars.jsonl (trimmed on resume like metrics.jsonl).
 
 metrics.jsonl has a row every `log_every` steps and at every evaluation (`eval_every`, its
-metrics on the row), every checkpoint and the last step: each row's loss is the mean over the
+metrics on the row: `eval.split`'s, the test split by default, a learning curve that nothing
+selects by), every checkpoint and the last step: each row's loss is the mean over the
 steps since the row before, so a run resumed from a checkpoint logs what an uninterrupted one
 does.
 """
@@ -33,6 +34,7 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -205,6 +207,7 @@ def train(
     *,
     resume: bool | Path = False,
     progress: bool = True,
+    resumed: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """Train `model` on `task` on `config.device` (the model is moved there); returns the
     final evaluation metrics and the device they were computed on (`"device"`).
@@ -220,8 +223,11 @@ def train(
     final evaluation's seconds (`eval_seconds`), kept apart from final.json so that a resumed
     run's final.json still equals an uninterrupted one's. `resume` continues from a checkpoint
     (True: the newest intact one, `checkpoint.resume_point`; or the folder given) to the same
-    result as an uninterrupted run.
+    result as an uninterrupted run; `resumed` is called once its checkpoint has loaded (the
+    runs layer records the run's changed settings then, not for a resume that failed).
     """
+    if resume and run_dir is None:
+        fail("train", "resume", "a run_dir whose checkpoints to continue from", "run_dir=None")
     device = resolve_device(config.device)
     env = setup_distributed(device)
     model.to(device)
@@ -263,7 +269,9 @@ def train(
                 f"at least the {saved + 1} steps this run has trained ({folder.name})",
                 config.steps,
             )
-        start = load_checkpoint(folder, model, optimizer, scheduler, task) + 1
+        start = load_checkpoint(folder, model, optimizer, scheduler, task, rank=env.rank) + 1
+        if resumed is not None:
+            resumed()
         earlier = saved_timing(folder) or earlier  # none recorded: this process's time alone
         # 2. the log: lines written after that checkpoint are dropped (a torn last line too)
         for path, value in ((metrics_path, "loss"), (scalars_path, None)):
@@ -355,12 +363,22 @@ def train(
             bar.update(step + 1, record)
             window_losses, window_items, window_start = [], 0, time.perf_counter()
             window_first = step + 1
+        rank_rng = _gathered_rng(device) if checkpoint and env.world > 1 else None  # all ranks
         if env.main and checkpoint:
             save_start = time.perf_counter()
             timing = _timing(
                 earlier, save_start - loop_start, eval_during, saving, step + 1 - start
             )
-            save_checkpoint(ckpt_dir, step, model, optimizer, scheduler, task=task, timing=timing)
+            save_checkpoint(
+                ckpt_dir,
+                step,
+                model,
+                optimizer,
+                scheduler,
+                task=task,
+                timing=timing,
+                rank_rng=rank_rng,
+            )
             saving += time.perf_counter() - save_start
         if env.world > 1 and (step + 1) % config.checkpoint_every == 0:
             dist.barrier()
@@ -456,6 +474,23 @@ def _autocast(config: TrainConfig, device: torch.device):
     if config.autocast != "bf16":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def _gathered_rng(device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """Every process's RNG states (CPU, and its GPU's), gathered by rank: rank 0 saves them all,
+    and each resumed process takes its own back (`load_checkpoint`), so its dropout draws go on
+    as they would have; rank 0's alone gave every resumed process rank 0's stream."""
+    own = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        own["cuda"] = torch.cuda.get_rng_state(device)
+    on = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    gathered: list[dict[str, torch.Tensor]] = [{} for _ in range(dist.get_world_size())]
+    for name, state in own.items():
+        parts = [torch.empty_like(state, device=on) for _ in gathered]
+        dist.all_gather(parts, state.to(on))
+        for entry, part in zip(gathered, parts, strict=True):
+            entry[name] = part.cpu()
+    return gathered
 
 
 def evaluate(task: Task, model: torch.nn.Module) -> dict[str, float]:
