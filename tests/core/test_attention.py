@@ -395,6 +395,27 @@ def test_bf16_dot_family_follows_the_float64_reference(j, causal, grad, autocast
             torch.testing.assert_close(a.double(), b, atol=5e-2, rtol=5e-2)
 
 
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("j", [17, 140], ids=["one-block", "blocks"])
+def test_mixed_dtypes_under_autocast_follow_the_float64_reference(monkeypatch, name, j):
+    """Under autocast a decoder's query comes out of a projection in bfloat16 beside float32
+    keys and values (Bahdanau's annotations): attention() refused the mix, so training those
+    models with train.autocast=bf16 failed at the first step. The mix is promoted to one dtype,
+    as an eager op would, and the result follows the reference."""
+    from attnzoo.core import additive
+
+    monkeypatch.setattr(additive, "BLOCK_ELEMENTS", 4096 if j == 140 else additive.BLOCK_ELEMENTS)
+    score, params = make(name)
+    g = torch.Generator().manual_seed(j)
+    q, k, v = (torch.randn(2, n, 6, generator=g, dtype=torch.float64) for n in (3, j, j))
+    mask = torch.rand(2, 1, j, generator=g) > 0.2
+    mask[..., 0] = True
+    want, _ = ref_attention(ref_logits(name, q, k, params), v, mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = attention(q.bfloat16(), k.float(), v.float(), score=score, mask=mask).context
+    torch.testing.assert_close(got.double(), want, atol=5e-2, rtol=5e-2)
+
+
 @pytest.mark.parametrize("name", ["scaled_dot", "additive", "general", "location"])
 def test_a_key_prepared_with_its_mask_is_cleared_once_and_gives_the_same_result(name):
     """prepare_key(..., value=, mask=) clears padding once; attention() then skips it (the same

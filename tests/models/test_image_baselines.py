@@ -53,6 +53,7 @@ def test_fc_preset_is_the_papers():
     [
         (lambda: FCConfig(hidden=0), "FCConfig: argument 'hidden'"),
         (lambda: ConvConfig(kernel=0), "ConvConfig: argument 'kernel'"),
+        (lambda: ConvConfig(kernel=4), "ConvConfig: argument 'kernel' expected an odd int"),
         (lambda: ConvConfig(hidden=-1), "ConvConfig: argument 'hidden'"),
         (lambda: FullyConnected(fc(), (4, 4), 1, 3)(torch.rand(2, 1, 5, 4)), "'images'"),
         (lambda: ConvNet(conv(), (8, 8), 1, 3)(torch.rand(2, 2, 8, 8)), "'images'"),

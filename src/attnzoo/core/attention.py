@@ -44,6 +44,7 @@ from attnzoo.core.checks import (
     check_tensor,
     check_window,
     fail,
+    one_dtype_under_autocast,
 )
 from attnzoo.core.masks import (
     attended_keys,
@@ -170,6 +171,7 @@ def attention(
         prepared = False
     common = _common_case(query, key, value)
     if not common:  # the full checks: an error on a real problem, else broadcasting leads
+        query, key, value = one_dtype_under_autocast(query, key, value)
         _check_inputs(query, key, value)
     if mask is not None:
         lead = (

@@ -302,6 +302,22 @@ def check_like_parameter(
         )
 
 
+def one_dtype_under_autocast(*tensors):
+    """Under autocast, floating tensors of mixed dtypes (a query projected in bfloat16 beside
+    float32 keys or memory) promoted to one dtype, as an eager op on them would; the attention
+    kernels take one. Anything else (no autocast, one dtype, a non-tensor) as given, for the
+    checks to judge."""
+    first = tensors[0]
+    if not isinstance(first, torch.Tensor) or not torch.is_autocast_enabled(first.device.type):
+        return tensors
+    if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in tensors):
+        return tensors
+    dtype = first.dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return tuple(t.to(dtype) for t in tensors)
+
+
 def check_like_module(
     function: str, argument: str, tensor: torch.Tensor, module: torch.nn.Module | None
 ) -> None:

@@ -16,6 +16,7 @@ from attnzoo.core.checks import (
     check_tensor,
     check_window,
     fail,
+    one_dtype_under_autocast,
 )
 from attnzoo.core.masks import clear_unattended, combine_masks, window_mask
 from attnzoo.core.normalisers import masked_softmax, propagate_nonfinite, propagate_nonfinite_keys
@@ -100,6 +101,12 @@ class LocalAttention(nn.Module):
             AttentionOutput(context (batch, query_len, d_value), weights (batch, query_len,
             key_len)).
         """
+        if prepared_key is None:
+            query, key, value = one_dtype_under_autocast(query, key, value)
+        else:
+            query, key, value, prepared_key = one_dtype_under_autocast(
+                query, key, value, prepared_key
+            )
         self._check_inputs(query, key, value, mask, lengths, positions, prepared_key)
         key_len = key.shape[-2]
         if lengths is not None:  # (batch, 1, key_len): the keys before each row's length

@@ -68,6 +68,8 @@ class ConvConfig:
     def __post_init__(self):
         check_fields(self)
         _check_ints("ConvConfig", self, ("channels", "kernel"))
+        if self.kernel % 2 == 0:  # "same" padding (kernel // 2) keeps the side only when odd
+            fail("ConvConfig", "kernel", "an odd int (same padding)", repr(self.kernel))
         if isinstance(self.hidden, bool) or not isinstance(self.hidden, int) or self.hidden < 0:
             fail("ConvConfig", "hidden", "an int >= 0", repr(self.hidden))
 
