@@ -287,6 +287,22 @@ def test_one_value_per_episode_beside_per_step_log_probs_needs_its_steps_dim(arg
     assert reinforce_loss(log_prob, torch.tensor(2.0)).policy == 6.0  # 0-d: every step's
 
 
+@pytest.mark.parametrize("garbage", [float("-inf"), float("inf"), float("nan")])
+@pytest.mark.parametrize("discount", [1.0, 0.9, 0.0])
+def test_a_nonfinite_reward_reaches_only_its_own_and_earlier_returns(garbage, discount):
+    """R_t sums the rewards from t on: a reward of -inf at step 1 (a token's log-likelihood
+    as the reward) made every later return NaN too, through the weight 0 of the past; its own
+    and the earlier returns stay non-finite."""
+    r = torch.tensor([[0.5, garbage, 1.0, 2.0, 3.0]], dtype=torch.float64)
+    want = torch.tensor(
+        [[sum(discount ** (u - t) * float(r[0, u]) for u in range(t, 5)) for t in range(5)]],
+        dtype=torch.float64,
+    )
+    got = rewards_to_go(r, discount)
+    assert torch.equal(got[:, 2:], want[:, 2:])
+    assert not torch.isfinite(got[:, :2]).any()  # (with discount 0 too: 0 * inf is no number)
+
+
 def test_rewards_to_go_by_hand():
     r = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
     expected = [[1 + 2 * 0.5 + 3 * 0.25, 2 + 3 * 0.5, 3.0], [0.25, 0.5, 1.0]]

@@ -199,7 +199,9 @@ def rewards_to_go(rewards: torch.Tensor, discount: float = 1.0) -> torch.Tensor:
     """R_t = sum_{t' >= t} discount^(t' - t) r_t': (batch, steps) -> (batch, steps).
 
     An action is credited only with the rewards that follow it (RAM's reward arrives at the
-    last step, so every R_t equals it).
+    last step, so every R_t equals it). An earlier reward is left out by selection, not by a
+    weight of 0 (0 * inf is NaN): a non-finite reward makes its own step's return and the
+    earlier ones non-finite, never a later one.
     """
     check_number("rewards_to_go", "discount", discount, "a number in [0, 1]", 0.0, 1.0)
     check_floating("rewards_to_go", "rewards", rewards)
@@ -208,8 +210,8 @@ def rewards_to_go(rewards: torch.Tensor, discount: float = 1.0) -> torch.Tensor:
     steps = rewards.shape[1]
     t = torch.arange(steps, device=rewards.device)
     power = (t.unsqueeze(0) - t.unsqueeze(1)).to(rewards.dtype)  # (s, s'): t' - t
-    weights = torch.where(power >= 0, discount ** power.clamp_min(0), 0.0)  # (s, s')
-    return rewards @ weights.T  # (b, s') x (s', s) -> (b, s)
+    weighted = rewards.unsqueeze(1) * discount ** power.clamp_min(0)  # (b, s, s')
+    return torch.where(power >= 0, weighted, 0.0).sum(-1)  # (b, s)
 
 
 def lambda_returns(
