@@ -158,7 +158,7 @@ class Bench:
     derive: Callable[[dict[str, Any]], dict[str, dict[str, float]]] | None = None
     # (results JSON, folder) -> the docs figures it drew there from the JSON (and run dirs
     # where they exist; a figure whose run dirs are absent is left as it is)
-    figures: Callable[[dict, Path], list[Path]] | None = None
+    figures: Callable[[dict, Path, Path], list[Path]] | None = None  # (data, folder, runs)
     threads: int = 1  # torch threads per worker
     jobs: int | Mapping[str, int] = 2  # workers at once (or per budget)
     # how the metrics are measured (written into the JSON as "method")
@@ -224,11 +224,21 @@ def by_seed(summary: Mapping[str, Any], experiment_id: str, key: str) -> dict[in
     return dict(zip(entry["seeds"], stat["values"], strict=True))
 
 
+class Paired(list):
+    """Values paired by seed (`paired`) that know the experiments they come from: a derived
+    entry records them (`derived_entry`), so that a verdict over them is marked when one of
+    those experiments has stale rows (`report.Page.target`)."""
+
+    def __init__(self, values, sources: Sequence[str]):
+        super().__init__(values)
+        self.sources = tuple(sources)
+
+
 def paired(summary: Mapping[str, Any], key: str, a: str, b: str, op: Callable = operator.sub):
     """`op(a's value, b's value)` of metric `key` of experiments a and b, per seed both
     measured (in seed order): e.g. a difference paired by seed."""
     x, y = by_seed(summary, a, key), by_seed(summary, b, key)
-    return [op(x[s], y[s]) for s in sorted(x.keys() & y.keys())]
+    return Paired([op(x[s], y[s]) for s in sorted(x.keys() & y.keys())], (a, b))
 
 
 def extreme(
@@ -241,12 +251,14 @@ def extreme(
 
 def derived_entry(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """A summary entry of `Bench.derive`'s metrics: each a number, or a list of values paired by
-    seed (`by_seed`), summarised over them (n = the pairs)."""
+    seed (`by_seed`), summarised over them (n = the pairs); `sources`: per metric made by
+    `paired`, the experiments it was paired from."""
     flat = {**flatten(metrics), **{k: v for k, v in metrics.items() if isinstance(v, list)}}
     stats = {k: summarise(v if isinstance(v, list) else [v]) for k, v in flat.items() if v != []}
     n = max((stat["n"] for stat in stats.values()), default=1)
     entry = {"group": "derived", "params": {}, "seeds": list(range(n)), "failed": [], "text": {}}
-    return {**entry, "metrics": stats}
+    sources = {k: list(v.sources) for k, v in metrics.items() if isinstance(v, Paired)}
+    return {**entry, "metrics": stats, **({"sources": sources} if sources else {})}
 
 
 def format_stat(stat: Mapping[str, Any] | None, digits: int = 2, seeds: int | None = None) -> str:
@@ -345,8 +357,10 @@ def stale_note(stale: Mapping[str, Mapping[int, str]], ids: Sequence[str]) -> st
         return ""
     return (
         f"{STALE_MARK} Rows made under other params than the bench now declares for their "
-        "experiment, or on a run trained again since, shown as they ran (the driver would "
-        "re-run them): " + "; ".join(f"{i} ({', '.join(why)})" for i, why in marked.items()) + "."
+        "experiment, on a run trained again since, or on data their task no longer makes, "
+        "shown as they ran (the driver would re-run them): "
+        + "; ".join(f"{i} ({', '.join(why)})" for i, why in marked.items())
+        + "."
     )
 
 
@@ -428,6 +442,23 @@ def _current(row: Mapping[str, Any], e: Experiment, budget: str, rows: Sequence 
 
 
 NEEDS_CHANGED = "a run it builds on was trained again since"
+DATA_CHANGED = "trained on data its task no longer makes"
+
+
+def _data_changed(row: Mapping[str, Any]) -> bool:
+    """Whether a row's task data version (its `data`, 0 before rows recorded one) is not the
+    task's now (`TaskSpec.data`, bumped when a change of the task's code changed its data
+    without changing a config value). The task: its params' `task`, else its stamp's."""
+    metrics = row.get("metrics", {})
+    stamp = metrics.get("defaults")
+    task = row.get("params", {}).get("task") or (
+        stamp.split("|")[1] if isinstance(stamp, str) else None
+    )
+    if not isinstance(task, str):
+        return False
+    from attnzoo.tasks.registry import TASKS
+
+    return task in TASKS and metrics.get("data", 0) != TASKS[task].data
 
 
 def _run_digest(run_dir: str | Path) -> str | None:
@@ -450,6 +481,8 @@ def _stale(
         return f"budget {row.get('budget')}"
     if row.get("params") != json.loads(json.dumps(dict(e.params))):
         return "its params changed"
+    if _data_changed(row):
+        return DATA_CHANGED
     if defaults and not _defaults_stand(row):
         return f"the defaults changed since its stamp {row['metrics']['defaults']}"
     for id, need in row.get("needs", {}).items():
@@ -461,8 +494,9 @@ def _stale(
 
 def stale_rows(data: Mapping[str, Any], experiments: Sequence[Experiment]):
     """{id: {seed: why}} of the ok rows of `data` (a results JSON) whose params are no longer
-    those the bench declares for their experiment, or that were built on a run trained again
-    since (`_stale`'s certain kinds). A changed stamp
+    those the bench declares for their experiment, that were built on a run trained again
+    since, or that were trained on data their task no longer makes (`_stale`'s certain
+    kinds). A changed stamp
     of the defaults is not counted here: adding a config field changes the stamp whether or
     not its default keeps the earlier behaviour, and every such stamp in the JSON on
     2026-11-25 was of fields added with defaults that do (`train.init_from`, `task.zoom`, the
@@ -478,7 +512,7 @@ def stale_rows(data: Mapping[str, Any], experiments: Sequence[Experiment]):
             if e and r.get("status") == STATUS_OK
             else None
         )
-        if why in ("its params changed", NEEDS_CHANGED):
+        if why in ("its params changed", NEEDS_CHANGED, DATA_CHANGED):
             found.setdefault(r["id"], {})[r["seed"]] = why
     return found
 
@@ -719,7 +753,10 @@ class _Saver:
             and (r["id"], r["seed"]) not in mine
             and (r["id"] not in wanted or r.get("extra") == wanted[r["id"]])
         ]
-        rows = sorted(rows + self.mine, key=lambda r: (order[r["id"]], r["seed"]))
+        # one row per run: a later row of an (id, seed) replaces an earlier one (this call's
+        # last), so that a run never counts twice in a mean
+        rows = list({(r["id"], r["seed"]): r for r in rows + self.mine}.values())
+        rows = sorted(rows, key=lambda r: (order[r["id"]], r["seed"]))
         # another call's experiments, declared by a newer version of the bench
         newer = [r for r in current if r["id"] not in order and _row_key(r) not in self.removed]
         rows += sorted(newer, key=lambda r: (r["id"], r["seed"]))
@@ -777,7 +814,7 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
     full = ROOT / "benchmarks/results"
     results = (args.results or (full if args.budget == "full" else ROOT / "runs/smoke")).resolve()
     base = ROOT if results.is_relative_to(ROOT) else results  # JSON paths are relative to it
-    runs = args.runs or (ROOT / "runs/bench" if results == full else results / "runs")
+    runs = args.runs or runs_beside(results)
     path = results / f"{bench.name}.json"
     earlier = json.loads(path.read_text()) if path.exists() else {}
     rows = [r for r in earlier.get("rows", []) if r.get("budget") == args.budget]
@@ -1101,6 +1138,7 @@ def train_worker(
        logged step for the training "loss").
     """
     from attnzoo import runs
+    from attnzoo.tasks.registry import TASKS
 
     config = resolved_config(sets, model, task, ctx.seed)
     out = Path(ctx.run_dir)
@@ -1140,6 +1178,7 @@ def train_worker(
         "params": sum(p.numel() for p in built_model.parameters()),
         "reused_run": reused,
         "defaults": defaults_stamp(model, task),
+        "data": TASKS[task].data,
     }
     if timing["steps_run"]:  # none when resumed at its end from a checkpoint without timing
         metrics["sec_per_step_run"] = 60 * metrics["train_minutes"] / timing["steps_run"]
@@ -1206,9 +1245,17 @@ def run_folder(runs: Path, bench: str, experiment_id: str, seed: int) -> Path:
     return Path(runs) / bench / experiment_id / f"seed{seed}"
 
 
-def bench_run_dir(bench: str, experiment_id: str, seed: int = 0) -> Path:
-    """Where a full-budget run of the repository lives (the driver's default `--runs`)."""
-    return run_folder(ROOT / "runs" / "bench", bench, experiment_id, seed)
+def runs_beside(results: Path) -> Path:
+    """The driver's runs folder for a results folder (its default `--runs`): the repository's
+    runs/bench/ for its benchmarks/results/, else the results folder's runs/ (a smoke run's)."""
+    results = Path(results).resolve()
+    return ROOT / "runs" / "bench" if results == ROOT / "benchmarks/results" else results / "runs"
+
+
+def bench_run_dir(bench: str, experiment_id: str, seed: int = 0, runs: Path | None = None) -> Path:
+    """The run folder of one (experiment, seed) under `runs` (`runs_beside` the results a page
+    is made from), by default the repository's full-budget runs."""
+    return run_folder(runs or ROOT / "runs" / "bench", bench, experiment_id, seed)
 
 
 def sibling_run(ctx: Context, experiment_id: str) -> Path:

@@ -171,12 +171,12 @@ TABLES = [
 ]
 
 
-def figures(data: dict, folder: Path) -> list[Path]:
+def figures(data: dict, folder: Path, runs: Path) -> list[Path]:
     """The training loss of every seed of the addition rows that kept it (from the JSON), and
     the glimpse paths of seed 0 of the DRAM runs, copied from their run dirs where they
     exist."""
     shown = {
-        f"dram_{i}_glimpses.png": C.bench_run_dir("dram", i) / "figures/glimpses.png"
+        f"dram_{i}_glimpses.png": C.bench_run_dir("dram", i, runs=runs) / "figures/glimpses.png"
         for i in ("multi-dram", *(r for r in LOSS_ROWS if "dram" in r))
     }
     curves = [r for r in data["rows"] if r["id"] in LOSS_ROWS and "curve" in r["metrics"]]

@@ -306,13 +306,13 @@ def derive(summary: dict) -> dict:
     return derived
 
 
-def figures(data: dict, folder: Path) -> list[Path]:
+def figures(data: dict, folder: Path, runs: Path) -> list[Path]:
     """The LSTMN's intra-attention figures of seed 0 of the matched run (the longest trained)
     where the JSON has its rows, else of the matched-short one, as the page's caption says:
     copied when that run dir exists, else the page's figures are left as they are (never
     another run's under this caption)."""
     matched = data["summary"].get("matched-lstmn", {}).get("seeds")
-    run = C.bench_run_dir("lstmn", "matched-lstmn" if matched else "matched-short-lstmn")
+    run = C.bench_run_dir("lstmn", "matched-lstmn" if matched else "matched-short-lstmn", runs=runs)
     names = ("intra_attention", "intra_attention_1", "intra_attention_heatmap")
     pairs = {f"lstmn_{n}.png": run / "figures" / f"{n}.png" for n in names}
     return C.copy_run_figures(pairs, folder)

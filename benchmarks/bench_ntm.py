@@ -104,7 +104,7 @@ def derive(summary: dict) -> dict:
     return {"copy-ratio": {"len40_ntm_over_lstm": ratio, "length": 40}} if ratio else {}
 
 
-def figures(data: dict, folder: Path) -> list[Path]:
+def figures(data: dict, folder: Path, runs: Path) -> list[Path]:
     """The copy learning curve (every seed, from the JSON) and the NTM's memory figures (from
     seed 0's run dir, when it exists)."""
     groups: dict[str, list] = {}
@@ -119,7 +119,7 @@ def figures(data: dict, folder: Path) -> list[Path]:
         title = "copy: learning curve on lengths 1-20 (mean over seeds; band: min to max)"
         labels = dict(xlabel="training sequences", ylabel="bit errors per sequence", title=title)
         drawn.append(C.draw_seeds(path, groups, symlog=0.1, **labels))
-    run = C.bench_run_dir("ntm", "bit_copy-ntm") / "figures"
+    run = C.bench_run_dir("ntm", "bit_copy-ntm", runs=runs) / "figures"
     shown = {f"ntm_memory_copy_len{n}.png": run / f"memory_copy_len{n}.png" for n in (20, 80)}
     return drawn + C.copy_run_figures(shown, folder)
 

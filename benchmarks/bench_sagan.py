@@ -155,7 +155,7 @@ def derive(summary: dict) -> dict:
     }
 
 
-def figures(data: dict, folder: Path) -> list[Path]:
+def figures(data: dict, folder: Path, runs: Path) -> list[Path]:
     """Seed 0's samples per class and attention maps (Zhang 2018, Fig. 1), and every seed's
     gammas per step, from the full-budget run dirs where they exist."""
     shown = {
@@ -164,12 +164,13 @@ def figures(data: dict, folder: Path) -> list[Path]:
         "sagan-noattn": ("samples",),
     }
     pairs = {
-        f"{i.replace('-', '_')}_{name}.png": C.bench_run_dir("sagan", i) / f"figures/{name}.png"
+        f"{i.replace('-', '_')}_{name}.png": C.bench_run_dir("sagan", i, runs=runs)
+        / f"figures/{name}.png"
         for i, names in shown.items()
         for name in names
     }
     written = C.copy_run_figures(pairs, folder)
-    seeds = [_gammas(C.bench_run_dir("sagan", "sagan", s)) for s in range(SEEDS)]
+    seeds = [_gammas(C.bench_run_dir("sagan", "sagan", s, runs=runs)) for s in range(SEEDS)]
     seeds = [rows for rows in seeds if rows]
     if seeds:
         from attnzoo.viz.gan import scalars_figure

@@ -224,7 +224,7 @@ def derive(summary: dict) -> dict:
     return derived
 
 
-def figures(data: dict, folder: Path) -> list[Path]:
+def figures(data: dict, folder: Path, runs: Path) -> list[Path]:
     """Score against source length (from the JSON; buckets of >= 50 sentences), and seed 0's
     alignment figures of the runs shown (when their run dirs exist)."""
     drawn = []
@@ -246,7 +246,7 @@ def figures(data: dict, folder: Path) -> list[Path]:
     for task in ("dates", "numbers", "reverse", "kjv2web"):
         group = "decoders" if task in ("dates", "numbers") else "length"
         for name in ("bahdanau", "luong-general"):
-            run = C.bench_run_dir("seq2seq", f"{group}-{task}-{name}")
+            run = C.bench_run_dir("seq2seq", f"{group}-{task}-{name}", runs=runs)
             pairs[f"alignment_{task}_{name}.png"] = run / "figures/alignment.png"
     return drawn + C.copy_run_figures(pairs, folder)
 

@@ -224,17 +224,19 @@ def derive(summary: dict) -> dict:
     return derived
 
 
-def figures(data: dict, folder: Path) -> list[Path]:
+def figures(data: dict, folder: Path, runs: Path) -> list[Path]:
     """The glyph gallery (drawn from the task itself: classes of background and evaluation
     scripts, instances in a row) and seed 0's episode figure of each reduced run (when its run
     dir exists)."""
     drawn = [gallery(Path(folder) / "glyphs_gallery.png")]
     pairs = {
-        f"snail_episodes_{m}.png": C.bench_run_dir("snail", f"reduced-glyphs-{m}")
+        f"snail_episodes_{m}.png": C.bench_run_dir("snail", f"reduced-glyphs-{m}", runs=runs)
         / "figures/episodes.png"
         for m in MODELS
     }
-    run = C.bench_run_dir("snail", "reduced-bandits-n5-k10") / "figures/bandit_rewards.png"
+    run = (
+        C.bench_run_dir("snail", "reduced-bandits-n5-k10", runs=runs) / "figures/bandit_rewards.png"
+    )
     pairs["snail_bandit_rewards.png"] = run
     return drawn + C.copy_run_figures(pairs, folder)
 

@@ -37,6 +37,7 @@ from _common import (
     listing,
     readable,
     render_table,
+    runs_beside,
     stale_note,
     stale_rows,
 )
@@ -146,10 +147,14 @@ class Page:
         stat = g(t["mean"]) if t["std"] is None else f"{g(t['mean'])} ± {g(t['std'])}"
         limit = f"target {t['op']} {t['threshold']:g}"
         line = f"**{t['verdict']}**: {stat} (n={t['n']}{spread}; {limit})"
-        stale = self.stale(bench).get(t.get("id"), {})
-        if stale:  # a table marks such rows; a verdict over them says so too
-            why = ", ".join(sorted(set(stale.values())))
-            line += f" {STALE_MARK} over stale rows of {t['id']} ({why})"
+        # a table marks stale rows; a verdict over them says so too, also one over a derived
+        # entry paired from experiments with stale rows (`_common.derived_entry`'s sources)
+        sources = self.data(bench)["summary"].get(t.get("id"), {}).get("sources", {})
+        ids = [t.get("id"), *sources.get(t.get("key"), ())]
+        stale = {i: self.stale(bench)[i] for i in ids if self.stale(bench).get(i)}
+        if stale:
+            why = ", ".join(sorted({w for seeds in stale.values() for w in seeds.values()}))
+            line += f" {STALE_MARK} over stale rows of {', '.join(stale)} ({why})"
         return line
 
     def param(self, bench: str, id: str, key: str):
@@ -188,7 +193,7 @@ def render(page: str, results: Path = RESULTS, out: Path = ROOT / "docs") -> Pat
     for bench in PAGES[page]:  # figures drawn from the JSON (and run dirs, where present)
         figures = bench_module(bench).BENCH.figures
         if figures is not None:
-            figures(view.data(bench), out / "figures")
+            figures(view.data(bench), out / "figures", runs_beside(results))
     (out / f"{page}.md").write_text(text)
     return out / f"{page}.md"
 

@@ -295,3 +295,22 @@ def test_a_stale_row_of_a_seed_beyond_the_declared_ones_runs_again(tmp_path):
     assert sorted(_rows(tmp_path)) == [("b", 0), ("b", 1), ("b", 2)]
     data = json.loads(path.read_text())
     assert all(r["params"] == {} for r in data["rows"])
+
+
+def test_a_run_that_appears_twice_in_the_results_counts_once(tmp_path):
+    """Two rows of one (id, seed) in the results JSON (an earlier merge's, or a hand edit's)
+    both entered the summary: n = 2 and a mean over one run twice. A save keeps the later."""
+    script = _script(tmp_path)
+    done = subprocess.run(_command(script, "b"), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    path = tmp_path / "results" / "toy.json"
+    data = json.loads(path.read_text())
+    (row,) = data["rows"]
+    data["rows"].append({**row, "metrics": {**row["metrics"], "value": 7}})
+    path.write_text(json.dumps(data))
+    again = subprocess.run(_command(script, "no-such-id"), capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    data = json.loads(path.read_text())
+    assert [(r["id"], r["seed"], r["metrics"]["value"]) for r in data["rows"]] == [("b", 0, 7)]
+    assert data["summary"]["b"]["seeds"] == [0]
+    assert data["summary"]["b"]["metrics"]["value"]["n"] == 1

@@ -195,6 +195,32 @@ def test_a_row_goes_stale_when_a_default_changes(monkeypatch):
     assert _common._current(row, experiment, "full")
 
 
+def test_a_row_goes_stale_when_its_tasks_data_changes(monkeypatch):
+    """The kjv2web split fix changed the task's data and no config value: its rows kept their
+    params and stamps, so `attnzoo repro` would have left them as they were. A row records its
+    task's data version (`TaskSpec.data`); one of another version (0 before rows recorded it)
+    is stale for the driver and is marked in the docs (`stale_rows`), whether its task comes
+    from its params or from its stamp."""
+    import dataclasses
+
+    from attnzoo.tasks import registry
+
+    (experiment,) = [e for e in bench_show_attend_tell.experiments("full") if e.id == "hard"]
+    stamp = _common.defaults_stamp("show-attend-tell-hard", "digit_captions")
+    row = {"id": "hard", "seed": 0, "status": "ok", "budget": "full"}
+    row["params"] = json.loads(json.dumps(experiment.params))
+    row["metrics"] = {"defaults": stamp, "data": registry.TASKS["digit_captions"].data}
+    data = {"budget": "full", "rows": [row]}
+    assert _common._current(row, experiment, "full")
+    assert not _common.stale_rows(data, [experiment])
+    bumped = dataclasses.replace(registry.TASKS["digit_captions"], data=7)
+    monkeypatch.setitem(registry.TASKS, "digit_captions", bumped)
+    assert _common._stale(row, experiment, "full") == _common.DATA_CHANGED
+    assert _common.stale_rows(data, [experiment]) == {"hard": {0: _common.DATA_CHANGED}}
+    by_params = {**row, "params": {**row["params"], "task": "digit_captions"}, "metrics": {}}
+    assert _common._data_changed(by_params)  # no stamp, no recorded version: 0, not 7
+
+
 def test_a_table_marks_the_rows_whose_params_the_bench_no_longer_declares(monkeypatch):
     """`stale_rows` finds the ok rows whose params changed, and the table marks their n and
     says why under it; a current row, and one whose defaults' stamp changed, are unmarked."""
@@ -247,9 +273,33 @@ def test_a_table_a_template_writes_marks_the_rows_whose_params_changed(tmp_path)
     assert [x for x in lines if mark in x and x not in verdicts] == [
         line.removesuffix(f" {n} |") + f" {n}{mark} |",
         f"{mark} Rows made under other params than the bench now declares for their experiment, "
-        "or on a run trained again since, shown as they ran (the driver would re-run them): "
-        "addition-dram (its params changed).",
+        "on a run trained again since, or on data their task no longer makes, shown as they ran "
+        "(the driver would re-run them): addition-dram (its params changed).",
     ]
+
+
+def test_a_verdict_over_a_paired_difference_is_marked_when_its_rows_are_stale(tmp_path):
+    """`translated 6 glimpses: error below the FC baseline's` reads the derived entry
+    translated-ram-minus-fc, paired by seed from translated-g6 and translated-fc: stale rows
+    of translated-fc marked its table but not that verdict. The entry records its sources,
+    and the verdict is marked; the verdicts over other rows are not."""
+    import report
+
+    mark = _common.STALE_MARK
+    for bench in report.PAGES["ram"]:
+        (tmp_path / f"{bench}.json").write_bytes((report.RESULTS / f"{bench}.json").read_bytes())
+    data = json.loads((tmp_path / "ram.json").read_text())
+    assert data["summary"]["translated-ram-minus-fc"]["sources"]["error"] == [
+        "translated-g6",
+        "translated-fc",
+    ]
+    for row in data["rows"]:
+        if row["id"] == "translated-fc":
+            row["params"] = {**row["params"], "sets": [*row["params"]["sets"], "train.lr=1"]}
+    (tmp_path / "ram.json").write_text(json.dumps(data))
+    lines = report.Page("ram", tmp_path).render().splitlines()
+    verdicts = [x for x in lines if f"{mark} over stale rows of translated-fc" in x]
+    assert len(verdicts) == 1 and verdicts[0].startswith("| translated 6 glimpses: error below")
 
 
 def test_the_captions_sampling_error_is_the_binomial_one_of_each_rows_mean():
