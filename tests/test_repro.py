@@ -207,6 +207,19 @@ def test_bad_input_is_one_line(args, named):
     assert r.returncode == 2 and named in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("out", ["benchmarks/results", "docs", "docs/figures/x"])
+def test_a_smoke_run_never_writes_over_the_committed_results_or_docs(out):
+    """`--out benchmarks/results` replaced keras.json's full rows with smoke ones, `--out docs`
+    replaced docs/keras.md with smoke numbers: a folder under docs/ or benchmarks/ is refused
+    before any run, and nothing there changes."""
+    watched = [ROOT / "benchmarks/results/keras.json", ROOT / "docs/keras.md"]
+    before = [p.read_bytes() for p in watched]
+    r = attnzoo("repro", "keras", "--budget", "smoke", "--out", out, cwd=ROOT)
+    assert r.returncode == 2 and "argument '--out' expected a folder outside" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert [p.read_bytes() for p in watched] == before
+
+
 def test_outside_a_checkout_is_one_line(tmp_path):
     r = attnzoo("repro", "ntm", cwd=tmp_path)
     assert r.returncode == 2 and "source checkout" in r.stderr

@@ -81,6 +81,7 @@ def cmd_train(args) -> None:
         resume=args.resume,
         overwrite=args.overwrite,
         progress=not args.no_progress,
+        demo=getattr(args, "demo", False),
     )
     if runs.main_process():  # under torchrun, rank 0 alone writes the run directory
         runs.write_figures(out, task, model)
@@ -96,12 +97,10 @@ def cmd_demo(args) -> None:
     refuses it without --overwrite."""
     from attnzoo import runs
 
-    args.model, args.task, args.resume = "bahdanau", "dates", False
+    args.model, args.task, args.resume, args.demo = "bahdanau", "dates", False, True
     args.out = args.out or "runs/demo"
     args.overwrite = runs.demo_replaces(Path(args.out))
-    task, model = cmd_train(args)
-    if runs.main_process():
-        runs.mark_demo(Path(args.out))
+    task, model = cmd_train(args)  # marks the run a demo's before it trains
     console.print(f"alignment figure: {Path(args.out) / 'figures' / 'alignment.png'}")
     page = runs.write_explorer(
         Path(args.out) / runs.EXPLORER,

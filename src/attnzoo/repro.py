@@ -97,6 +97,11 @@ def repro(
     if page not in known:
         fail("attnzoo repro", "PAGE", f"one of {sorted(known)}", repr(page))
     smoke = Path(out or root / "runs" / "smoke" / page).resolve()
+    for committed in (root / "docs", root / "benchmarks"):
+        if smoke.is_relative_to(committed.resolve()):
+            # a smoke run's results and page would replace the committed ones there
+            expected = f"a folder outside {committed} (a smoke run writes results and a page)"
+            fail("attnzoo repro", "--out", expected, str(out))
     results = ["--results", str(smoke)] if budget == "smoke" else []
     for script in dict.fromkeys(known[page].values()):
         extra = ["--seeds", str(seeds)] if seeds else []

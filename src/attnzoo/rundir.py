@@ -162,17 +162,19 @@ def check_keys(config: object, argument: str) -> None:
         fail("attnzoo", argument, f"a run's config with the keys {list(keys)}", got)
 
 
-def read_config(run_dir: Path) -> dict:
+def read_config(run_dir: Path, argument: str = "DIR") -> dict:
     """A run directory's config.json, checked field by field, its model section in today's
     fields (a config written by an earlier version is upgraded by its model's registry entry).
-    A config.json that is not a run's config is an error naming the file."""
+    A config.json that is not a run's config is an error naming the file; a missing run
+    directory one naming `argument` (the command's: DIR, or train's --out)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         what = "not a directory" if run_dir.exists() else "no such directory"
-        fail("attnzoo", "DIR", "a run directory", f"{run_dir} ({what})", FileNotFoundError)
+        fail("attnzoo", argument, "a run directory", f"{run_dir} ({what})", FileNotFoundError)
     path = run_dir / "config.json"
     if not path.is_file():
-        fail("attnzoo", "DIR", "a run directory with config.json", str(run_dir), FileNotFoundError)
+        expected = "a run directory with config.json"
+        fail("attnzoo", argument, expected, str(run_dir), FileNotFoundError)
     config = read_json(path, "a run's config")
     check_keys(config, str(path))
     try:
@@ -241,7 +243,7 @@ def resume_config(
     """The config a resumed run continues with: the saved one (`read_config`), with the
     `--set` items applied. A MODEL or --task other than the saved ones, or a `--set` of a key
     outside `RESUMABLE` to another value, is an error listing every difference."""
-    saved = read_config(run_dir)
+    saved = read_config(run_dir, "--out")  # (train --resume's)
     given = copy.deepcopy(saved)
     named = {"model_name": model, "task_name": task}
     if all(saved[k] == v for k, v in named.items() if v is not None):

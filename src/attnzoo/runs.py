@@ -59,6 +59,7 @@ def run_train(
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    demo: bool = False,
 ):
     """Train in `out` on `train.device` (the loop moves the model there).
 
@@ -68,12 +69,13 @@ def run_train(
     is cleared (`overwrite`), then the loop, which on resume records the changes in config.json
     once the checkpoint has loaded (a resume that fails to load changes nothing). A fresh
     run with `train.init_from` starts from that run's newest weights wherever they fit
-    (`init_checkpoint`); a resumed one from its own checkpoint."""
+    (`init_checkpoint`); a resumed one from its own checkpoint. `demo`: the run is `attnzoo
+    demo`'s, marked so (`mark_demo`) before the loop."""
     out, train_config = Path(out), configs(config)["train"]
     resolve_device(train_config.device)  # a device this machine lacks fails before any work
     start = init_checkpoint(train_config.init_from) if not resume else None
     main = main_process()
-    saved = read_config(out) if resume else None  # before check_out makes a missing `out`
+    saved = read_config(out, "--out") if resume else None  # before check_out makes `out`
     claim = check_out(out, resume=resume, overwrite=overwrite) if main else nullcontext([])
     with claim as entries:  # held to the loop's end: no second process trains in `out`
         folder, changes = None, []
@@ -98,6 +100,8 @@ def run_train(
             clear(out, entries)
         if main and not resume:
             atomic_write_json(out / "config.json", config)
+            if demo:  # marked before it trains: an interrupted demo is the demo's to replace
+                mark_demo(out)
 
         def record() -> None:  # a resume's changes, once its checkpoint has loaded
             if main and changes:

@@ -99,6 +99,10 @@ def _error(argv, capsys) -> str:
 
 TRAIN_MISTAKES = [
     (["train", "nosuch", "--task", "reverse"], "argument 'MODEL' expected one of"),
+    (
+        ["train", "luong", "--task", "reverse", "--resume", "--out", "/nonexistent/run"],
+        "argument '--out' expected a run directory, got /nonexistent/run (no such directory)",
+    ),
     (["train", "luong", "--task", "nosuch"], "argument '--task' expected one of"),
     (
         ["train", "transformer", "--task", "copy", "--set", "task.kind=reverse"],
@@ -370,6 +374,29 @@ def test_demo_refuses_a_run_that_is_not_a_demo(trained, tmp_path, capsys):
     assert "attnzoo demo: argument '--out' expected a new or empty directory, or an " in error
     assert "earlier demo's run (with its demo.json)" in error
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_an_interrupted_demo_runs_again(tmp_path, capsys, monkeypatch):
+    """demo.json was written after training: a demo stopped part-way (Ctrl-C) left a folder
+    the next demo refused as a user's run. The demo marks its run before it trains."""
+    from attnzoo import runs
+    from tests.train.test_loop import sets as dates_sets
+
+    out = tmp_path / "demo"
+    argv = ["demo", "--out", str(out), "--no-progress", *dates_sets(["train.steps=4"])]
+    real = runs.train
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runs, "train", interrupted)
+    assert main(argv) == 130
+    assert (out / "config.json").exists() and not (out / "final.json").exists()
+    monkeypatch.setattr(runs, "train", real)
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert f"replacing the run in {out}" in capsys.readouterr().err
+    assert (out / "final.json").exists()
 
 
 def test_demo_replaces_its_own_run_and_no_train_run_of_its_model(tmp_path, capsys):
