@@ -507,6 +507,32 @@ def test_garbage_in_padded_memory_never_reaches_a_gradient(garbage, mask_rank):
     _assert_same_gradients(gradients, clean_gradients)
 
 
+@pytest.mark.parametrize("geometry", ["causal", "window"])
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "padding"])
+def test_garbage_in_memory_no_query_reaches_never_reaches_an_output(geometry, garbage, masked):
+    """Cross-attention of 3 queries to 6 memory rows, causal or window 1: rows 3.. (4..) are
+    reached by no query; garbage there gave every output NaN. Outputs and every gradient are
+    the clean memory's."""
+    mha = MultiHeadAttention(8, 2)
+    x, memory = torch.randn(2, 3, 8), torch.randn(2, 6, 8)
+    kwargs = {"causal": True} if geometry == "causal" else {"window": 1}
+    reach = 3 if geometry == "causal" else 4
+    mask = padding_mask(torch.tensor([6, 5]), 6) if masked else None
+
+    def run(memory):
+        leaves = [x.clone().requires_grad_(), memory.clone().requires_grad_()]
+        out = mha(*leaves, mask=mask, **kwargs)
+        return out, _gradients(out, [*leaves, *mha.parameters()])
+
+    clean, clean_gradients = run(memory)
+    dirty = memory.clone()
+    dirty[:, reach:] = GARBAGE[garbage]
+    out, gradients = run(dirty)
+    assert torch.equal(out.context, clean.context)
+    _assert_same_gradients(gradients, clean_gradients)
+
+
 @pytest.mark.parametrize("predictive", [False, True], ids=["local-m", "local-p"])
 @pytest.mark.parametrize("garbage", list(GARBAGE))
 @pytest.mark.parametrize("name", ["dot", "additive"])

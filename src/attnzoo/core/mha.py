@@ -31,6 +31,7 @@ from attnzoo.core.masks import (
     clear_unattended,
     combine_masks,
     geometry_mask,
+    reached_keys,
     same_mask,
 )
 from attnzoo.core.scores import Score, make_score, resolve_score
@@ -441,11 +442,16 @@ class MultiHeadAttention(nn.Module):
                 k, v, cache.owner = cache.key, cache.value, weakref.ref(self)  # (b, h, past + t, d)
         else:
             static = cache is not None and cache.key is not None  # checked: a cross cache
-            if mask is not None and not static:
+            reached = None  # with fewer queries than memory rows: those some query reaches
+            if causal or window is not None:
+                i, j = query.shape[1], memory.shape[1]
+                reached = reached_keys(i, j, causal=causal, window=window, device=query.device)
+            padding = None if mask is None else _per_batch(mask)
+            if (clearing := combine_masks(padding, reached)) is not None and not static:
                 # padding cleared before the projection (W_k and W_v's gradients read it);
                 # the projected rows there are finite and get weight 0: not cleared again
-                (memory,) = clear_unattended(_per_batch(mask), memory)
-                cleared = True
+                (memory,) = clear_unattended(clearing, memory)
+                cleared = padding is not None  # (what a cross cache records it was cleared under)
             q, k, v = self._project_cross(query, None if static else memory)  # (b, h, *, d_head)
             if static:
                 k, v, cleared = cache.key, cache.value, same_mask(mask, cache._cleared_under)
