@@ -554,6 +554,28 @@ def test_garbage_in_padding_of_local_attention(predictive, garbage, name):
     _assert_same_gradients(gradients, clean_gradients)
 
 
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+@pytest.mark.parametrize("name", ["general", "additive"])
+def test_garbage_outside_every_window_of_local_attention_reaches_no_gradient(garbage, name):
+    """Local-m, I = 5 queries at positions 0..4, window 2: keys 7 and 8 lie outside every
+    window. They were cleared after the score projected them, so the additive v's gradient
+    read the garbage (0 * NaN); now they are cleared before."""
+    local = LocalAttention(make_score(name), window=2)
+    q, k, v = _inputs()
+
+    def run(k, v):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = local(*leaves)
+        return out, _gradients(out, [*leaves, *local.parameters()])
+
+    clean, clean_gradients = run(k, v)
+    k, v = k.clone(), v.clone()
+    k[:, 7:], v[:, 7:] = GARBAGE[garbage], GARBAGE[garbage]
+    out, gradients = run(k, v)
+    assert torch.equal(out.context, clean.context) and torch.equal(out.weights, clean.weights)
+    _assert_same_gradients(gradients, clean_gradients)
+
+
 @pytest.mark.parametrize("predictive", [False, True], ids=["local-m", "local-p"])
 @pytest.mark.parametrize("garbage", list(GARBAGE))
 def test_nonfinite_query_propagates_in_local_attention(predictive, garbage):

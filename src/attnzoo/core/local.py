@@ -112,16 +112,17 @@ class LocalAttention(nn.Module):
         if lengths is not None:  # (batch, 1, key_len): the keys before each row's length
             real = torch.arange(key_len, device=query.device) < lengths.to(query.device)[:, None]
             mask = combine_masks(mask, real.unsqueeze(1))  # (checked: no read on a GPU)
-        if prepared_key is None and mask is not None:
-            # padding cleared before the score's projection, whose gradient reads it
-            key, value = clear_unattended(mask, key, value)
-        prepared = self.score.prepare_key(key) if prepared_key is None else prepared_key
         p = self.centers(query, key_len, lengths, positions)  # (batch, query_len)
         allowed = window_mask(query.shape[-2], key_len, self.window, centers=p.detach())
         if mask is not None:
             allowed = allowed & mask  # (batch, query_len, key_len)
-        # keys outside every window or masked for every query: their content is not read
-        prepared, value = clear_unattended(allowed, prepared, value)
+        # keys outside every window or masked for every query: their content is not read,
+        # cleared before the score's projection (whose gradient, U_a's or v's, reads it)
+        if prepared_key is None:
+            key, value = clear_unattended(allowed, key, value)
+            prepared = self.score.prepare_key(key)
+        else:
+            prepared, value = clear_unattended(allowed, prepared_key, value)
         logits = self.score.logits(query, prepared)  # (batch, query_len, key_len)
         logits = propagate_nonfinite_keys(logits, prepared)  # an infinite key: not a number
         weights = masked_softmax(logits, allowed)
