@@ -307,15 +307,23 @@ def one_dtype_under_autocast(*tensors):
     float32 keys or memory) promoted to one dtype, as an eager op on them would; the attention
     kernels take one. Anything else (no autocast, one dtype, a non-tensor) as given, for the
     checks to judge."""
-    first = tensors[0]
-    if not isinstance(first, torch.Tensor) or not torch.is_autocast_enabled(first.device.type):
-        return tensors
     if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in tensors):
+        return tensors
+    first = tensors[0]
+    if all(t.dtype == first.dtype for t in tensors) or not _autocasting(first.device.type):
         return tensors
     dtype = first.dtype
     for t in tensors[1:]:
         dtype = torch.promote_types(dtype, t.dtype)
     return tuple(t.to(dtype) for t in tensors)
+
+
+def _autocasting(device_type: str) -> bool:
+    """Whether autocast is on for the device type (never on one it does not know: `meta`)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # "unknown device type for autocast"
+        return False
 
 
 def check_like_module(
