@@ -1,6 +1,7 @@
 """bench_lstmn's recomputing peer: the same model and outputs as the library's LSTMN, differing
 only in projecting the whole hidden tape again at every step (what the speed rows compare)."""
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -68,24 +69,22 @@ def test_multiply_adds_count_what_torch_counts():
         assert abs(counted - expected) < 1e-9 * expected, name
 
 
-def test_figures_come_from_the_run_the_caption_names(tmp_path, monkeypatch):
+def test_figures_come_from_the_run_the_caption_names(tmp_path):
     """The caption says "declared-budget run" where the JSON has matched rows: the figures
     then come from that run's dir only (the reduced run's replaced them when the declared
     run's dir was absent), and from the reduced run's where the JSON has none."""
-    runs = {}
+    runs = tmp_path / "runs"
     for unit in ("matched-lstmn", "matched-short-lstmn"):
-        run = tmp_path / unit
+        run = bench_lstmn.C.run_folder(runs, "lstmn", unit, 0)
         (run / "figures").mkdir(parents=True)
         for name in ("intra_attention", "intra_attention_1", "intra_attention_heatmap"):
             (run / "figures" / f"{name}.png").write_text(unit)
-        runs[unit] = run
-    monkeypatch.setattr(bench_lstmn.C, "bench_run_dir", lambda bench, i, seed=0: runs[i])
     docs = tmp_path / "docs"
     docs.mkdir()
     with_matched = {"summary": {"matched-lstmn": {"seeds": [0]}}}
-    written = bench_lstmn.figures(with_matched, docs)
+    written = bench_lstmn.figures(with_matched, docs, runs)
     assert len(written) == 3 and {p.read_text() for p in written} == {"matched-lstmn"}
-    written = bench_lstmn.figures({"summary": {}}, docs)
+    written = bench_lstmn.figures({"summary": {}}, docs, runs)
     assert len(written) == 3 and {p.read_text() for p in written} == {"matched-short-lstmn"}
-    runs["matched-lstmn"] = tmp_path / "absent"  # the declared run's dir not kept
-    assert bench_lstmn.figures(with_matched, docs) == []
+    shutil.rmtree(bench_lstmn.C.run_folder(runs, "lstmn", "matched-lstmn", 0))  # not kept
+    assert bench_lstmn.figures(with_matched, docs, runs) == []
