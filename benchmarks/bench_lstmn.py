@@ -297,9 +297,10 @@ def derive(summary: dict) -> dict:
         seeds = sorted(set.intersection(*(set(v) for d in values.values() for v in d.values())))
         if seeds:
             derived[unit] = {
-                f"{shorts[m]}_over_lstm_{name}": [
-                    values[k][m][s] / values[k][MODELS[0]][s] for s in seeds
-                ]
+                f"{shorts[m]}_over_lstm_{name}": C.Paired(
+                    [values[k][m][s] / values[k][MODELS[0]][s] for s in seeds],
+                    (f"{unit}-{m}", f"{unit}-{MODELS[0]}"),  # (a verdict's stale sources)
+                )
                 for m in models[1:]
                 for k, name in names.items()
             }

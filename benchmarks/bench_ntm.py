@@ -101,6 +101,7 @@ def derive(summary: dict) -> dict:
     """NTM bit errors over the LSTM's at copy length 40, per seed both ran."""
     ntm, lstm = (C.by_seed(summary, f"bit_copy-{m}", "bit_errors_len40") for m in ("ntm", "lstm"))
     ratio = [ntm[k] / lstm[k] for k in sorted(ntm.keys() & lstm.keys()) if lstm[k]]
+    ratio = C.Paired(ratio, ("bit_copy-ntm", "bit_copy-lstm"))  # (a verdict's stale sources)
     return {"copy-ratio": {"len40_ntm_over_lstm": ratio, "length": 40}} if ratio else {}
 
 

@@ -363,3 +363,20 @@ def test_dram_every_band_counts_the_images_whose_glimpses_visit_each_digits_band
     # only the second image keeps to one band (the right): -0.01 is column 31.68, 0.0 is 32
     assert bench_dram.every_band(task, Glimpsing()) == {"every_band": 75.0, "every_band_n": 4}
     assert bench_dram.every_band(task, object()) == {}
+
+
+@pytest.mark.parametrize(
+    "bench", sorted(EVERY_BENCH, key=lambda m: m.BENCH.name), ids=lambda m: m.BENCH.name
+)
+def test_a_paired_verdicts_sources_are_experiments_of_its_bench(bench):
+    """A verdict over a derived entry is marked through the experiments it was paired from
+    (`_common.Paired`): in the committed results each recorded source is one the bench
+    declares, so a stale row there marks the verdict."""
+    path = report.RESULTS / f"{bench.BENCH.name}.json"
+    if not path.exists():
+        pytest.skip("no committed results")
+    data = json.loads(path.read_text())
+    declared = {e.id for e in bench.BENCH.experiments(data["budget"])}
+    for target in data["targets"]:
+        sources = data["summary"].get(target["id"], {}).get("sources", {})
+        assert set(sources.get(target["key"], ())) <= declared, target["name"]
