@@ -248,6 +248,20 @@ def test_a_table_marks_the_rows_whose_params_the_bench_no_longer_declares(monkey
     assert _common.stale_rows(data, [experiment]) == {"hard": {1: "its params changed"}}
 
 
+def _with_a_changed_row(folder, bench: str, id: str) -> None:
+    """The RAM page's committed results copied into `folder`, the rows of `id` (in `bench`'s
+    JSON) with params the bench no longer declares (a learning rate added)."""
+    import report
+
+    for name in report.PAGES["ram"]:
+        (folder / f"{name}.json").write_bytes((report.RESULTS / f"{name}.json").read_bytes())
+    data = json.loads((folder / f"{bench}.json").read_text())
+    for row in data["rows"]:
+        if row["id"] == id:
+            row["params"] = {**row["params"], "sets": [*row["params"]["sets"], "train.lr=1"]}
+    (folder / f"{bench}.json").write_text(json.dumps(data))
+
+
 def test_a_table_a_template_writes_marks_the_rows_whose_params_changed(tmp_path):
     """The tables a docs template writes itself (here DRAM's, on the RAM page) mark the n of an
     experiment with stale rows and name it under the table, as `table()` does; the committed
@@ -255,17 +269,12 @@ def test_a_table_a_template_writes_marks_the_rows_whose_params_changed(tmp_path)
     import report
 
     mark = _common.STALE_MARK
-    for bench in report.PAGES["ram"]:
-        (tmp_path / f"{bench}.json").write_bytes((report.RESULTS / f"{bench}.json").read_bytes())
-    before = report.Page("ram", tmp_path).render()
+    before = report.Page("ram", report.RESULTS).render()
     assert mark not in before
     line = next(x for x in before.splitlines() if x.startswith("| addition-dram |"))
-    data = json.loads((tmp_path / "dram.json").read_text())
+    data = json.loads((report.RESULTS / "dram.json").read_text())
     n = len(data["summary"]["addition-dram"]["seeds"])
-    for row in data["rows"]:
-        if row["id"] == "addition-dram":
-            row["params"] = {**row["params"], "sets": [*row["params"]["sets"], "train.lr=1"]}
-    (tmp_path / "dram.json").write_text(json.dumps(data))
+    _with_a_changed_row(tmp_path, "dram", "addition-dram")
     lines = report.Page("ram", tmp_path).render().splitlines()
     # the target lines over those rows say so too (report.Page.target)
     verdicts = [x for x in lines if f"{mark} over stale rows of addition-dram" in x]
@@ -286,17 +295,12 @@ def test_a_verdict_over_a_paired_difference_is_marked_when_its_rows_are_stale(tm
     import report
 
     mark = _common.STALE_MARK
-    for bench in report.PAGES["ram"]:
-        (tmp_path / f"{bench}.json").write_bytes((report.RESULTS / f"{bench}.json").read_bytes())
-    data = json.loads((tmp_path / "ram.json").read_text())
+    data = json.loads((report.RESULTS / "ram.json").read_text())
     assert data["summary"]["translated-ram-minus-fc"]["sources"]["error"] == [
         "translated-g6",
         "translated-fc",
     ]
-    for row in data["rows"]:
-        if row["id"] == "translated-fc":
-            row["params"] = {**row["params"], "sets": [*row["params"]["sets"], "train.lr=1"]}
-    (tmp_path / "ram.json").write_text(json.dumps(data))
+    _with_a_changed_row(tmp_path, "ram", "translated-fc")
     lines = report.Page("ram", tmp_path).render().splitlines()
     verdicts = [x for x in lines if f"{mark} over stale rows of translated-fc" in x]
     assert len(verdicts) == 1 and verdicts[0].startswith("| translated 6 glimpses: error below")
