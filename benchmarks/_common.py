@@ -1252,12 +1252,6 @@ def runs_beside(results: Path) -> Path:
     return ROOT / "runs" / "bench" if results == ROOT / "benchmarks/results" else results / "runs"
 
 
-def bench_run_dir(bench: str, experiment_id: str, seed: int = 0, runs: Path | None = None) -> Path:
-    """The run folder of one (experiment, seed) under `runs` (`runs_beside` the results a page
-    is made from), by default the repository's full-budget runs."""
-    return run_folder(runs or ROOT / "runs" / "bench", bench, experiment_id, seed)
-
-
 def sibling_run(ctx: Context, experiment_id: str) -> Path:
     """The finished run of an experiment this row `needs` (the driver ran it first)."""
     if experiment_id not in ctx.needs:

@@ -176,7 +176,7 @@ def figures(data: dict, folder: Path, runs: Path) -> list[Path]:
     the glimpse paths of seed 0 of the DRAM runs, copied from their run dirs where they
     exist."""
     shown = {
-        f"dram_{i}_glimpses.png": C.bench_run_dir("dram", i, runs=runs) / "figures/glimpses.png"
+        f"dram_{i}_glimpses.png": C.run_folder(runs, "dram", i, 0) / "figures/glimpses.png"
         for i in ("multi-dram", *(r for r in LOSS_ROWS if "dram" in r))
     }
     curves = [r for r in data["rows"] if r["id"] in LOSS_ROWS and "curve" in r["metrics"]]

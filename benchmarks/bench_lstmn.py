@@ -313,7 +313,7 @@ def figures(data: dict, folder: Path, runs: Path) -> list[Path]:
     copied when that run dir exists, else the page's figures are left as they are (never
     another run's under this caption)."""
     matched = data["summary"].get("matched-lstmn", {}).get("seeds")
-    run = C.bench_run_dir("lstmn", "matched-lstmn" if matched else "matched-short-lstmn", runs=runs)
+    run = C.run_folder(runs, "lstmn", "matched-lstmn" if matched else "matched-short-lstmn", 0)
     names = ("intra_attention", "intra_attention_1", "intra_attention_heatmap")
     pairs = {f"lstmn_{n}.png": run / "figures" / f"{n}.png" for n in names}
     return C.copy_run_figures(pairs, folder)

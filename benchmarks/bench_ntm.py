@@ -120,7 +120,7 @@ def figures(data: dict, folder: Path, runs: Path) -> list[Path]:
         title = "copy: learning curve on lengths 1-20 (mean over seeds; band: min to max)"
         labels = dict(xlabel="training sequences", ylabel="bit errors per sequence", title=title)
         drawn.append(C.draw_seeds(path, groups, symlog=0.1, **labels))
-    run = C.bench_run_dir("ntm", "bit_copy-ntm", runs=runs) / "figures"
+    run = C.run_folder(runs, "ntm", "bit_copy-ntm", 0) / "figures"
     shown = {f"ntm_memory_copy_len{n}.png": run / f"memory_copy_len{n}.png" for n in (20, 80)}
     return drawn + C.copy_run_figures(shown, folder)
 

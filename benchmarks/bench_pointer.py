@@ -79,7 +79,7 @@ def derive(summary: dict) -> dict:
 def figures(data: dict, folder: Path, runs: Path) -> list[Path]:
     """Seed 0's pointer figure of each run shown, when its run dir exists."""
     shown = ("tsp-n10", "convex_hull-n10", "sort_numbers")
-    run = {i: C.bench_run_dir("pointer", i, runs=runs) / "figures/pointer.png" for i in shown}
+    run = {i: C.run_folder(runs, "pointer", i, 0) / "figures/pointer.png" for i in shown}
     return C.copy_run_figures({f"pointer_{i}.png": path for i, path in run.items()}, folder)
 
 

@@ -271,7 +271,7 @@ def figures(data: dict, folder: Path, runs: Path) -> list[Path]:
     """The glimpse figures (Mnih 2014, Fig. 3 layout) of seed 0 of the 6-glimpse runs, copied
     from their run dirs where they exist."""
     shown = {
-        f"ram_{i}_glimpses_{kind}.png": C.bench_run_dir("ram", i, runs=runs)
+        f"ram_{i}_glimpses_{kind}.png": C.run_folder(runs, "ram", i, 0)
         / f"figures/glimpses_{kind}.png"
         for i in ("mnist-g6", "translated-g6")
         for kind in ("correct", "wrong")

@@ -164,13 +164,13 @@ def figures(data: dict, folder: Path, runs: Path) -> list[Path]:
         "sagan-noattn": ("samples",),
     }
     pairs = {
-        f"{i.replace('-', '_')}_{name}.png": C.bench_run_dir("sagan", i, runs=runs)
+        f"{i.replace('-', '_')}_{name}.png": C.run_folder(runs, "sagan", i, 0)
         / f"figures/{name}.png"
         for i, names in shown.items()
         for name in names
     }
     written = C.copy_run_figures(pairs, folder)
-    seeds = [_gammas(C.bench_run_dir("sagan", "sagan", s, runs=runs)) for s in range(SEEDS)]
+    seeds = [_gammas(C.run_folder(runs, "sagan", "sagan", s)) for s in range(SEEDS)]
     seeds = [rows for rows in seeds if rows]
     if seeds:
         from attnzoo.viz.gan import scalars_figure

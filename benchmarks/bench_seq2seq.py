@@ -246,7 +246,7 @@ def figures(data: dict, folder: Path, runs: Path) -> list[Path]:
     for task in ("dates", "numbers", "reverse", "kjv2web"):
         group = "decoders" if task in ("dates", "numbers") else "length"
         for name in ("bahdanau", "luong-general"):
-            run = C.bench_run_dir("seq2seq", f"{group}-{task}-{name}", runs=runs)
+            run = C.run_folder(runs, "seq2seq", f"{group}-{task}-{name}", 0)
             pairs[f"alignment_{task}_{name}.png"] = run / "figures/alignment.png"
     return drawn + C.copy_run_figures(pairs, folder)
 

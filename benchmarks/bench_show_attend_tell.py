@@ -281,7 +281,7 @@ def figures(data: dict, folder: Path, runs: Path) -> list[Path]:
     """Seed 0's soft and hard models (`SHOWN`, those whose run exists; soft and one hard at
     least) over the same test images: each word's attention overlaid, one row per model (Xu
     2015, Fig. 2/3); a hard row shows the cell each word sampled."""
-    runs_dir = {v: C.bench_run_dir("show_attend_tell", v, runs=runs) for v in SHOWN}
+    runs_dir = {v: C.run_folder(runs, "show_attend_tell", v, 0) for v in SHOWN}
     shown = [v for v, d in runs_dir.items() if (d / "final.json").exists()]
     if SHOWN[0] not in shown or len(shown) < 2:
         return []

@@ -230,13 +230,11 @@ def figures(data: dict, folder: Path, runs: Path) -> list[Path]:
     dir exists)."""
     drawn = [gallery(Path(folder) / "glyphs_gallery.png")]
     pairs = {
-        f"snail_episodes_{m}.png": C.bench_run_dir("snail", f"reduced-glyphs-{m}", runs=runs)
+        f"snail_episodes_{m}.png": C.run_folder(runs, "snail", f"reduced-glyphs-{m}", 0)
         / "figures/episodes.png"
         for m in MODELS
     }
-    run = (
-        C.bench_run_dir("snail", "reduced-bandits-n5-k10", runs=runs) / "figures/bandit_rewards.png"
-    )
+    run = C.run_folder(runs, "snail", "reduced-bandits-n5-k10", 0) / "figures/bandit_rewards.png"
     pairs["snail_bandit_rewards.png"] = run
     return drawn + C.copy_run_figures(pairs, folder)
 

@@ -151,7 +151,8 @@ class Page:
         # entry paired from experiments with stale rows (`_common.derived_entry`'s sources)
         sources = self.data(bench)["summary"].get(t.get("id"), {}).get("sources", {})
         ids = [t.get("id"), *sources.get(t.get("key"), ())]
-        stale = {i: self.stale(bench)[i] for i in ids if self.stale(bench).get(i)}
+        found = self.stale(bench)
+        stale = {i: found[i] for i in ids if found.get(i)}
         if stale:
             why = ", ".join(sorted({w for seeds in stale.values() for w in seeds.values()}))
             line += f" {STALE_MARK} over stale rows of {', '.join(stale)} ({why})"

@@ -104,10 +104,10 @@ def run_train(
                 mark_demo(out)
 
         def record() -> None:  # a resume's changes, once its checkpoint has loaded
-            if main and changes:
-                atomic_write_json(out / "config.json", config)
-                note(f"--resume: {listing(changes)} (recorded in {out / 'config.json'})")
+            atomic_write_json(out / "config.json", config)
+            note(f"--resume: {listing(changes)} (recorded in {out / 'config.json'})")
 
+        recorded = record if main and changes else None
         final = train(
             task,
             model,
@@ -115,7 +115,7 @@ def run_train(
             out,
             resume=folder or False,
             progress=progress,
-            resumed=record,
+            resumed=recorded,
         )
     return task, model, final
 
