@@ -142,6 +142,9 @@ class Context:
     run_dir: Path  # runs/bench/<bench>/<id>/seed<k> (or the --runs folder's)
     extra: dict = field(default_factory=dict)  # `Bench.prepare`'s values for this experiment
     needs: dict = field(default_factory=dict)  # {needed experiment id: its run folder}
+    # the row it replaces was made on other task data (`DATA_CHANGED`): the run in `run_dir`
+    # was trained on that data too, so `train_worker` trains it again instead of adopting it
+    retrain: bool = False
 
 
 @dataclass
@@ -881,6 +884,9 @@ def drive(bench: Bench, argv: Sequence[str] | None = None) -> dict[str, Any] | N
         ctx["run_dir"] = str(run_folder(runs, bench.name, e.id, seed))
         needs = _needed(experiments, e, seed, args.seeds)
         ctx["needs"] = {n.id: str(run_folder(runs, bench.name, n.id, s)) for n, s in needs}
+        ctx["retrain"] = any(
+            (r["id"], r["seed"]) == (e.id, seed) and _data_changed(r) for r in rows
+        )
         for n, s in needs:  # taken from the queue before this one (`_with_needs`' order)
             if (n.id, s) in finished:
                 finished[n.id, s].wait()
@@ -1128,7 +1134,8 @@ def train_worker(
        (loaded, not trained). One with that config but no final.json is an interrupted run,
        resumed from its checkpoints (or a run in progress: `run_train` refuses a run dir another
        process holds). Otherwise `run_train` trains from scratch, as it does when the run
-       `train.init_from` names was trained again after this one began.
+       `train.init_from` names was trained again after this one began, or with `ctx.retrain`
+       (the run was made on the task's earlier data).
     3. The task's figures are written when the run has none.
     4. Metrics: final.json's, the minutes from timing.json (over `steps_run` steps: a resumed
        run's earlier processes too, `attnzoo.train.loop.train`), seconds per step, steps,
@@ -1144,7 +1151,7 @@ def train_worker(
     out = Path(ctx.run_dir)
     files = {name: out / f"{name}.json" for name in ("config", "final", "timing")}
     saved = json.loads(files["config"].read_text()) if files["config"].exists() else None
-    same = saved == json.loads(json.dumps(config))
+    same = saved == json.loads(json.dumps(config)) and not ctx.retrain
     start = (
         Path(config["train"]["init_from"]) / "final.json" if config["train"]["init_from"] else None
     )

@@ -71,6 +71,8 @@ SCRIPT = textwrap.dedent(
         needs = [f"{{n}}:{{C.sibling_run(ctx, n).name}}" for n in sorted(ctx.needs)]
         with open(HERE / "calls.log", "a") as log:
             log.write(" ".join([ctx.id, str(ctx.seed), *needs]) + "\\n")
+        if ctx.retrain:
+            (HERE / "retrained.log").open("a").write(f"{{ctx.id}} {{ctx.seed}}\\n")
         if params.get("fail_seed") == ctx.seed:
             raise RuntimeError("this seed fails")
         time.sleep(params.get("sleep", 0) * (HERE / "slow").exists())
@@ -314,3 +316,26 @@ def test_a_run_that_appears_twice_in_the_results_counts_once(tmp_path):
     assert [(r["id"], r["seed"], r["metrics"]["value"]) for r in data["rows"]] == [("b", 0, 7)]
     assert data["summary"]["b"]["seeds"] == [0]
     assert data["summary"]["b"]["metrics"]["value"]["n"] == 1
+
+
+def test_a_row_made_on_earlier_task_data_has_its_run_trained_again(tmp_path):
+    """A row whose task's data changed since is run again; its run folder's config still
+    matches, so `train_worker` adopted the run trained on the old data and the new row
+    recorded the new data version: stale no more, and as wrong as before. The driver now
+    tells the worker (`Context.retrain`), only for that row."""
+    from attnzoo.tasks.registry import TASKS
+
+    script = _script(tmp_path, extra='C.Experiment("d", "data", {"task": "bit_copy"}, seeds=2),')
+    done = subprocess.run(_command(script, "d"), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "retrained.log").exists()
+    path = tmp_path / "results" / "toy.json"
+    data = json.loads(path.read_text())
+    for r in data["rows"]:
+        if r["seed"] == 1:
+            r["metrics"]["data"] = TASKS["bit_copy"].data + 1  # made on other data
+    path.write_text(json.dumps(data))
+    again = subprocess.run(_command(script, "d"), capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert "1 runs to do" in again.stdout
+    assert (tmp_path / "retrained.log").read_text() == "d 1\n"

@@ -98,6 +98,9 @@ def test_train_worker_trains_once_then_adopts_the_run(tmp_path):
     assert list((tmp_path / "seed1" / "figures").glob("*.png"))
     again, *_ = _common.train_worker(sets, "ntm", "bit_copy", ctx, curve="bit_errors")
     assert again["reused_run"] and {**again, "reused_run": False} == first
+    ctx.retrain = True  # its row was made on the task's earlier data: so was this run
+    retrained, *_ = _common.train_worker(sets, "ntm", "bit_copy", ctx, curve="bit_errors")
+    assert not retrained["reused_run"] and retrained["steps_run"] == 2
 
 
 def test_train_worker_trains_again_when_the_run_it_started_from_was_trained_again(tmp_path):
