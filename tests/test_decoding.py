@@ -288,3 +288,22 @@ def test_a_batch_other_than_the_states_is_refused(engine, batch):
         rf"\(2\), got {batch}",
     ):
         engine(table_step(make_table()), state, batch, bos=BOS, eos=EOS, max_len=3, device="cpu")
+
+
+def test_a_float64_decoders_sampled_log_probability_stays_float64():
+    """A float64 policy's sampled log-probability trains it by REINFORCE: `sample` rounded the
+    log-probabilities to float32 (`.float()`), so its gradient was float32-rounded. It equals
+    the sum of the chosen tokens' float64 log-probabilities."""
+    g = torch.Generator().manual_seed(1)
+    table = torch.log_softmax(torch.randn(1, 4, 6, 6, dtype=torch.float64, generator=g), -1)
+    common = dict(bos=BOS, eos=EOS, max_len=4, device=torch.device("cpu"))
+    state = TableState(torch.zeros(1, dtype=torch.long))
+    tokens, log_prob = sample(table_step(table), state, 1, generator=g.manual_seed(0), **common)
+    assert log_prob.dtype == torch.float64
+    previous, want = BOS, 0.0
+    for t, token in enumerate(tokens[0].tolist()):
+        want += table[0, t, previous, token].item()
+        if token == EOS:
+            break
+        previous = token
+    assert log_prob.item() == pytest.approx(want, rel=1e-15)

@@ -10,7 +10,8 @@ hidden vectors; the Transformer's holds its key/value caches; the Pointer Networ
 positions chosen so far. Beam search flattens (batch, beam) into the batch dimension, so every
 decoder sees an ordinary batch. `device` is the decoder's (its inputs'): the engine's own
 tensors (start tokens, scores) are made there, in explicit dtypes (token ids long, scores
-float32), never the default device's or dtype's. On PyTorch's `meta` device, which holds
+float32, promoted to float64 by a float64 decoder's log-probabilities), never the default
+device's or dtype's. On PyTorch's `meta` device, which holds
 shapes but no values, the engine runs every one of max_len steps (no row can be seen to end)
 and skips its check of the log-probabilities' values.
 """
@@ -24,7 +25,7 @@ from typing import Protocol
 import torch
 
 from attnzoo.core.checks import check_count, check_number, check_size, fail
-from attnzoo.core.normalisers import sample_hard
+from attnzoo.core.normalisers import at_least_float32, sample_hard
 
 
 class DecodingState(Protocol):
@@ -136,7 +137,7 @@ def sample(
     for t in range(max_len):
         log_probs, state = step(tokens, state)
         _check_log_probs("sample", log_probs, t)
-        choice = sample_hard(log_probs.float(), generator=generator)  # the core's sampler
+        choice = sample_hard(at_least_float32(log_probs), generator=generator)  # the core's sampler
         total = total + choice.log_prob.masked_fill(done, 0.0)
         tokens = choice.index
         out.append(tokens)

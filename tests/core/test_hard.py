@@ -371,6 +371,16 @@ def test_moving_average_baseline():
     assert fresh.started and fresh().item() == pytest.approx(1.0)
 
 
+def test_a_float64_moving_average_moves_in_float64():
+    """The update's rate was a float32 tensor made from Python floats: a float64 baseline moved
+    by a float32-rounded momentum (2.800000011920929 for 0.9 * 2 + 0.1 * 10)."""
+    b = MovingAverageBaseline(momentum=0.9).double()
+    b.update(torch.tensor([2.0], dtype=torch.float64))
+    b.update(torch.tensor([10.0], dtype=torch.float64))
+    assert b().dtype == torch.float64
+    assert b().item() == 2.0 + (1.0 - 0.9) * (10.0 - 2.0)  # the update's own float64 steps
+
+
 def test_toolkit_on_every_device(device):
     policy = GaussianPolicy(4, learn_std=True).to(device)
     h = torch.randn(3, 4, device=device)

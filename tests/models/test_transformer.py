@@ -440,6 +440,19 @@ def test_sinusoidal_table_and_its_fallback_agree():
     assert "target_embed.table" not in model.state_dict()
 
 
+def test_a_float64_model_looks_up_float64_positions():
+    """The table is computed again in a model's new dtype: converted by `.double()` it held
+    the float32 rounding of the sinusoids (off by ~3e-8 below max_target_len, exact past it),
+    and a conversion back and forth (`.float().double()`) must not round it either."""
+    model = make(max_target_len=8).float().double().eval()
+    table = model.target_embed.table
+    assert table.dtype == torch.float64
+    assert torch.equal(table, sinusoidal_encoding(8, table.shape[1], dtype=torch.float64))
+    tokens = torch.randint(1, V_TGT, (2, 9))
+    inside, beyond = model.target_embed(tokens[:, :8]), model.target_embed(tokens)
+    assert torch.equal(inside, beyond[:, :8])  # the look-up and the computation, bit for bit
+
+
 # -- 6. any device: built on it, run on it (meta: shapes and devices without values) ----------
 
 

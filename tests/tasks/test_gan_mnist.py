@@ -204,7 +204,7 @@ def test_an_attention_figures_image_is_drawn_in_an_evaluation_sized_batch(digits
     for got, of_four in zip((image, label, maps), four[:3], strict=True):
         torch.testing.assert_close(got, of_four[:1])
     g = G.sampling_generator(torch.device("cpu")).manual_seed(t.config.seed + 97)
-    z = G.latents(16, model.config.z_dim, g, torch.device("cpu"))
+    z = G.latents(16, model.config.z_dim, g, model)
     with torch.no_grad():
         batch = model.generator(z, torch.arange(16) % G.CLASSES).images
     torch.testing.assert_close(image[0], ((batch[0, 0] + 1) / 2).clamp(0, 1))

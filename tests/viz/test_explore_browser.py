@@ -207,6 +207,28 @@ def test_steps_heads_and_examples_in_the_browser(browser, pages, tmp_path):
     assert severe(browser) == []
 
 
+def test_a_cells_every_pixel_reads_that_cell(browser, pages):
+    """The matrix's hover and click found the cell from the canvas's bounding box, which holds
+    its 1 px border: the last pixel row and column of every cell read the next cell's weight,
+    and a click there went to the next step."""
+    data = open_page(browser, pages["bahdanau"])
+    kind = data["examples"][0]["attention"][0]
+    probe = """
+        const [x, y, what] = arguments, c = document.getElementById('matrix');
+        const r = c.getBoundingClientRect(), cell = Number(c.dataset.cell);
+        const at = (offset, inner) => offset + c.clientLeft + inner + 0.5;  // a pixel's middle
+        c.dispatchEvent(new MouseEvent(what, {bubbles: true,
+            clientX: r.left + at(Number(c.dataset.left), x * cell + (x >= 0 ? cell - 1 : 0)),
+            clientY: r.top + at(Number(c.dataset.top), y * cell + cell - 1)}));
+        return [document.getElementById('readout').textContent, cell];
+    """
+    columns = kind["columns"]
+    readout, cell = browser.execute_script(probe, 0, 0, "mousemove")  # row 0, column 0's corner
+    assert cell > 1 and f"\u2192 {columns[0]}:" in readout, readout
+    browser.execute_script(probe, 0, 1, "click")  # row 1's last pixel row: step 1, not 2
+    assert step_of(browser) == 1
+
+
 def screenshot(page: Path, png: Path) -> None:
     """A screenshot of an explorer page, a few steps into its first example."""
     from selenium.webdriver.common.action_chains import ActionChains
@@ -289,4 +311,33 @@ def test_image_points_are_a_path_only_when_they_are_one(browser, tmp_path, path)
         svg = browser.find_element("css selector", "#layout-view svg")
         scale = float(svg.get_attribute("width")) / 8
         assert (cx / scale, cy / scale) == pytest.approx((3.0, 7.0))
+    assert severe(browser) == []
+
+
+def test_a_signal_below_zero_is_drawn_on_a_signed_scale(browser, tmp_path):
+    """Repeat copy's count input is normalised (mean 0, sd 1): a count of 1 to 5 is below 0,
+    and the memory view clamped it to 0-1, white as no input. A signal with a value below 0
+    is drawn on a signed scale (blue below 0, red above); one without stays grey."""
+    from attnzoo.viz.explore import explorer_html
+
+    kind = {"name": "read", "rows": ["t0", "t1"], "columns": ["m0", "m1"]}
+    kind["weights"] = np.full((1, 1, 2, 2), 0.5)
+    example = {"input": "i", "reference": "r", "prediction": "p", "correct": None}
+    example["signals"] = {"inputs": [[1.0, -1.57], [0.0, 0.0]], "outputs": [[1.0, 0.0], [0, 0]]}
+    example["attention"] = [kind]
+    page = tmp_path / "explore.html"
+    data = {"layout": "memory", "title": "t", "note": "", "examples": [example]}
+    page.write_text(explorer_html(data, heading="signals"))
+    open_page(browser, page)
+    rows = browser.find_elements("css selector", "table.signals tr")
+    colour = [
+        [
+            td.value_of_css_property("background-color")
+            for td in tr.find_elements("css selector", "td")
+        ]
+        for tr in rows
+    ]
+    # on one scale of +-1.57, the signal's largest size: +1 light red, -1.57 full blue
+    assert colour[0] == ["rgba(255, 93, 93, 1)", "rgba(0, 0, 255, 1)"]
+    assert colour[1] == ["rgba(0, 0, 0, 1)", "rgba(255, 255, 255, 1)"]  # 0-1 grey as before
     assert severe(browser) == []

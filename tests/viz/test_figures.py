@@ -280,6 +280,23 @@ def test_memory_figure_counts_a_non_finite_output_as_a_bit_error():
     assert "bit errors (0)" in [ax.get_title() for ax in clean.axes] and not clean.texts
 
 
+def test_memory_figure_draws_a_negative_input_apart_from_no_input():
+    """Repeat copy's count channel is normalised (mean 0, sd 1): a count of 1 to 5 is below 0,
+    and the inputs panel's 0-1 grey drew it black, as no input. Inputs with a value below 0
+    are drawn on the signed scale, where -1.57 and 0 differ."""
+    from attnzoo.viz.figures import memory_figure
+
+    t, c = 6, 3
+    inputs = torch.zeros(t, c + 1)
+    inputs[2, c] = -1.567  # the count
+    fig = memory_figure(inputs, torch.zeros(t, c), torch.zeros(t, c))
+    (panel,) = [ax for ax in fig.axes if ax.get_title() == "inputs"]
+    image = panel.images[0]
+    low, high = image.get_clim()
+    assert low < 0 < high  # signed: the count is not at the scale's floor with the zeros
+    assert image.to_rgba(-1.567)[:3] != image.to_rgba(0.0)[:3]
+
+
 def test_caption_and_gan_attention_maps_mark_non_finite_weights():
     """The overlays of Show-Attend-Tell and SAGAN: a NaN weight is counted at the figure's
     foot and drawn bright green, where the overlay left it blank."""
@@ -315,6 +332,27 @@ def test_intra_attention_figure_says_how_little_the_words_hold():
     assert [x for x in texts if x.endswith("on words")] == ["0% on words"] + ["5% on words"] * 3
     texts = [x.get_text() for x in intra_attention_figure(words, full).axes[0].texts]
     assert [x for x in texts if x.endswith("on words")] == ["0% on words"]
+
+
+def test_intra_attention_figure_shades_against_the_current_words_weight_too():
+    """A model that attends to the current word too (simplernn-self, transformer-lm): a line
+    with 94 % on the current word and 2 % on each earlier word drew every earlier word in the
+    darkest blue, as if one held it all, and said nothing. Now the earlier words are shaded
+    against the current word's 94 % and the line says the current word's share."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_rgba
+
+    from attnzoo.viz.figures import intra_attention_figure
+
+    words = ["in", "the", "beginning", "god"]
+    w = torch.zeros(4, 4)
+    w[3] = torch.tensor([0.02, 0.02, 0.02, 0.94])
+    texts = intra_attention_figure(words, w).axes[0].texts
+    assert [x.get_text() for x in texts if x.get_text().endswith("itself")] == ["94% on itself"]
+    last = [x for x in texts if x.get_text() in words][-4:]  # the last line's four words
+    faces = [to_rgba(x.get_bbox_patch().get_facecolor()) for x in last[:3]]
+    darkest = to_rgba(colormaps["Blues"](1.0))
+    assert all(face != darkest and min(face[:3]) > 0.8 for face in faces)  # 2 / 94: pale
 
 
 def test_gan_attention_map_draws_a_nearly_flat_map_flat():

@@ -401,6 +401,9 @@ class MovingAverageBaseline(nn.Module):
         total = weight.sum(0)  # (1, ...) broadcastable
         mean = (reward * weight).sum(0) / total.clamp(min=1)
         some = total.reshape(-1)[0] > 0
-        rate = torch.where(self.started, 1.0 - self.momentum, 1.0) * some
+        # the rates in the baseline's dtype (Python floats made a float32 tensor: a float64
+        # baseline moved by a float32-rounded momentum)
+        keep = self.value.new_tensor(1.0 - self.momentum)
+        rate = torch.where(self.started, keep, self.value.new_tensor(1.0)) * some
         self.value.add_(rate * (mean - self.value))
         self.started.logical_or_(some)

@@ -41,6 +41,13 @@ def masked_softmax(logits: torch.Tensor, mask: torch.Tensor | None = None) -> to
 _HALF = (torch.bfloat16, torch.float16)
 
 
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """`x` in float32 when it is in half precision (a softmax or a loss over a vocabulary loses
+    digits in bfloat16, e.g. under autocast), else as it is: a float64 model's log-probabilities
+    and losses stay float64 (`.float()` rounded them to float32)."""
+    return x.float() if x.dtype in _HALF else x
+
+
 def all_finite(*tensors: torch.Tensor) -> bool:
     """Whether every value of `tensors` is finite, known from a read of each one's sum on the
     CPU (a sync that costs nothing there; a sum is non-finite when any value is). False

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.core.checks import check_fields, check_image_size, check_images, check_size, fail
+from attnzoo.core.normalisers import at_least_float32
 
 
 def pool_then_relu(size: int = 2) -> list[nn.Module]:
@@ -98,7 +99,8 @@ class FullyConnected(nn.Module):
     def forward(self, images: torch.Tensor, **_sampling) -> ClassifierOutput:
         """images (batch, channels, height, width); sampling options are ignored."""
         check_images("FullyConnected", images, self.channels, self.image_size, like=self)
-        return ClassifierOutput(torch.log_softmax(self.net(images.flatten(1)), -1))
+        logits = at_least_float32(self.net(images.flatten(1)))  # float32 under autocast
+        return ClassifierOutput(torch.log_softmax(logits, -1))
 
 
 class ConvNet(nn.Module):
@@ -140,7 +142,8 @@ class ConvNet(nn.Module):
 
     def forward(self, images: torch.Tensor, **_sampling) -> ClassifierOutput:
         """images (batch, channels, height, width); sampling options are ignored."""
-        return ClassifierOutput(torch.log_softmax(self.head(self.flat(images)), -1))
+        logits = at_least_float32(self.head(self.flat(images)))  # float32 under autocast
+        return ClassifierOutput(torch.log_softmax(logits, -1))
 
 
 class MultiHeadConvNet(ConvNet):
@@ -164,4 +167,4 @@ class MultiHeadConvNet(ConvNet):
         """images (batch, channels, height, width) -> log_probs (batch, labels, classes)."""
         flat = self.flat(images, "MultiHeadConvNet")
         logits = self.head(flat).view(-1, self.labels, self.classes)  # (b, s, classes)
-        return ClassifierOutput(torch.log_softmax(logits, -1))
+        return ClassifierOutput(torch.log_softmax(at_least_float32(logits), -1))

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.core.checks import check_fields, check_image_size, check_size, fail
+from attnzoo.core.normalisers import at_least_float32
 from attnzoo.models.snail import ConvEmbedding, FewShotOutput, check_episode
 
 
@@ -93,7 +94,7 @@ class ProtoNet(nn.Module):
         one_hot = one_hot.to(support_x.dtype)
         prototypes = one_hot.transpose(1, 2) @ support_x / counts.unsqueeze(-1)  # (b, N, E)
         distances = (query_x.unsqueeze(2) - prototypes.unsqueeze(1)).pow(2).sum(-1)  # (b, q, N)
-        log_probs = torch.log_softmax(-distances, -1)
+        log_probs = torch.log_softmax(-at_least_float32(distances), -1)
         named = []
         if return_weights:
             named.append(("query -> prototypes", log_probs.exp().unsqueeze(2).unsqueeze(3)))

@@ -48,6 +48,7 @@ from attnzoo.core.checks import (
     check_tokens,
     fail,
 )
+from attnzoo.core.normalisers import at_least_float32
 
 CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
 LOCAL = ("local-m", "local-p")  # Luong's local forms (sec. 3.2)
@@ -583,4 +584,4 @@ class Seq2Seq(nn.Module):
     def decode_step(self, tokens: torch.Tensor, state: DecoderState):
         """The decoding engine's step: tokens (b,) -> log-probabilities (b, V), new state."""
         logits, _, state = self._decode(tokens.unsqueeze(1), state, False)
-        return torch.log_softmax(logits[:, -1].float(), -1), state
+        return torch.log_softmax(at_least_float32(logits[:, -1]), -1), state

@@ -83,7 +83,7 @@ from attnzoo.core.checks import (
     fail,
 )
 from attnzoo.core.hard import MovingAverageBaseline
-from attnzoo.core.normalisers import sample_hard
+from attnzoo.core.normalisers import at_least_float32, sample_hard
 from attnzoo.core.scores import Additive
 from attnzoo.core.types import PreparedKey
 from attnzoo.models.image_baselines import ClassifierOutput, pool_then_relu
@@ -375,7 +375,7 @@ class EncoderClassifier(nn.Module):
         are ignored."""
         check_images("EncoderClassifier", images, self.channels, like=self)
         pooled = self.encoder(images).amax(1)  # (b, D)
-        return ClassifierOutput(torch.log_softmax(self.head(pooled), -1))
+        return ClassifierOutput(torch.log_softmax(at_least_float32(self.head(pooled)), -1))
 
 
 @dataclass
@@ -588,7 +588,7 @@ class ShowAttendTell(nn.Module):
             log_pis.append(log_pi)
             entropies.append(entropy)
             locations.append(location)
-        log_probs = torch.log_softmax(torch.stack(logits, 1), -1)  # (b, t, V)
+        log_probs = torch.log_softmax(at_least_float32(torch.stack(logits, 1)), -1)  # (b, t, V)
         zero = log_probs.new_zeros(())
         if not self.attends:
             return CaptionOutput(log_probs, zero, None, self.grid)
@@ -624,7 +624,7 @@ class ShowAttendTell(nn.Module):
         """tokens (b,) -> log-probabilities (b, V), new state (whose `weights` are this step's
         attention). Hard attention samples its location from the state's generator."""
         logits, state, *_ = self._step(tokens, state, sample=True)
-        return torch.log_softmax(logits.float(), -1), state
+        return torch.log_softmax(at_least_float32(logits), -1), state
 
 
 def doubly_stochastic(weights: torch.Tensor, real: torch.Tensor, lam: float) -> torch.Tensor:

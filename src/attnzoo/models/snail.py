@@ -44,6 +44,7 @@ from attnzoo.core.checks import (
     check_size,
     fail,
 )
+from attnzoo.core.normalisers import at_least_float32
 from attnzoo.models.image_baselines import pool_then_relu
 
 
@@ -345,7 +346,7 @@ class SNAIL(nn.Module):
         labels = F.one_hot(support_labels, self.ways).to(embedded.dtype)  # (b, n, N)
         labels = torch.cat([labels, labels.new_zeros(b, q, self.ways)], 1)  # no query label
         logits, weights = self.sequence(torch.cat([embedded, labels], -1), return_weights, n)
-        log_probs = torch.log_softmax(logits[:, n:], -1)  # (b, q, N)
+        log_probs = torch.log_softmax(at_least_float32(logits[:, n:]), -1)  # (b, q, N)
         named = []
         if return_weights:
             for k, w in enumerate(weights):  # (b, n + q, n + q) -> each query's (n + 1, n + 1)

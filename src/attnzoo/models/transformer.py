@@ -53,6 +53,7 @@ from attnzoo.core import (
 )
 from attnzoo.core.checks import check_dropout, check_fields, check_integers, check_tokens, fail
 from attnzoo.core.mha import StackedLinear
+from attnzoo.core.normalisers import at_least_float32
 
 POSITIONS = ("sinusoidal", "learned")
 
@@ -249,6 +250,18 @@ class Embedder(nn.Module):
             self.positions, table = LearnedPositionalEmbedding(max_len, c.d_model), None
         self.register_buffer("table", table, persistent=False)
         self.drop = nn.Dropout(c.dropout)
+
+    def _apply(self, fn, recurse=True):
+        """`.to()`, `.double()`, `.cuda()`... as for any module, then the table computed again in
+        its new dtype and device: converted, it would hold the float32 rounding of the sinusoids
+        (a float64 model's positions off by ~3e-8 below max_len, exact past it)."""
+        super()._apply(fn, recurse)
+        if self.table is not None:
+            length, d_model = self.table.shape
+            self.table = sinusoidal_encoding(
+                length, d_model, device=self.table.device, dtype=self.table.dtype
+            )
+        return self
 
     def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = self.embedding(tokens) * self.scale  # (b, len, d_model)
@@ -620,7 +633,7 @@ class Transformer(nn.Module):
             hidden = x[:, -1]  # (b, d_model)
             new = replace(state, step=state.step + 1)
         logits = self.output(hidden)  # (b, V)
-        return torch.log_softmax(logits.float(), -1), new
+        return torch.log_softmax(at_least_float32(logits), -1), new
 
     # -- PyTorch parity ----------------------------------------------------------------------
 
@@ -824,5 +837,5 @@ class TransformerLM(nn.Module):
         check_tokens("TransformerLM.decode_step", "tokens", tokens, 1, "(batch,)")
         x = self.embed(tokens[:, None], state.step)  # (b, 1, d_model)
         logits, _ = self._run(x, state.caches, False)
-        log_probs = torch.log_softmax(logits[:, -1].float(), -1)  # (b, V)
+        log_probs = torch.log_softmax(at_least_float32(logits[:, -1]), -1)  # (b, V)
         return log_probs, replace(state, step=state.step + 1)

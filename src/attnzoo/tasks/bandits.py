@@ -40,7 +40,7 @@ import torch
 
 from attnzoo.core.checks import check_fields, fail
 from attnzoo.core.hard import lambda_returns, reinforce_loss
-from attnzoo.core.normalisers import sample_hard
+from attnzoo.core.normalisers import at_least_float32, sample_hard
 from attnzoo.tasks.base import (
     EvalConfig,
     check_counts,
@@ -330,8 +330,9 @@ class BanditsTask:
         # update's pass runs through `model`, so that torchrun's wrapper syncs its gradients
         actions, rewards = self._rollout(inner_model(model), batch, g)
         out = model(self._inputs(actions[:, :-1], rewards[:, :-1]))
-        value = self.baseline(out.value)
-        log_p = torch.log_softmax(out.logits, -1)  # (b, K, N)
+        # in float32 under bf16 autocast, as the other tasks' losses (`at_least_float32`)
+        value = self.baseline(at_least_float32(out.value))
+        log_p = torch.log_softmax(at_least_float32(out.logits), -1)  # (b, K, N)
         log_pi = log_p.gather(-1, actions.unsqueeze(-1)).squeeze(-1)  # (b, K)
         entropy = -(log_p.exp() * log_p).sum(-1)  # (b, K)
         terms = reinforce_loss(

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.core.checks import check_fields, fail
+from attnzoo.core.normalisers import at_least_float32
 from attnzoo.tasks.base import (
     EvalConfig,
     check_counts,
@@ -223,7 +224,7 @@ class BitsTask:
     def loss(self, model, batch: BitsBatch) -> tuple[torch.Tensor, int]:
         """Sigmoid cross-entropy (nats) summed over the output-phase bits of every sequence,
         and the number of sequences (so the logged loss is nats per sequence)."""
-        logits = model(batch.inputs).logits.float()  # (b, T, output_size)
+        logits = at_least_float32(model(batch.inputs).logits)  # (b, T, output_size)
         bce = F.binary_cross_entropy_with_logits(logits, batch.targets, reduction="none")
         return (bce * batch.mask.unsqueeze(-1)).sum(), batch.inputs.shape[0]
 
@@ -259,7 +260,7 @@ class BitsTask:
 
     def errors(self, model, batch: BitsBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Per sequence: (bit errors over the output phase, summed cross-entropy in nats)."""
-        logits = model(batch.inputs).logits.float()  # (b, T, output_size)
+        logits = at_least_float32(model(batch.inputs).logits)  # (b, T, output_size)
         wrong = ((logits > 0).float() != batch.targets) & batch.mask.unsqueeze(-1)
         bce = F.binary_cross_entropy_with_logits(logits, batch.targets, reduction="none")
         return wrong.sum((1, 2)).float(), (bce * batch.mask.unsqueeze(-1)).sum((1, 2))

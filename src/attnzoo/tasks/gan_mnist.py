@@ -126,9 +126,13 @@ def g_hinge_loss(fake_scores: torch.Tensor) -> torch.Tensor:
     return -fake_scores.sum()
 
 
-def latents(n: int, z_dim: int, generator: torch.Generator, device) -> torch.Tensor:
-    """(n, z_dim) standard normal from `generator` (on its device), then on `device`."""
-    return torch.randn(n, z_dim, generator=generator, device=generator.device).to(device)
+def latents(n: int, z_dim: int, generator: torch.Generator, model: nn.Module) -> torch.Tensor:
+    """(n, z_dim) standard normal from `generator` (on its device, in float32: the same draws
+    whatever the model's dtype), then on the device and in the dtype of `model`'s parameters
+    (a float64 or bfloat16 generator refuses a float32 z)."""
+    z = torch.randn(n, z_dim, generator=generator, device=generator.device)
+    like = next(model.parameters())
+    return z.to(device=like.device, dtype=like.dtype)
 
 
 class ClassifierFeatures(nn.Module):
@@ -229,7 +233,7 @@ class GanMnistTask:
             if phase not in (None, name):
                 continue
             g = sampling_generator(device).manual_seed((self.seed * 1_000_003 + batch.step) * 2 + k)
-            z = latents(len(labels), z_dim, g, device)
+            z = latents(len(labels), z_dim, g, model)
             if name == "discriminator":  # the generator's output enters detached: no graph
                 with torch.no_grad():
                     fake = model.generator(z, labels).images
@@ -279,7 +283,7 @@ class GanMnistTask:
         g = sampling_generator(device).manual_seed(seed)
         out = []
         for y in labels.split(self.eval_config.batch_size):
-            z = latents(len(y), model.config.z_dim, g, device)
+            z = latents(len(y), model.config.z_dim, g, model)
             out.append((model.generator(z, y.to(device)).images + 1) / 2)
         return torch.cat(out).clamp(0, 1)
 
@@ -333,7 +337,7 @@ class GanMnistTask:
         drawn = max(count, self.eval_config.batch_size)
         labels = torch.arange(drawn, device=device) % CLASSES
         g = sampling_generator(device).manual_seed(self.config.seed + 97)
-        z = latents(drawn, model.config.z_dim, g, device)
+        z = latents(drawn, model.config.z_dim, g, model)
         out = model.generator(z, labels, return_weights=True)
         images = ((out.images[:count] + 1) / 2).clamp(0, 1)[:, 0].cpu()
         labels = labels[:count].cpu()

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.core.checks import check_fields, fail
+from attnzoo.core.normalisers import at_least_float32
 from attnzoo.tasks.base import EvalConfig, check_counts, model_device, training_generator
 from attnzoo.tasks.kjv2web import verse_pairs
 from attnzoo.tasks.text import Vocab
@@ -200,7 +201,7 @@ class CharLmTask:
         logits = model(batch[:, :-1]).logits  # (b, context, V)
         target = batch[:, 1:]  # (b, context)
         loss = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]).float(),
+            at_least_float32(logits.reshape(-1, logits.shape[-1])),
             target.reshape(-1),
             reduction="sum",
             label_smoothing=self.eval.label_smoothing,
@@ -226,7 +227,7 @@ class CharLmTask:
                     x = x.to(device, non_blocking=True)
                     logits = model(x[:, :-1]).logits  # (b, length - 1, V)
                     nats = F.cross_entropy(
-                        logits.reshape(-1, logits.shape[-1]).float(),
+                        at_least_float32(logits.reshape(-1, logits.shape[-1])),
                         x[:, 1:].reshape(-1),
                         reduction="sum",
                     )

@@ -229,11 +229,13 @@ class WordLmTask(CharLmTask):
     def explore(self, model, count: int) -> dict:
         """The explorer's data: the first `count` held-out verses (cut to EXPLORE_WORDS
         words), each word's attention over the states before it; the prediction is the most
-        likely next word at each position."""
+        likely next word at each position, the reference the verse's next word (`<eos>` only
+        where the verse ends, not where it is cut)."""
         items = []
-        for sentence in [s[:EXPLORE_WORDS] for s in self.sentences.get(self.eval.split, [])][
-            :count
-        ]:
+        for verse in self.sentences.get(self.eval.split, [])[:count]:
+            sentence = verse[:EXPLORE_WORDS]
+            # the next word at every position: the verse's own past a cut, <eos> only at its end
+            following = [*verse[1 : EXPLORE_WORDS + 1], EOS][: len(sentence)]
             ids = torch.tensor([self.vocab.encode(sentence)], device=model_device(model))
             predicted = model(ids).logits[0].argmax(-1).cpu().tolist()
             got = self.intra_attention(model, sentence)
@@ -251,7 +253,7 @@ class WordLmTask(CharLmTask):
             items.append(
                 {
                     "input": " ".join(sentence),
-                    "reference": " ".join([*sentence[1:], EOS]),
+                    "reference": " ".join(following),
                     "prediction": " ".join(self.vocab.tokens[i] for i in predicted),
                     "correct": None,
                     "attention": kinds,

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from attnzoo.core.normalisers import at_least_float32
 from attnzoo.decoding import decode
 from attnzoo.tasks.base import EvalConfig, model_device, training_generator
 from attnzoo.tasks.text import Splits, Vocab, alignment_score, bleu, chrf, exact_match
@@ -149,7 +150,7 @@ class TranslationTask:
     def loss(self, model, batch: Batch) -> tuple[torch.Tensor, int]:
         logits = model(batch.source, batch.lengths, batch.target_in).logits  # (b, t, V)
         loss = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]).float(),
+            at_least_float32(logits.reshape(-1, logits.shape[-1])),
             batch.target_out.reshape(-1),
             ignore_index=Vocab.PAD,
             reduction="sum",

@@ -370,8 +370,12 @@ def memory_figure(
     for r, (row, span) in enumerate(rows_out):
         for col, (name, data, ylabel) in enumerate(row):
             ax = fig.add_subplot(grid[r, col] if len(row) == 2 else grid[r, :])
+            # signed where values may be below 0: adds, reads, memory, and inputs that hold a
+            # negative value (repeat copy's normalised count), which a 0-1 grey drew black
+            finite_values = data[np.isfinite(data)]
             signed = name in ("adds", "reads") or name.startswith("memory")
-            finite = np.abs(data[np.isfinite(data)])
+            signed = signed or bool((finite_values < 0).any())
+            finite = np.abs(finite_values)
             limit = max(1.0, float(finite.max(initial=0.0))) if signed else 1.0
             shown, extent = data, None
             if span is not None:
@@ -555,10 +559,12 @@ def episode_figure(
 def intra_attention_figure(words: Sequence[str], weights, *, title: str = "") -> Figure:
     """Cheng et al. 2016 Fig. 1: one line per word of a sentence, the words up to it written
     out, the current word in red and each earlier word shaded by the weight the current step
-    gave it, relative to the line's largest (darker blue: more; the darkest is the line's
-    maximum). A line whose words hold under 95 % of its weight (the rest on a state that is
-    no word, e.g. the LSTMN's start state) says how much they hold at its right: relative
-    shading alone drew 5 % spread over the words as dark as 100 %. 10 inches wide at its dpi of
+    gave it, relative to the line's largest, the current word's own included (darker blue:
+    more). A line whose words hold under 95 % of its weight (the rest on a state that is
+    no word, e.g. the LSTMN's start state) says how much they hold at its right, and one whose
+    current word holds some (framed in red) says how much: relative shading alone drew 5 %
+    spread over the words, or 2 % on each earlier word beside 94 % on the current one, as
+    dark as 100 %. 10 inches wide at its dpi of
     80: 800 px (its layout is in points).
 
     Args:
@@ -590,15 +596,18 @@ def intra_attention_figure(words: Sequence[str], weights, *, title: str = "") ->
         y = top + (i + 0.5) * line_pt
         held = float(np.nan_to_num(w[i, : i + 1]).sum())
         room = width_pt - 12
-        if held < 0.95:
-            note = f"{held:.0%} on words"
+        notes = [f"{held:.0%} on words"] if held < 0.95 else []
+        if w[i, i] > 0.02:  # (framed in red below)
+            notes.append(f"{w[i, i]:.0%} on itself")
+        if notes:
+            note = ", ".join(notes)
             ax.text(width_pt - 6, y, note, fontsize=8, va="center", ha="right", **LITERAL)
-            room -= 84
+            room -= 7 * len(note)
         shown = list(range(i + 1))
         while sum(len(words[k]) + 1 for k in shown) * char_pt > room and len(shown) > 1:
             shown.pop(0)  # a long sentence: its earliest words scroll off to the left
         x = 6.0
-        top_weight = max(w[i, :i].max(initial=0.0), 1e-12)
+        top_weight = max(np.nan_to_num(w[i, : i + 1]).max(initial=0.0), 1e-12)
         for k in shown:
             weight = w[i, k] / top_weight if k < i else 0.0
             face = cmap(0.15 + 0.85 * min(1.0, weight)) if weight > 0.02 else "none"

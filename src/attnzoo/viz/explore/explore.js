@@ -47,6 +47,10 @@
     const g = Math.round(255 - (255 * level) / LEVELS);
     return "rgb(" + g + "," + g + "," + g + ")";
   }
+  function signedInk(v, limit) { // a signal with values below 0: 0 white, +limit red, -limit blue
+    const g = Math.round(255 * (1 - Math.min(1, Math.abs(v) / limit)));
+    return v >= 0 ? "rgb(255," + g + "," + g + ")" : "rgb(" + g + "," + g + ",255)";
+  }
   function argmax(row) {
     let best = 0;
     for (let j = 1; j < row.length; j++) if (row[j] > row[best]) best = j;
@@ -227,10 +231,16 @@
         const th = document.createElement("th");
         th.textContent = name;
         tr.appendChild(th);
+        // a signal with a value below 0 anywhere (repeat copy's normalised count) is drawn on a
+        // signed scale: clamped to 0-1 it was white, as no input is
+        const all = values.flat();
+        const signed = all.some((v) => v < 0);
+        const limit = Math.max(1, ...all.map(Math.abs));
         for (const v of values[state.step] || []) {
           const td = tr.insertCell();
           const level = Math.max(0, Math.min(1, v)) * LEVELS;
-          td.style.background = ink(level);
+          td.style.background = signed ? signedInk(v, limit) : ink(level);
+          if (signed) td.dataset.signed = "1";
           td.title = name + ": " + v;
           td.addEventListener("mouseenter", () => say(name + " at step " + (state.step + 1) + ": " + v));
         }
@@ -323,10 +333,12 @@
   });
   const canvas = $("matrix");
   const cellAt = (ev) => {
+    // from the canvas's content box, where the cells are drawn: its bounding box includes the
+    // border, which put the last pixel row and column of every cell in the next cell
     const cell = Number(canvas.dataset.cell);
     const rect = canvas.getBoundingClientRect();
-    const x = ev.clientX - rect.left - Number(canvas.dataset.left);
-    const y = ev.clientY - rect.top - Number(canvas.dataset.top);
+    const x = ev.clientX - rect.left - canvas.clientLeft - Number(canvas.dataset.left);
+    const y = ev.clientY - rect.top - canvas.clientTop - Number(canvas.dataset.top);
     return [Math.floor(y / cell), Math.floor(x / cell)];
   };
   canvas.addEventListener("mousemove", (ev) => {
