@@ -297,6 +297,20 @@ def test_memory_figure_draws_a_negative_input_apart_from_no_input():
     assert image.to_rgba(-1.567)[:3] != image.to_rgba(0.0)[:3]
 
 
+def test_caption_figure_draws_every_word_of_a_long_caption():
+    """A four-digit caption runs to 17 words: the figure drew the first 12 and dropped the
+    rest without a word. A long caption goes on in a further line of its row."""
+    from attnzoo.viz.captions import caption_attention_figure
+
+    words = [f"w{k}" for k in range(17)]
+    weights = torch.full((17, 16), 1 / 16)
+    image = torch.zeros(32, 32)
+    fig = caption_attention_figure([(image, words, weights, (4, 4), "soft")] * 2)
+    titles = [ax.get_title() for ax in fig.axes if ax.images]
+    assert titles == ["", *words] * 2  # each row: its image (titled on the left), 17 words
+    assert fig.get_size_inches()[0] * fig.dpi == 800
+
+
 def test_caption_and_gan_attention_maps_mark_non_finite_weights():
     """The overlays of Show-Attend-Tell and SAGAN: a NaN weight is counted at the figure's
     foot and drawn bright green, where the overlay left it blank."""
