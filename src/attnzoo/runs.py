@@ -104,6 +104,11 @@ def run_train(
                 mark_demo(out)
 
         def record() -> None:  # a resume's changes, once its checkpoint has loaded
+            # final.json and timing.json are the earlier settings' results, written again at
+            # the end: left beside the new config.json, an interrupted extension read as a
+            # finished run of the new settings (e.g. 6 steps' metrics under train.steps=12)
+            for stale in ("final.json", "timing.json"):
+                (out / stale).unlink(missing_ok=True)
             atomic_write_json(out / "config.json", config)
             note(f"--resume: {listing(changes)} (recorded in {out / 'config.json'})")
 

@@ -460,6 +460,30 @@ def test_a_resume_whose_checkpoint_fails_to_load_records_no_change(trained, tmp_
     assert (run / "config.json").read_bytes() == saved
 
 
+def test_an_interrupted_extension_leaves_no_results_of_the_earlier_steps(
+    trained, tmp_path, monkeypatch
+):
+    """An extension (--resume --set train.steps=20) records its new config once the checkpoint
+    loads; interrupted then, it left the 10-step run's final.json and timing.json beside a
+    config.json of 20 steps, read as a finished 20-step run (the benchmark driver adopts a run
+    by its config.json and final.json). They go when the changes are recorded."""
+    from attnzoo import runs
+
+    run = copy_run(trained, tmp_path / "run")
+    assert (run / "final.json").exists() and (run / "timing.json").exists()
+
+    def interrupted(*args, resumed=None, **kwargs):  # the checkpoint loaded, then a Ctrl-C
+        resumed()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runs, "train", interrupted)
+    config = runs.apply_overrides(json.loads((run / "config.json").read_text()), ["train.steps=20"])
+    with pytest.raises(KeyboardInterrupt):
+        runs.run_train(config, run, resume=True, progress=False)
+    assert json.loads((run / "config.json").read_text())["train"]["steps"] == 20
+    assert not (run / "final.json").exists() and not (run / "timing.json").exists()
+
+
 def test_resume_with_the_same_values_changes_nothing(trained, tmp_path, capsys):
     run = copy_run(trained, tmp_path / "run")
     saved = (run / "config.json").read_bytes()
