@@ -240,6 +240,22 @@ def test_check_out(tmp_path):
         _checked_out(run, resume=True, overwrite=True)
 
 
+def test_a_refused_folder_is_left_as_it_was(tmp_path):
+    """A user's folder refused as --out (not empty, or not a run's for --overwrite) got the
+    run's lock file left in it, and a `.lock` of the user's own was truncated to a pid."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    for flags in ({}, {"overwrite": True}):
+        with pytest.raises(FileExistsError, match="'--out'"):
+            _checked_out(mine, **flags)
+        assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    (mine / rundir.LOCK).write_text("the user's")
+    with pytest.raises(FileExistsError, match="'--out'"):
+        _checked_out(mine)
+    assert (mine / rundir.LOCK).read_text() == "the user's"
+
+
 @pytest.mark.skipif(rundir.fcntl is None, reason="no fcntl.flock on this platform")
 def test_a_run_directory_is_claimed_by_one_process_at_a_time(tmp_path):
     """While one process trains in a run dir, another (here a second `check_out` of the same

@@ -306,6 +306,8 @@ def check_out(out: Path, *, resume: bool = False, overwrite: bool = False) -> It
     if resume and overwrite:
         fail("attnzoo", "--overwrite", "either --resume or --overwrite", "both")
     made = not out.exists()  # removed again if the block fails before it writes anything
+    if out.is_dir():  # a folder that is not to be trained into: refused before the lock file
+        _replaceable(out, resume, overwrite)  # is made in it (checked again under the lock)
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = open(out / LOCK, "a+")  # noqa: SIM115 (held open to the block's end)

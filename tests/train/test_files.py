@@ -136,6 +136,34 @@ def test_resume_point_sets_damaged_checkpoints_aside_and_repoints_latest(tmp_pat
     assert err[1] == "attnzoo: warning: resuming from the newest intact checkpoint, step_00000001"
 
 
+def test_a_checkpoint_resumes_only_with_the_process_count_that_trained_it(tmp_path):
+    """Each process of a torchrun run draws its own samples: a run checkpointed by two
+    processes and resumed by one continued neither run (43 of 73 tensors of a pointer net off
+    both), and nothing recorded the count. The checkpoint records it; another count is refused
+    before anything loads. A checkpoint from before the record tells it by its ranks' RNG."""
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    rng = [{"torch": torch.get_rng_state()}] * 2
+    two = save_checkpoint(tmp_path / "two", 0, model, opt, sched, rank_rng=rng, world=2)
+    before = model.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    with pytest.raises(ValueError, match=r"'processes' expected the 2 process\(es\).*got 1"):
+        load_checkpoint(two, model, opt, sched)
+    assert not torch.equal(model.weight, before)  # refused before the weights loaded
+    assert load_checkpoint(two, model, opt, sched, rank=1, world=2) == 0
+    state = json.loads((two / "state.json").read_text())
+    del state["world"]  # as written before the count was recorded
+    (two / "state.json").write_text(json.dumps(state))
+    with pytest.raises(ValueError, match="'processes' expected the 2 process"):
+        load_checkpoint(two, model, opt, sched)
+    one = save_checkpoint(tmp_path / "one", 0, model, opt, sched)
+    with pytest.raises(ValueError, match="'processes' expected the 1 process"):
+        load_checkpoint(one, model, opt, sched, world=2)
+    assert load_checkpoint(one, model, opt, sched) == 0
+
+
 def test_a_checkpoint_records_its_timing_and_a_malformed_one_is_named(tmp_path):
     timing = {"train_seconds": 1.5, "eval_seconds_during": 0.25, "steps_run": 2, "sessions": 1}
     model = torch.nn.Linear(3, 2)

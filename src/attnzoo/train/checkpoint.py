@@ -61,6 +61,7 @@ def save_checkpoint(
     task=None,
     timing: dict | None = None,
     rank_rng: list[dict[str, torch.Tensor]] | None = None,
+    world: int = 1,
 ):
     """Save everything needed to continue bit-for-bit at step + 1, including the tensors of a
     task that keeps state (`task.state_dict()`, e.g. a REINFORCE baseline policy).
@@ -68,7 +69,8 @@ def save_checkpoint(
     several (`attnzoo.train.loop`), all saved. `timing`: the training time up to this step
     (`saved_timing`), so that a resumed run reports all of it. `rank_rng`: in a run of several
     processes, each one's RNG states ({"torch": ..., "cuda": ...}, by rank), saved beside this
-    process's so that each resumed process continues its own stream (`load_checkpoint`)."""
+    process's so that each resumed process continues its own stream (`load_checkpoint`).
+    `world`: the number of processes that trained it, which a resume must match."""
     directory = Path(directory)
     folder = directory / f"step_{step:08d}"
     tensors = {f"model.{k}": v for k, v in model_tensors(model).items()}
@@ -94,6 +96,7 @@ def save_checkpoint(
         "scheduler": sched_json,
         "python_rng": _jsonable(random.getstate()),
         "tensors_sha256": hashlib.sha256(data).hexdigest(),
+        "world": world,
     }
     if timing is not None:
         state["timing"] = timing
@@ -317,15 +320,35 @@ def _fit(model: torch.nn.Module, weights: dict[str, torch.Tensor], path: Path) -
 
 
 def load_checkpoint(
-    folder: Path, model, optimizer, scheduler, task=None, map_location=None, rank: int = 0
+    folder: Path,
+    model,
+    optimizer,
+    scheduler,
+    task=None,
+    map_location=None,
+    rank: int = 0,
+    world: int = 1,
 ) -> int:
     """Restore model, optimizer, schedule, RNG and task states; returns the step saved.
     Tensors go to `map_location`, by default the model's device. `optimizer` and `scheduler`
     as `save_checkpoint`'s: dicts by name must name the checkpoint's optimisers. `rank`: the
     process's in a run of several, whose own RNG states it restores where the checkpoint has
-    them (else the saving process's)."""
+    them (else the saving process's). `world`: the number of processes resuming, which must
+    be the number that trained it: each process draws its own samples and data, so another
+    count continues neither run, without a word (refused before anything loads)."""
     folder = Path(folder)
     tensors, state = _load(folder, map_location or _device(model))
+    # a checkpoint from before `world` was recorded: its processes' RNG states tell
+    ranks = {key.split(".")[1] for key in tensors if key.startswith("rng.rank")}
+    trained_by = state.get("world", max(1, len(ranks)))
+    if trained_by != world:
+        fail(
+            "attnzoo --resume",
+            "processes",
+            f"the {trained_by} process(es) that trained {folder.name} (torchrun "
+            f"--nproc_per_node={trained_by}; another count continues neither run)",
+            world,
+        )
     _fit(model, _section(tensors, "model."), folder / TENSORS)
     several = isinstance(optimizer, dict)
     saved_groups = (

@@ -269,7 +269,12 @@ def train(
                 f"at least the {saved + 1} steps this run has trained ({folder.name})",
                 config.steps,
             )
-        start = load_checkpoint(folder, model, optimizer, scheduler, task, rank=env.rank) + 1
+        start = (
+            load_checkpoint(
+                folder, model, optimizer, scheduler, task, rank=env.rank, world=env.world
+            )
+            + 1
+        )
         if resumed is not None:
             resumed()
         earlier = saved_timing(folder) or earlier  # none recorded: this process's time alone
@@ -378,6 +383,7 @@ def train(
                 task=task,
                 timing=timing,
                 rank_rng=rank_rng,
+                world=env.world,
             )
             saving += time.perf_counter() - save_start
         if env.world > 1 and (step + 1) % config.checkpoint_every == 0:
