@@ -29,6 +29,7 @@ from attnzoo.tasks.captions import (
     detokenize,
     grown,
 )
+from attnzoo.tasks.mnist import MC_CHUNK
 
 NP = r"a (small|large) (" + "|".join(NUMBERS) + ")"
 PAIR = rf"{NP}( (above|left of) {NP})?"
@@ -418,13 +419,34 @@ def test_evaluate_decodes_a_hard_model_also_by_expectation(task):
     exact = sum(h == r for h, r in zip(by_expectation, references, strict=False))
     assert metrics["exact_match_expected_pct"] == pytest.approx(100 * exact / metrics["n"])
     # the same model under a variant name evaluate does not know as hard (it attends and
-    # samples the same way) gets no expectation pass, and the same sampled scores
+    # samples the same way) gets no expectation pass, and the same sampled scores (in parts of
+    # eval.batch_size, which a known hard model's parts are not: MC_CHUNK)
     model.config = SimpleNamespace(**{**vars(model.config), "variant": "hard, unnamed"})
-    without = task.evaluate(model)
+    wide = DigitCaptionsTask(task.config, seed=0, eval_config=EvalConfig(batch_size=MC_CHUNK))
+    without = wide.evaluate(model)
     assert "exact_match_expected_pct" not in without
     assert {k: v for k, v in metrics.items() if k != "exact_match_expected_pct"} == without
     soft_metrics = task.evaluate(ShowAttendTell(soft(**small), **task.model_dims()).eval())
     assert "exact_match_expected_pct" not in soft_metrics
+
+
+def test_a_hard_models_scores_do_not_depend_on_the_evaluation_batch(task):
+    """A hard model samples a location per image and step from one stream: evaluated in parts
+    of eval.batch_size, the locations an image drew (so its caption, BLEU and correctness)
+    depended on how many images shared its part. Its parts are now MC_CHUNK images."""
+    torch.manual_seed(0)
+    small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8, dropout=0.0)
+    model = ShowAttendTell(hard(**small), **task.model_dims()).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4)  # sharper: the sampled locations change the words
+    scores = [
+        DigitCaptionsTask(task.config, seed=0, eval_config=EvalConfig(batch_size=size)).evaluate(
+            model
+        )
+        for size in (7, 16, MC_CHUNK)
+    ]
+    assert scores[0] == scores[1] == scores[2]
 
 
 def test_vocabulary_and_config_errors():

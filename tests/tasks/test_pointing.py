@@ -83,6 +83,30 @@ def test_evaluate_reports_the_papers_columns():
     assert 0.0 <= task.evaluate(model)["exact_match"] <= 100.0
 
 
+def test_an_unconstrained_tsp_model_is_scored_with_its_invalid_tours_counted():
+    """`model.mask_chosen=false` (the paper's unconstrained decoder, which the docs offer) may
+    repeat a node: scoring raised on the first such output, so evaluation of the run failed
+    after its whole budget. Such outputs count in invalid_pct; the lengths and the gap are
+    those of the valid tours, against their own optima."""
+    task, _ = task_and_model("tsp")
+    points, truth = task.test_set(6)
+    predicted = [list(t) for t in truth]
+    predicted[0] = [0] * 6  # no tour
+    predicted[1] = list(reversed(truth[1]))  # a tour: the same length
+    scores = task.score(points, predicted, truth)
+    assert scores["invalid_pct"] == pytest.approx(100.0 / len(truth))
+    assert scores["gap_pct"] == pytest.approx(0.0, abs=1e-9)
+    rest = torch.tensor(truth[1:])
+    assert scores["optimal"] == pytest.approx(float(geometry.tour_length(points[1:], rest).mean()))
+    nothing = task.score(points[:1], predicted[:1], truth[:1])
+    assert nothing == {"invalid_pct": 100.0, "tour_length": None, "optimal": None, "gap_pct": None}
+    # the unconstrained model evaluates to the end
+    unmasked = PointerNet(
+        PointerNetConfig(hidden=16, attn_hidden=16, mask_chosen=False), **task.model_dims()
+    )
+    assert "invalid_pct" in task.evaluate(unmasked.eval())
+
+
 def test_scoring_the_true_outputs_is_perfect():
     task, _ = task_and_model("tsp")
     points, truth = task.test_set(6)

@@ -61,7 +61,7 @@ from attnzoo.tasks.base import (
     sampling_seed,
     training_generator,
 )
-from attnzoo.tasks.mnist import DIGIT, TRAIN_DIGITS, load_digits
+from attnzoo.tasks.mnist import DIGIT, MC_CHUNK, TRAIN_DIGITS, load_digits
 
 PAD, BOS, END = 0, 1, 2
 # config keys this task never reads: `attnzoo --set` refuses them (rundir.unread_keys)
@@ -475,8 +475,9 @@ class DigitCaptionsTask:
             references = references[:limit]
         return batch, references
 
-    def _parts(self, batch: CaptionBatch):
-        size = self.eval_config.batch_size
+    def _parts(self, batch: CaptionBatch, size: int | None = None):
+        """`batch` in parts of `size` images (eval.batch_size by default)."""
+        size = size or self.eval_config.batch_size
         n = batch.images.shape[0]
         for start in range(0, n, size):
             part = batch._replace(
@@ -541,7 +542,10 @@ class DigitCaptionsTask:
         hard = getattr(getattr(model, "config", None), "variant", "") == "hard"
         g_expected = sampling_generator(device).manual_seed(self.config.seed + 18)
         hypotheses, masses, uniforms, befores, nears, expected = [], [], [], [], [], []
-        for part in self._parts(batch):
+        # a hard model samples a location per image and step from one stream: in parts of
+        # eval.batch_size its samples (hence its scores) changed with that setting; in parts of
+        # MC_CHUNK (its default) they do not
+        for part in self._parts(batch, MC_CHUNK if hard else None):
             part = move(part, device)
             hypotheses += [detokenize(ids) for ids in self.decode(model, part.images, g)]
             if hard:  # its own generator: the sampled scores are those of a run without it

@@ -252,8 +252,9 @@ def mc_passes(model, images: torch.Tensor, samples: int, seed: int) -> Iterator[
     DRAM), per chunk of MC_CHUNK images in order, from one generator seeded `seed` on the
     model's device: an image's draws depend on the images before it, never on how evaluation
     batches its other pass (with eval.batch_size as the chunk, error_mc moved from 87.67 to
-    86.67 between batch sizes 256 and 7), and a prefix (eval.limit) draws what the whole set
-    draws for it."""
+    86.67 between batch sizes 256 and 7). A prefix (eval.limit) draws what the whole set draws
+    for it only in whole chunks: a part-chunk draws its noise for fewer rows, so its images'
+    paths differ from theirs in the whole set's pass (a limit of 24 changed 4 of 24 argmaxes)."""
     device = model_device(model)
     g = sampling_generator(device).manual_seed(seed)
     for x in images.split(MC_CHUNK):

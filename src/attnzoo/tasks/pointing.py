@@ -274,15 +274,22 @@ class PointingTask:
         if kind == "convex_hull":
             m = geometry.hull_metrics(points, predicted, truth)  # nan: no simple polygon
             return {k: None if v != v else 100.0 * float(v) for k, v in m.items()}
+        # TSP: an unconstrained decoder (model.mask_chosen=false, the paper's) may repeat a
+        # node: such an output is no tour, counted in invalid_pct (as the hull's fail_rate);
+        # the lengths and the gap are over the valid tours, paired with their optima
         tours = torch.tensor(predicted, dtype=torch.long)
-        invalid = (~geometry.is_tour(tours)).nonzero()
-        if len(invalid):
-            bad = predicted[int(invalid[0])]
-            fail("PointingTask.score", "predicted", "permutations of the inputs", bad)
-        length = float(geometry.tour_length(points, tours).mean())
-        out = {"tour_length": length}
+        valid = geometry.is_tour(tours)
+        out: dict = {"invalid_pct": 100.0 * float((~valid).float().mean())}
+        if not valid.any():
+            out["tour_length"] = None
+            if truth:
+                out.update(optimal=None, gap_pct=None)
+            return out
+        length = float(geometry.tour_length(points[valid], tours[valid]).mean())
+        out["tour_length"] = length
         if truth:
-            optimal = float(geometry.tour_length(points, torch.tensor(truth)).mean())
+            best = torch.tensor(truth, dtype=torch.long)[valid]
+            optimal = float(geometry.tour_length(points[valid], best).mean())
             out.update(optimal=optimal, gap_pct=100.0 * (length / optimal - 1.0))
         return out
 
