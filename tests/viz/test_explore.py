@@ -112,6 +112,29 @@ def test_payload_keeps_text_fields_and_rounds_signals():
     assert out["examples"][0]["reference"] == "a b"
 
 
+def test_payload_keeps_each_glimpse_square_on_the_pixels_the_sensor_read():
+    """The page draws a retina square of side s at floor(x - s / 2 + 0.5), as the sensor
+    places it; the centres went to the page rounded to hundredths, so one in [k + 0.495,
+    k + 0.5) drew its square a pixel right of (or below) what the sensor read."""
+    centres = np.array(
+        [k + f for k in range(3, 9) for f in (0.0, 0.004, 0.4951, 0.4999, 0.5, 0.9951)]
+    )
+    glimpses = np.stack([centres, centres[::-1]], -1)  # (steps, 2) as (x, y) pixels
+    kind = {"name": "g", "rows": [str(t) for t in range(len(glimpses))], "columns": ["a"]}
+    kind["weights"] = np.ones((1, 1, len(glimpses), 1))
+    example = {"input": "i", "reference": "1", "prediction": "1", "correct": None}
+    example |= {"attention": [kind], "image": np.zeros((12, 12)), "sizes": [5, 8]}
+    example["glimpses"] = glimpses
+    data = {"layout": "image", "title": "t", "note": "", "examples": [example]}
+    validate(data)
+    sent = np.array(payload(data)["examples"][0]["glimpses"])
+    for side in (5, 8, 12):
+        np.testing.assert_array_equal(
+            np.floor(sent - side / 2 + 0.5), np.floor(glimpses - side / 2 + 0.5)
+        )
+    assert np.abs(sent - glimpses).max() < 0.01
+
+
 @pytest.mark.slow
 def test_fifty_kjv2web_transformer_examples_stay_under_the_size_bound():
     """The largest current run: the default Transformer on kjv2web (layers x heads x three

@@ -219,6 +219,28 @@ def test_glimpse_figure_one_row_per_image_and_a_column_per_glimpse(tmp_path):
         glimpse_figure(images, paths, torch.rand(2, 3, 2, 5, 5), patch=4)
 
 
+@pytest.mark.parametrize("patch", [5, 8])
+def test_glimpse_figure_pastes_each_patch_where_the_sensor_read_it(patch):
+    """The glimpse panel pasted the finer patches at the coarser one's centre; the sensor
+    places each by rounding the location to the pixel grid (`ram.patch_corners`), so with an
+    odd g the smallest patch sat one pixel off what it read. Each scale here is a constant,
+    so the panel shows where each patch went; against the sensor's own corners."""
+    from attnzoo.models.ram import patch_corners
+    from attnzoo.viz import glimpse_figure
+
+    scales, location = 3, torch.tensor([[0.0, 0.0], [0.13, -0.31]])
+    retinas = torch.stack([torch.full((patch, patch), (s + 1) / 4) for s in range(scales)])
+    retinas = retinas.expand(1, 2, scales, patch, patch)
+    fig = glimpse_figure(torch.zeros(1, 60, 60), location[None], retinas, patch=patch)
+    corners = patch_corners(location, 60, 60, patch, scales)  # (glimpses, scales, 2)
+    for t in range(2):
+        shown = fig.axes[1 + t].images[0].get_array()
+        rows, cols = np.nonzero(np.asarray(shown) == 0.25)  # the finest patch's pixels
+        top, left = (corners[t, 0] - corners[t, -1]).tolist()
+        assert (rows.min(), cols.min()) == (top, left)
+        assert (rows.max() - rows.min() + 1, cols.max() - cols.min() + 1) == (patch, patch)
+
+
 def _drawn(fig) -> np.ndarray:
     """The figure rendered: (H, W, 3) uint8."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -458,20 +458,22 @@ def glimpse_figure(
     row_height = panel * 1.125 * lines + 0.12 * (title_lines - 1)  # inches
     fig = Figure(figsize=(panel * (per_line + 1), row_height * n + 0.1), dpi=DPI)
     grid = fig.add_gridspec(n * lines, per_line + 1)
+    # each patch's top-left pixel (row, column), as the sensor places it
+    # (attnzoo.models.ram.patch_corners): the centre rounded to the pixel grid
+    sides = patch * 2 ** np.arange(scales)  # (scales,)
+    centres = np.stack([(loc[..., 1] + 1) * height / 2, (loc[..., 0] + 1) * width / 2], -1)
+    corners = np.floor(centres[..., None, :] - sides[:, None] / 2 + 0.5)  # (n, glimpses, k, 2)
     for row in range(n):
         ax = fig.add_subplot(grid[row * lines, 0])
         ax.imshow(x[row], cmap="gray", vmin=0, vmax=1)
         # pixel centres are at integers in imshow's coordinates; the sensor rounds the centre
         # to the pixel grid (attnzoo.models.ram.patch_corners) and so do the squares here
-        cx = (loc[row, :, 0] + 1) * width / 2
-        cy = (loc[row, :, 1] + 1) * height / 2
+        cy, cx = centres[row].T  # (glimpses,) each
         ax.plot(cx - 0.5, cy - 0.5, color="lime", lw=1.2, marker="o", ms=2.5)
         ax.plot(cx[0] - 0.5, cy[0] - 0.5, color="lime", marker="s", ms=4)
         for t in range(glimpses):
-            for s in range(scales):
+            for s, (top, left) in enumerate(corners[row, t] - 0.5):
                 side = patch * 2**s
-                left = np.floor(cx[t] - side / 2 + 0.5) - 0.5
-                top = np.floor(cy[t] - side / 2 + 0.5) - 0.5
                 square = [left, left + side, left + side, left, left]
                 ax.plot(square, [top, top, top + side, top + side, top], color="red", lw=0.6)
         ax.set_xlim(-0.5, width - 0.5)
@@ -482,7 +484,8 @@ def glimpse_figure(
             ax.set_title(textwrap.fill(titles[row], wrap), fontsize=7, **LITERAL)
         for t in range(glimpses):
             ax = fig.add_subplot(grid[row * lines + t // per_line, 1 + t % per_line])
-            ax.imshow(_retina(ret[row, t]), cmap="gray", vmin=0, vmax=1)
+            offsets = (corners[row, t] - corners[row, t, -1]).astype(int)  # in the largest
+            ax.imshow(_retina(ret[row, t], offsets), cmap="gray", vmin=0, vmax=1)
             ax.set_xticks([])
             ax.set_yticks([])
             if row == 0:
@@ -491,16 +494,18 @@ def glimpse_figure(
     return fig
 
 
-def _retina(patches: np.ndarray) -> np.ndarray:
+def _retina(patches: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """(scales, g, g) -> one picture at the largest patch's size: each patch scaled back up
-    to its side, the finer pasted at the centre of the coarser."""
-    scales, g = patches.shape[0], patches.shape[-1]
-    side = g * 2 ** (scales - 1)
+    to its side, the finer pasted over the coarser at `offsets` (scales, 2): each patch's
+    top-left pixel (row, column) from the largest's, where the sensor read it. Not always the
+    centre: with an odd g the smallest patch's side is odd, and its corner depends on where the
+    location falls in its pixel."""
+    scales = patches.shape[0]
     out = np.kron(patches[-1], np.ones((2 ** (scales - 1),) * 2))
     for s in range(scales - 2, -1, -1):
         up = np.kron(patches[s], np.ones((2**s,) * 2))
-        start = (side - g * 2**s) // 2
-        out[start : start + up.shape[0], start : start + up.shape[1]] = up
+        r, c = offsets[s]
+        out[r : r + up.shape[0], c : c + up.shape[1]] = up
     return out
 
 
