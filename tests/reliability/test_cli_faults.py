@@ -460,6 +460,28 @@ def test_a_resume_whose_checkpoint_fails_to_load_records_no_change(trained, tmp_
     assert (run / "config.json").read_bytes() == saved
 
 
+def test_an_extension_logs_the_evaluation_a_longer_run_logs(tmp_path):
+    """Evaluating every 5 steps, a 10-step run evaluates at step 9 into final.json only (its
+    last step); extended to 20, its log lacked the step-9 evaluation that a 20-step run logs.
+    The extension evaluates there, on the checkpoint's weights: its log is the longer run's
+    (but for the throughput)."""
+    every = ("train.schedule=constant", "train.eval_every=5")
+    short, straight = tmp_path / "short", tmp_path / "straight"
+    assert train(short, *every) == 0
+    argv = ["train", "--resume", "--out", str(short), "--no-progress", "--set", "train.steps=20"]
+    assert main(argv) == 0
+    assert train(straight, *every, "train.steps=20") == 0
+
+    def log(run):
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k != "items_per_s"} for r in rows]
+
+    extended, expected = log(short), log(straight)
+    assert [sorted(r) for r in extended] == [sorted(r) for r in expected]
+    assert len(expected[1]) > 3  # step 9's row holds the evaluation
+    assert extended == expected
+
+
 def test_an_interrupted_extension_leaves_no_results_of_the_earlier_steps(
     trained, tmp_path, monkeypatch
 ):

@@ -187,6 +187,14 @@ def parameter_groups(model: torch.nn.Module, lr: float) -> list[dict]:
     return [{"params": groups[f], "lr": lr * f} for f in ordered]
 
 
+def _evaluated(row: dict) -> bool:
+    """Whether a metrics.jsonl row holds an evaluation's metrics (keys beyond a training
+    row's: step, loss, items_per_s, the rates and the phases' losses)."""
+    return any(
+        k not in ("step", "loss", "items_per_s") and not k.startswith(("lr", "loss_")) for k in row
+    )
+
+
 def _timing(earlier: dict, elapsed: float, eval_during: float, saving: float, steps: int) -> dict:
     """`earlier` (a checkpoint's `saved_timing`) plus this process's `elapsed` seconds since
     its loop began, of which `eval_during` evaluating and `saving` writing checkpoints, over its
@@ -283,6 +291,18 @@ def train(
             if env.main and path is not None and path.exists():
                 kept = [row for row in read_metrics(path, value) if row["step"] < start]
                 atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        # 3. an extension: the earlier run did not evaluate at its last step during training
+        #    (that evaluation went to final.json, now replaced); a run trained straight to
+        #    these steps evaluates there, so it is done now, on the weights of that step
+        extends = start < config.steps and config.eval_every and start % config.eval_every == 0
+        if env.main and extends and metrics_path is not None and metrics_path.exists():
+            rows = read_metrics(metrics_path, "loss")
+            if rows and rows[-1]["step"] == start - 1 and not _evaluated(rows[-1]):
+                eval_start = time.perf_counter()
+                rows[-1].update(evaluate(task, model))
+                seconds = earlier["eval_seconds_during"] + time.perf_counter() - eval_start
+                earlier = {**earlier, "eval_seconds_during": seconds}
+                atomic_write(metrics_path, "".join(json.dumps(r) + "\n" for r in rows).encode())
         if env.main:
             note(f"--resume: continuing from {folder.parent.name}/{folder.name}, step {start}")
     elif env.main:
