@@ -249,3 +249,22 @@ def test_sat_narrower_view_claims_only_what_every_seed_shows(tmp_path):
     text = " ".join(_rendered_with("show_attend_tell", tmp_path, show_attend_tell=change).split())
     assert says_both not in text and says_nor not in text
     assert "the narrower view lowered the weight inside the box at this budget, though" in text
+
+
+def test_snail_bandit_sentences_follow_each_seeds_interval(tmp_path):
+    """An audit found 'no better than random' on a row whose every seed's interval lay above
+    the random policy's (the test compared the mean difference with twice one interval), and
+    'earned more than Thompson sampling' on a row one of whose seeds earned less."""
+    row = "bandits-n10-k100"
+    says_random = "the agent is no better than random at this budget"
+    says_begun = "it has barely\nbegun to exploit"
+
+    def no_seed_above(data):  # the best seed's interval reaches down into random's
+        m = data["summary"][row]["metrics"]
+        m["reward_agent"]["max"] = m["reward_random"]["mean"] + m["ci95_agent"]["max"] / 2
+
+    committed = report.Page("snail", report.RESULTS).render()
+    assert says_random not in committed and says_begun in committed
+    assert says_random in _rendered_with("snail", tmp_path, snail=no_seed_above)
+    assert "earned more than Thompson sampling on every seed" in committed  # n5-k10: every seed
+    assert "on par with Thompson sampling" in committed  # lr3e-3-4k: one seed below
