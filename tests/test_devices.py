@@ -191,3 +191,22 @@ def test_tiny_configs_shrink_every_registered_pair():
         config = tiny_config(model, fitting[0])
         default = dataclasses.asdict(mspec.preset())
         assert config["model"] != default, model
+
+
+def test_constants_of_a_float64_model_are_exact_in_float64():
+    """Buffers that hold a constant were converted by `.double()` from their float32 rounding:
+    the NTM's constant initial memory (1e-6 as 9.99999997e-07) and RAM's fixed policy std
+    (log 0.1 off by ~1e-9). They are made again in the new dtype."""
+    import math
+
+    from attnzoo.core.hard import GaussianPolicy
+    from attnzoo.models.ntm.ntm import CONSTANT_MEMORY, NTM, NTMConfig
+
+    ntm = NTM(NTMConfig(controller_size=8, memory_rows=4, memory_cols=3), 5, 4).double()
+    assert torch.equal(ntm.initial_memory, torch.full((4, 3), CONSTANT_MEMORY, dtype=torch.float64))
+    policy = GaussianPolicy(3, std=0.1).float().double()
+    assert torch.equal(policy.log_std, torch.full((2,), math.log(0.1), dtype=torch.float64))
+    learned = GaussianPolicy(3, std=0.1, learn_std=True).double()  # a parameter: converted
+    assert learned.log_std.dtype == torch.float64 and isinstance(
+        learned.log_std, torch.nn.Parameter
+    )

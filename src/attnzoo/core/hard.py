@@ -160,10 +160,19 @@ class GaussianPolicy(nn.Module):
         self.mean = nn.Linear(d_input, d_output)
         self.bound = bound
         log_std = torch.full((d_output,), math.log(std))
+        self.fixed = None if learn_std else math.log(std)
         if learn_std:
             self.log_std = nn.Parameter(log_std)
         else:
             self.register_buffer("log_std", log_std)
+
+    def _apply(self, fn, recurse=True):
+        """As any module's, then a fixed log sigma made again in its new dtype: converted by
+        `.double()`, it held log(std) rounded to float32."""
+        super()._apply(fn, recurse)
+        if self.fixed is not None:
+            self.log_std = torch.full_like(self.log_std, self.fixed)
+        return self
 
     def forward(
         self,

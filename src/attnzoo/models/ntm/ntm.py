@@ -146,6 +146,14 @@ class NTM(nn.Module):
         w0[:, 0] = 1.0
         self.register_buffer("initial_weights", w0)
 
+    def _apply(self, fn, recurse=True):
+        """As any module's, then the constant initial memory made again in its new dtype:
+        converted by `.double()`, it held 1e-6 rounded to float32."""
+        super()._apply(fn, recurse)
+        if self.config.memory_init != "learned":
+            self.initial_memory = torch.full_like(self.initial_memory, CONSTANT_MEMORY)
+        return self
+
     def forward(self, inputs: torch.Tensor, return_weights: bool = False) -> NTMOutput:
         """inputs (batch, T, input_size) -> `NTMOutput`; the step loop runs over T."""
         check_sequences("NTM", "inputs", inputs, self.input_size, empty=False, like=self)
