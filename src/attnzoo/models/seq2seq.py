@@ -25,10 +25,11 @@ None, "not given": a family's default where it applies, an error where it does n
 Note:
     The decoder RNN is one stack of `layers` cells (GRU by default, Bahdanau's gated unit, as
     PyTorch's `nn.GRU` computes it: the reset gate applied after the recurrent matrix,
-    r * (U s + b), where Cho 2014 and Bahdanau 2015 apply it before, U (r * s)). The initial decoder state is tanh(W_s h_final) of the encoder's last states
-    (Bahdanau appendix A.2.2 uses the first backward state; the final states of both
-    directions carry the same information here). The keys are prepared (projected) once per
-    source sentence, not once per step.
+    r * (U s + b), where Cho 2014 and Bahdanau 2015 apply it before, U (r * s)). The initial
+    decoder state is tanh(W_s h_final) of the encoder's last states (Bahdanau appendix A.2.2
+    uses the first backward state; the final states of both directions carry the same
+    information here). The keys are prepared (projected) once per source sentence, not once
+    per step.
 """
 
 from __future__ import annotations

@@ -277,12 +277,8 @@ def train(
                 f"at least the {saved + 1} steps this run has trained ({folder.name})",
                 config.steps,
             )
-        start = (
-            load_checkpoint(
-                folder, model, optimizer, scheduler, task, rank=env.rank, world=env.world
-            )
-            + 1
-        )
+        ranks = dict(rank=env.rank, world=env.world)
+        start = load_checkpoint(folder, model, optimizer, scheduler, task, **ranks) + 1
         if resumed is not None:
             resumed()
         earlier = saved_timing(folder) or earlier  # none recorded: this process's time alone
