@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from attnzoo import rundir, runs
+from attnzoo.train.loop import SCHEDULES
 
 
 def test_overrides_parse_each_field_type():
@@ -199,7 +200,7 @@ def test_check_resumable_allows_only_the_resumable_keys():
         runs.check_resumable(saved, given)
 
 
-@pytest.mark.parametrize("schedule", ["constant", "inverse_sqrt", "cosine"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 def test_extending_steps_on_resume_depends_on_the_schedule(schedule):
     saved = _tiny(extra=[f"train.schedule={schedule}"])
     given = json.loads(json.dumps(saved))

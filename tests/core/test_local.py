@@ -176,7 +176,15 @@ def test_properties(name, predictive, i, j, window, seed):
     v = torch.randn(2, j, 3, generator=g, requires_grad=True)
     mask = torch.rand(2, i, j, generator=g) > 0.3
     out = local(q, k, v, mask=mask)
-    p = local.centers(q, j, None, None).detach()  # (2, i)
+    # p_t written out (Luong eq. 9 for local-p with S = j; t for local-m), not the module's
+    # own `centers`: a shifted centre passed this test when it read that
+    with torch.no_grad():
+        if predictive:
+            w_p, v_p = local.w_p.weight, local.v_p.weight  # (h, d), (1, h)
+            b_p = local.w_p.bias if local.w_p.bias is not None else torch.zeros(w_p.shape[0])
+            p = j * torch.sigmoid(torch.tanh(q @ w_p.T + b_p) @ v_p.T).squeeze(-1)  # (2, i)
+        else:
+            p = torch.arange(i, dtype=torch.float32).expand(2, i)
     inside = (torch.arange(j)[None, None] - p[..., None]).abs() <= window
     allowed = inside & mask
     assert (out.weights[~allowed] == 0).all()

@@ -146,7 +146,7 @@ def test_location_too_many_keys():
 
 # The registry, iterated from the code's own table: a score added to `scores.SCORES` is tested
 # here without an edit.
-SAME_SIZE_ONLY = {"dot", "scaled_dot", "cosine"}  # documented in make_score
+SAME_SIZE_ONLY = set(scores.SCORE_NAMES)  # the scores without parameters (make_score)
 
 
 @pytest.mark.parametrize("name", list(scores.SCORES))
@@ -161,8 +161,7 @@ def test_registry_builds_every_score_with_the_documented_signature(name, lead):
         assert isinstance(score, scores.Score)
         q, k = torch.randn(*lead, 4, d_query), torch.randn(*lead, 9, d_key)
         logits = score(q, k)
-        assert logits.shape == (*lead, 4, 9)
-        torch.testing.assert_close(logits, score.logits(q, score.prepare_key(k)))
+        assert logits.shape == (*lead, 4, 9)  # (the values: against float64 references below)
 
 
 @pytest.mark.parametrize("name", sorted(SAME_SIZE_ONLY))

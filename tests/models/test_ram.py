@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from attnzoo.core.hard import reinforce_loss
-from attnzoo.models.ram import RAM, GlimpseSensor, RAMConfig, patch_corners, ram, ram_translated
+from attnzoo.models.ram import (
+    METHODS,
+    RAM,
+    GlimpseSensor,
+    RAMConfig,
+    patch_corners,
+    ram,
+    ram_translated,
+)
 
 
 def overfit(model, images, labels, steps: int = 150) -> float:
@@ -45,7 +53,7 @@ def reference_retina(image, location, patch, scales):
     return np.stack(out)  # (k, c, g, g)
 
 
-@pytest.mark.parametrize("method", ["grid", "index"])
+@pytest.mark.parametrize("method", METHODS)
 def test_sensor_by_hand(method):
     image = torch.arange(16, dtype=torch.float64).view(1, 1, 4, 4)
     sensor = GlimpseSensor(2, 2, method)
@@ -59,7 +67,7 @@ def test_sensor_by_hand(method):
     assert far.abs().sum() == 0  # wholly outside: zeros
 
 
-@pytest.mark.parametrize("method", ["grid", "index"])
+@pytest.mark.parametrize("method", METHODS)
 def test_sensor_equals_an_independent_loop_anywhere(method):
     g = torch.Generator().manual_seed(0)
     images = torch.rand(6, 2, 20, 17, generator=g, dtype=torch.float64)
@@ -79,7 +87,7 @@ def test_the_two_sensors_give_the_same_patches():
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("method", ["grid", "index"])
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_non_finite_location_reads_a_non_finite_patch_not_zeros(method, bad):
     images = torch.rand(2, 1, 8, 8)
@@ -145,6 +153,26 @@ def test_the_sampled_location_carries_no_gradient():
     out = model(torch.rand(3, 1, 28, 28))
     assert not out.locations.requires_grad
     assert out.log_pi.requires_grad and out.baseline.requires_grad
+
+
+@pytest.mark.parametrize("sample", [True, False])
+def test_each_glimpse_reads_the_location_it_reports(sample, monkeypatch):
+    """`out.locations[:, t]` is where glimpse t looked: REINFORCE credits the log-probability of
+    that location. A sensor one step behind the reported path passed every other test here."""
+    torch.manual_seed(0)
+    model = RAM(ram(glimpses=4, start="random"), (28, 28), 1, 10)
+    read = GlimpseSensor.read
+    seen = []
+
+    def spy(self, pyramid, location):
+        seen.append(location.detach().clone())
+        return read(self, pyramid, location)
+
+    monkeypatch.setattr(GlimpseSensor, "read", spy)
+    g = torch.Generator().manual_seed(1)
+    out = model(torch.rand(3, 1, 28, 28), sample=sample, generator=g)
+    assert len(seen) == 4
+    torch.testing.assert_close(torch.stack(seen, 1), out.locations, rtol=0, atol=0)
 
 
 def test_test_time_pass_uses_the_mean_and_sampling_is_seeded():

@@ -6,7 +6,7 @@ import torch
 from attnzoo import runs
 from attnzoo.models.ntm import NTM, LSTMBaseline, LSTMOutput, lstm, ntm
 from attnzoo.tasks.base import EvalConfig
-from attnzoo.tasks.bits import BitsBatch, BitsConfig, BitsTask, generate, normalised_repeats
+from attnzoo.tasks.bits import KINDS, BitsBatch, BitsConfig, BitsTask, generate, normalised_repeats
 from attnzoo.train.loop import TrainConfig, train
 
 
@@ -73,7 +73,7 @@ def test_associative_recall_answer_is_the_item_after_the_query():
     assert b.mask[0].tolist() == [False] * (steps - il) + [True] * il
 
 
-@pytest.mark.parametrize("kind", ["copy", "repeat_copy", "associative_recall"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_batch_is_a_pure_function_of_seed_and_step_and_shards_by_rank(kind):
     t = task(kind=kind, min_len=2, max_len=6)
     a, b = t.batch(3, 8, "cpu"), t.batch(3, 8, "cpu")
@@ -183,7 +183,7 @@ def test_held_out_set_is_fixed_and_grouped_by_shape():
 TINY_NTM = ntm(controller_size=16, memory_rows=12, memory_cols=6)
 
 
-@pytest.mark.parametrize("kind", ["copy", "repeat_copy", "associative_recall"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_training_through_the_loop_is_finite_and_lowers_the_loss(kind):
     t = BitsTask(
         BitsConfig(

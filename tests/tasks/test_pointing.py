@@ -7,7 +7,7 @@ from attnzoo import runs
 from attnzoo.models.pointer_net import PointerNet, PointerNetConfig
 from attnzoo.tasks import geometry
 from attnzoo.tasks.base import EvalConfig
-from attnzoo.tasks.pointing import PointingConfig, PointingTask
+from attnzoo.tasks.pointing import KINDS, PointingConfig, PointingTask
 from attnzoo.train.loop import TrainConfig, train
 
 SMALL = PointerNetConfig(hidden=16, attn_hidden=16)
@@ -23,7 +23,7 @@ def task_and_model(kind, **config):
     return task, PointerNet(SMALL, **task.model_dims())
 
 
-@pytest.mark.parametrize("kind", ["sort_numbers", "convex_hull", "tsp"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_batches_are_deterministic_and_targets_are_the_true_outputs(kind):
     task, _ = task_and_model(kind)
     a, b = task.batch(3, 8, "cpu"), task.batch(3, 8, "cpu")
@@ -56,7 +56,7 @@ def test_batch_shards_are_the_global_batch_split_across_processes():
     )
 
 
-@pytest.mark.parametrize("kind", ["sort_numbers", "convex_hull", "tsp"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_loss_is_the_summed_nll_of_the_counted_steps(kind):
     task, model = task_and_model(kind)
     batch = task.batch(0, 6, "cpu")
@@ -195,7 +195,7 @@ def test_config_errors_name_the_argument():
 
 
 def test_the_cli_config_builds_every_pointer_task():
-    for name in ("sort_numbers", "convex_hull", "tsp"):
+    for name in KINDS:
         config = runs.apply_overrides(
             runs.default_config("pointer-net", name), ["task.n_test=4", "model.hidden=8"]
         )
@@ -204,7 +204,7 @@ def test_the_cli_config_builds_every_pointer_task():
         assert model.end_token == (name == "convex_hull")
 
 
-@pytest.mark.parametrize("kind", ["sort_numbers", "convex_hull", "tsp"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_registry_tasks_test_sets_bound_the_standard_error_by_half_a_point(kind):
     """At any accuracy p, 100 sqrt(p (1 - p) / n) <= 0.5 points needs n >= 10,000 (issue 11);
     counted on the built task's test set, with its true outputs."""

@@ -17,7 +17,7 @@ from attnzoo.train.checkpoint import (
     load_checkpoint,
     saved_timing,
 )
-from attnzoo.train.loop import TrainConfig, lr_factor, train
+from attnzoo.train.loop import SCHEDULES, TrainConfig, lr_factor, train
 
 TINY = [
     "task.n_train=300",
@@ -66,6 +66,60 @@ def test_lr_schedules():
     assert lr_factor(c, 63) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="'schedule'"):
         TrainConfig(schedule="linear")
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_schedule_warms_up_as_written_by_hand(schedule):
+    """Each schedule's factor at steps inside and after a warm-up of 16, against the formulas
+    written out here (Vaswani 2017 eq. 3 for inverse_sqrt, its peak scaled to 1). The test
+    above read inverse_sqrt only past its warm-up and cosine only without one: a schedule
+    that dropped its warm-up (4x the peak rate at step 0) passed it."""
+    import math
+
+    steps, warmup = 100, 16
+    c = TrainConfig(steps=steps, warmup=warmup, schedule=schedule)
+    for step in (0, 1, 7, 15, 16, 40, 99):
+        s = step + 1
+        warm = min(1.0, s / warmup)
+        want = {
+            "constant": warm,
+            "cosine": warm * 0.5 * (1 + math.cos(math.pi * step / steps)),
+            "inverse_sqrt": min(s**-0.5, s * warmup**-1.5) * warmup**0.5,
+        }[schedule]
+        assert lr_factor(c, step) == pytest.approx(want, rel=1e-12), step
+    assert lr_factor(c, 0) == pytest.approx(1 / warmup)  # every schedule starts warming up
+
+
+def test_gradients_are_clipped_to_train_clip_before_each_step(tmp_path, monkeypatch):
+    """Nothing tested clipping's effect: deleting the clip from the loop passed the suite.
+    Each optimiser step sees gradients of total norm at most train.clip (here far below the
+    unclipped norm), and the unclipped norm without it."""
+    from attnzoo import runs
+
+    def norms_seen(clip):
+        seen = []
+        step = torch.optim.AdamW.step
+
+        def recording(self, *args, **kwargs):
+            grads = [p.grad for group in self.param_groups for p in group["params"]]
+            seen.append(float(torch.linalg.vector_norm(torch.stack([
+                torch.linalg.vector_norm(g) for g in grads if g is not None
+            ]))))  # fmt: skip
+            return step(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.optim.AdamW, "step", recording)
+        config = runs.apply_overrides(
+            runs.default_config("luong", "reverse"),
+            [*TINY, "train.steps=3", "train.log_every=1", f"train.clip={clip}"],
+        )
+        runs.run_train(config, tmp_path / f"clip{clip}", progress=False)
+        monkeypatch.undo()
+        return seen
+
+    unclipped = norms_seen(0)
+    assert len(unclipped) == 3 and min(unclipped) > 0.05
+    clipped = norms_seen(0.01)
+    assert len(clipped) == 3 and max(clipped) <= 0.01 * (1 + 1e-5)
 
 
 def test_atomic_write_replaces_whole_file(tmp_path):
