@@ -353,6 +353,25 @@ def test_first_step_reads_the_initial_memory_before_writing():
     torch.testing.assert_close(out.reads[0, 0, 0], torch.full((5,), 1e-6))
 
 
+def test_the_output_reads_this_steps_reads_and_the_controller_the_last_steps():
+    """y_t = W_o [h_t; r_t] and the controller's input is [x_t; r_{t-1}] (Graves 2014 Fig. 1):
+    the step's output built from r_{t-1} passed every test above. Rebuilt here in float64 from
+    the reads the model reports, through its own controller and output layer."""
+    torch.manual_seed(0)
+    model = NTM(tiny(read_heads=2), 6, 4).double()
+    x = torch.rand(2, 5, 6, dtype=torch.float64)
+    out = model(x, return_weights=True)
+    reads = out.reads.flatten(2)  # (b, T, r m)
+    previous = model.initial_reads.expand(2, -1, -1).flatten(1)  # r_0
+    zeros = x.new_zeros(2, model.config.controller_size)
+    state = (zeros, zeros)
+    for t in range(5):
+        h, state = model.controller(torch.cat([x[:, t], previous], -1), state)
+        want = model.output(torch.cat([h, reads[:, t]], -1))
+        torch.testing.assert_close(out.logits[:, t], want, rtol=1e-12, atol=1e-12)
+        previous = reads[:, t]
+
+
 def test_model_runs_in_float64():
     model = NTM(tiny(), 6, 4).double()
     assert model(torch.rand(2, 3, 6, dtype=torch.float64)).logits.dtype == torch.float64

@@ -67,6 +67,33 @@ def test_soft_attention_step_matches_a_float64_reference():
         torch.testing.assert_close(z[b], expected)
 
 
+@torch.no_grad()
+def test_a_decoding_step_is_eqs_4_to_7_on_its_attention():
+    """Given z_t (its attention, checked above): the LSTM reads [E y_{t-1}; z_t] from
+    (h_{t-1}, c_{t-1}), and p(y_t) = softmax(L_o(E y_{t-1} + L_h h_t + L_z z_t)) (eq. 7). The
+    deep output fed h_{t-1} instead of h_t passed every test; written out here in float64."""
+    model = build(soft(**SMALL))
+    images, tokens, _ = inputs()
+    state = model.start(images)
+    state.h = torch.randn(state.h.shape, dtype=torch.float64)  # any h_{t-1}, c_{t-1}
+    state.c = torch.randn(state.c.shape, dtype=torch.float64)
+    logits, new, *_ = model._step(tokens[:, 1], state, sample=False)
+    z = model._attend(state, sample=False)[0]
+    e = model.embed.weight[tokens[:, 1]]  # (b, m)
+    x = torch.cat([e, z], -1)
+    cell = model.cell
+    gates = x @ cell.weight_ih.T + cell.bias_ih + state.h @ cell.weight_hh.T + cell.bias_hh
+    i, f, g, o = gates.chunk(4, -1)  # PyTorch's LSTMCell order
+    c = torch.sigmoid(f) * state.c + torch.sigmoid(i) * torch.tanh(g)
+    h = torch.sigmoid(o) * torch.tanh(c)
+    torch.testing.assert_close(new.h, h)
+    torch.testing.assert_close(new.c, c)
+    deep = e + h @ model.out_h.weight.T + model.out_h.bias + z @ model.out_z.weight.T
+    if model.out_z.bias is not None:
+        deep = deep + model.out_z.bias
+    torch.testing.assert_close(logits, deep @ model.out.weight.T + model.out.bias)
+
+
 def _penalty_loop(weights, lengths, lam):
     total = 0.0
     for b in range(weights.shape[0]):
