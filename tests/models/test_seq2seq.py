@@ -13,6 +13,7 @@ from attnzoo.models.seq2seq import (
     Seq2SeqConfig,
     upgrade,
 )
+from tests.models import seq2seq_reference
 
 V_SRC, V_TGT, MAX_SOURCE_LEN = 13, 11, 9
 BOS, EOS = 1, 2
@@ -117,6 +118,23 @@ def test_a_padded_sentence_gives_what_it_gives_alone(kw):
         for k, n in enumerate(lengths.tolist()):
             alone = model(source[k : k + 1, :n], lengths[k : k + 1], target_in[k : k + 1])
             torch.testing.assert_close(padded[k], alone.logits[0], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kw", VARIANTS, ids=ids)
+def test_every_family_equals_a_float64_loop_over_its_equations(kw):
+    """Every variant against `seq2seq_reference`, sentence by sentence in plain loops (the
+    tests above compare the model with itself: Luong's input feeding of h_t for h~_t,
+    the simple decoder never feeding c_{t-1}, and Bahdanau querying the first layer's state
+    all passed them)."""
+    torch.manual_seed(0)
+    model = make(**kw).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():  # away from the small initial weights
+            p.add_(torch.randn_like(p) * 0.3)
+        source, lengths, target_in, _ = batch()
+        want = seq2seq_reference.logits(model, source, lengths, target_in)
+        got = model(source, lengths, target_in).logits
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("attention", list(DECODERS))
