@@ -251,6 +251,18 @@ def test_a_position_twice_before_the_end_is_refused_and_after_it_is_padding(end_
         ).all()
 
 
+def test_an_unconstrained_model_takes_its_own_repeated_outputs():
+    """Without the mask (`mask_chosen=False`, the paper's decoder) a repeated position is an
+    output the model may give, and its pictures teacher-force those outputs: the repeat check
+    of the masked model refused them, so its figures and explorer failed."""
+    torch.manual_seed(0)
+    model = PointerNet(PointerNetConfig(hidden=8, attn_hidden=8, mask_chosen=False), 2)
+    points = torch.rand(2, 4, 2, generator=torch.Generator().manual_seed(7))
+    twice = torch.tensor([[0, 1, 2, 3], [2, 0, 2, 1]])
+    out = model(points, twice)
+    assert torch.isfinite(out.log_probs).all()
+
+
 def test_decoding_state_knows_its_batch():
     """The engine checks its `batch` against this (beam search would otherwise decode the
     first rows of a larger state)."""

@@ -9,6 +9,7 @@ from attnzoo.tasks import geometry
 from attnzoo.tasks.base import EvalConfig
 from attnzoo.tasks.pointing import KINDS, PointingConfig, PointingTask
 from attnzoo.train.loop import TrainConfig, train
+from attnzoo.viz.explore import validate
 
 SMALL = PointerNetConfig(hidden=16, attn_hidden=16)
 
@@ -83,7 +84,7 @@ def test_evaluate_reports_the_papers_columns():
     assert 0.0 <= task.evaluate(model)["exact_match"] <= 100.0
 
 
-def test_an_unconstrained_tsp_model_is_scored_with_its_invalid_tours_counted():
+def test_an_unconstrained_tsp_model_is_scored_with_its_invalid_tours_counted(tmp_path):
     """`model.mask_chosen=false` (the paper's unconstrained decoder, which the docs offer) may
     repeat a node: scoring raised on the first such output, so evaluation of the run failed
     after its whole budget. Such outputs count in invalid_pct; the lengths and the gap are
@@ -105,6 +106,8 @@ def test_an_unconstrained_tsp_model_is_scored_with_its_invalid_tours_counted():
         PointerNetConfig(hidden=16, attn_hidden=16, mask_chosen=False), **task.model_dims()
     )
     assert "invalid_pct" in task.evaluate(unmasked.eval())
+    assert task.figures(unmasked, tmp_path, count=2)  # its pictures of repeated outputs
+    validate(task.explore(unmasked, 2))
 
 
 def test_scoring_the_true_outputs_is_perfect():

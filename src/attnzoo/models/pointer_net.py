@@ -227,7 +227,10 @@ class PointerNet(nn.Module):
         one_hot.scatter_(2, targets.unsqueeze(-1), True)
         # chosen before step t: the targets at steps < t (an exclusive running "or")
         chosen = (one_hot.cumsum(1) - one_hot.long()) > 0
-        if targets.device.type == "cpu":  # (read on the CPU only: elsewhere it would stall)
+        # a position the mask closed would score the lowest value: with the mask, each target
+        # at most once (read on the CPU only: elsewhere it would stall); without it a repeat is
+        # an output the model may give (its pictures teacher-force it)
+        if self.config.mask_chosen and targets.device.type == "cpu":
             self._check_each_once(targets, one_hot & chosen, expected)
         log_probs = self._pointer(out, state.keys, chosen)
         return PointerOutput(log_probs, log_probs.exp())
