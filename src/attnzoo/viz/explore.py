@@ -227,8 +227,8 @@ def payload(data: dict[str, Any]) -> dict[str, Any]:
             # cut (not rounded) to hundredths: the page places a square of side s at
             # floor(x - s / 2 + 0.5), as the sensor does, whose steps lie at multiples of 0.5;
             # rounding moved a centre in [k + 0.495, k + 0.5) across one, a pixel off the read
-            glimpses = _array(out["glimpses"]).reshape(-1, 2)
-            out["glimpses"] = (np.floor(np.asarray(glimpses, dtype=float) * 100) / 100).tolist()
+            centres = _array(out["glimpses"]).reshape(-1, 2)
+            out["glimpses"] = (np.floor(centres * 100) / 100).tolist()
         if "signals" in out:
             out["signals"] = {k: np.round(_array(v), 3).tolist() for k, v in out["signals"].items()}
         examples.append(out)
