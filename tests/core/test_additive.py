@@ -129,6 +129,19 @@ def test_bfloat16_runs_close_to_float32():
     torch.testing.assert_close(low.float(), ref, rtol=0.05, atol=0.05)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_weights_sum_to_one_across_blocks(dtype, tiny_blocks):
+    """Values of ones give a context of ones: each row's weights sum to 1. The log-sum-exp of a
+    half-precision row is kept in float32: in bf16 its rounding (0.06 near 8) scaled whole rows
+    of weights by up to exp(0.06)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(2, 9, 8, generator=g), torch.randn(2, 301, 8, generator=g)
+    v = 20 * torch.randn(8, generator=g)  # large logits: a log-sum-exp far from 0
+    ones = torch.ones(2, 301, 1)
+    context = additive_attention(*(t.to(dtype) for t in (a, b, v, ones))).float()
+    torch.testing.assert_close(context, torch.ones_like(context), rtol=0, atol=2**-7)
+
+
 @pytest.mark.parametrize("where", ["query", "key", "v"])
 @pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
 def test_the_public_kernels_never_turn_garbage_into_a_number(where, bad):

@@ -14,7 +14,8 @@ Two autograd Functions share the block machinery:
   the context and one log-sum-exp per query: memory O(query_len + key_len) beyond the inputs.
   A block holds whole key rows, so the softmax of a block is exact (no online rescaling).
 
-Both compute in the input dtype; both are checked against the float64 broadcast form in tests.
+Both compute in the input dtype, except the fused softmax, which half inputs run in float32
+(`_softmax_dtype`); both are checked against the float64 broadcast form in tests.
 """
 
 from __future__ import annotations
@@ -175,13 +176,14 @@ class _AdditiveAttention(torch.autograd.Function):
     def forward(ctx, a, b, v, value, mask, causal, window):
         n, i, h = a.shape
         j = b.shape[1]
-        lowest = torch.finfo(a.dtype).min
+        acc = _softmax_dtype(a)
+        lowest = torch.finfo(acc).min
         context = value.new_empty(n, i, value.shape[-1])
-        lse = a.new_empty(n, i)
+        lse = a.new_empty(n, i, dtype=acc)
         a2, v2, shift = _doubled(a, v)
         scratch = _Scratch()
         for ns, qs in _blocks(n, i, j, h):
-            logits = (_sigmoid_block(scratch, a2, b, ns, qs) @ v2).sub_(shift)  # (nb, qb, J)
+            logits = (_sigmoid_block(scratch, a2, b, ns, qs) @ v2).sub_(shift).to(acc)
             allowed = _mask_block(mask, ns, qs, causal, window, i, j, a.device)
             if allowed is not None:
                 logits.masked_fill_(~allowed, lowest)
@@ -189,7 +191,7 @@ class _AdditiveAttention(torch.autograd.Function):
             weights = logits.sub_(block_lse.unsqueeze(-1)).exp_()  # (nb, qb, J)
             if allowed is not None:
                 weights.masked_fill_(~allowed, 0.0)  # fully masked rows -> zero weights
-            context[ns, qs] = weights @ value[ns]  # (nb, qb, Dv)
+            context[ns, qs] = weights.to(value.dtype) @ value[ns]  # (nb, qb, Dv)
             lse[ns, qs] = block_lse
         ctx.save_for_backward(a, b, v, value, mask, context, lse)
         ctx.causal, ctx.window = causal, window
@@ -201,15 +203,16 @@ class _AdditiveAttention(torch.autograd.Function):
         a, b, v, value, mask, context, lse = ctx.saved_tensors
         n, i, h = a.shape
         j = b.shape[1]
-        lowest = torch.finfo(a.dtype).min
+        acc = lse.dtype  # the softmax's (`_softmax_dtype`)
+        lowest = torch.finfo(acc).min
         grad_a, grad_b, grad_v = torch.empty_like(a), torch.empty_like(b), torch.zeros_like(v)
         grad_value = torch.empty_like(value)
-        delta = (grad_context * context).sum(-1, keepdim=True)  # (N, I, 1)
+        delta = (grad_context.to(acc) * context.to(acc)).sum(-1, keepdim=True)  # (N, I, 1)
         a2, v2, shift = _doubled(a, v)
         scratch = _Scratch()
         for ns, qs in _blocks(n, i, j, h):
             s = _sigmoid_block(scratch, a2, b, ns, qs)
-            logits = (s @ v2).sub_(shift)  # (nb, qb, J)
+            logits = (s @ v2).sub_(shift).to(acc)  # (nb, qb, J)
             allowed = _mask_block(mask, ns, qs, ctx.causal, ctx.window, i, j, a.device)
             if allowed is not None:
                 logits.masked_fill_(~allowed, lowest)
@@ -217,14 +220,21 @@ class _AdditiveAttention(torch.autograd.Function):
             if allowed is not None:
                 weights.masked_fill_(~allowed, 0.0)
             g = grad_context[ns, qs]  # (nb, qb, Dv)
-            _accumulate(grad_value, ns, qs, weights.transpose(1, 2) @ g)  # (nb, J, Dv)
+            _accumulate(grad_value, ns, qs, weights.to(g.dtype).transpose(1, 2) @ g)  # (nb, J, Dv)
             # softmax backward: dlogits = w * (dw - sum_j w dw), and sum_j w dw = dO . O
-            grad_logits = weights.mul_(g @ value[ns].transpose(1, 2) - delta[ns, qs])
-            ga, gb, gv = _sigmoid_backward(s, grad_logits, v)
+            grad_logits = weights.mul_((g @ value[ns].transpose(1, 2)).to(acc) - delta[ns, qs])
+            ga, gb, gv = _sigmoid_backward(s, grad_logits.to(a.dtype), v)
             grad_a[ns, qs] = ga
             _accumulate(grad_b, ns, qs, gb)
             grad_v += gv
         return grad_a, grad_b, grad_v, grad_value, None, None, None
+
+
+def _softmax_dtype(a: torch.Tensor) -> torch.dtype:
+    """The dtype of the fused kernel's softmax and log-sum-exp: float32 for half inputs (a
+    bf16 log-sum-exp near 8 rounds by 0.06, scaling a whole row of weights by exp(0.03)),
+    else the input's."""
+    return torch.float32 if a.dtype in (torch.bfloat16, torch.float16) else a.dtype
 
 
 def _flatten(tensor: torch.Tensor, lead: torch.Size) -> torch.Tensor:
