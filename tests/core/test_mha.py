@@ -264,6 +264,29 @@ def test_cross_cache_clears_again_under_another_or_changed_mask():
         torch.testing.assert_close(mha(x, memory, mask=mask, cache=cache).context, expected)
 
 
+@pytest.mark.parametrize("first", [{"window": 1}, {"causal": True}])
+def test_a_cross_cache_filled_under_causal_or_window_keeps_every_memory_row(first):
+    """A call with fewer queries than memory rows reaches only some of them under causal or a
+    window; the cache it fills still serves later calls, which reach the others: they were
+    cleared before the projection and stored so (a later step attended zeros). The filling
+    call itself still keeps the rows it does not reach out of its outputs."""
+    mha = MultiHeadAttention(16, 4).eval()
+    memory, x = torch.randn(2, 8, 16), torch.randn(2, 1, 16)
+    memory[:, 5] = float("nan")  # a row the filling call does not reach
+    with torch.no_grad():
+        cache = KVCache()
+        filled = mha(x, memory, cache=cache, **first).context
+        torch.testing.assert_close(filled, mha(x, memory, **first).context)
+        assert filled.isfinite().all()
+        memory[:, 5] = torch.randn(2, 16)
+        later, wide = torch.randn(2, 6, 16), {"window": 1} if "window" in first else {}
+        cache = KVCache()
+        mha(x, memory, cache=cache, **first)
+        for flags in ({}, wide):
+            expected = mha(later, memory, **flags).context
+            torch.testing.assert_close(mha(later, memory, cache=cache, **flags).context, expected)
+
+
 def test_cross_cache_keeps_its_padding_out_when_the_mask_widens_in_place():
     """The cache read which keys its mask excluded from the mask object itself at every later
     call: widened in place, it let the cleared padding (zeros, projected) be attended."""

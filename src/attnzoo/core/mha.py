@@ -446,8 +446,11 @@ class MultiHeadAttention(nn.Module):
             if causal or window is not None:
                 i, j = query.shape[1], memory.shape[1]
                 reached = reached_keys(i, j, causal=causal, window=window, device=query.device)
+            # a cache this call fills serves later calls, which may reach the rows this one
+            # does not: those are projected as they are, and cleared after (below)
+            before = None if cache is not None else reached
             padding = None if mask is None else _per_batch(mask)
-            if (clearing := combine_masks(padding, reached)) is not None and not static:
+            if (clearing := combine_masks(padding, before)) is not None and not static:
                 # padding cleared before the projection (W_k and W_v's gradients read it);
                 # the projected rows there are finite and get weight 0: not cleared again
                 (memory,) = clear_unattended(clearing, memory)
@@ -465,6 +468,8 @@ class MultiHeadAttention(nn.Module):
                 cache.key, cache.value, cache.static = k, v, True
                 cache.owner = weakref.ref(self)
                 cache._cleared_under = _cleared_record(mask) if cleared else None
+            if cache is not None and reached is not None:  # for this call only
+                k, v = clear_unattended(reached, k, v)
             cleared = cleared and not causal and window is None
 
         if mask is not None and mask.dim() == 3:
