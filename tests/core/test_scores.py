@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+import attnzoo
 from attnzoo import scores
 from tests.core.reference import ref_logits
 
@@ -117,6 +118,21 @@ def test_cosine_in_half_precision_gives_zero_rows_similarity_zero(dtype):
     got = scores.Cosine()(q.to(dtype), k.to(dtype))
     assert got.dtype == dtype and torch.equal(got[..., 3:], torch.zeros_like(got[..., 3:]))
     torch.testing.assert_close(got.double(), ref_logits("cosine", q, k), rtol=0.02, atol=0.02)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scale", [1e20, 1e30])
+def test_cosine_of_huge_finite_inputs_is_the_cosine(dtype, scale):
+    """Cosine does not depend on scale. The norm squares the entries, which overflowed from
+    ~1e19 (norm inf, unit vector 0): every logit 0, uniform weights from finite inputs."""
+    torch.manual_seed(0)
+    q, k, value = torch.randn(2, 3, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 4)
+    expected = ref_logits("cosine", q, k)
+    huge = scores.Cosine()((q * scale).to(dtype), (k * scale).to(dtype))
+    torch.testing.assert_close(huge.double(), expected, rtol=0.02, atol=0.02)
+    context = attnzoo.attention(q * scale, k * scale, value, score="cosine").context
+    reference = attnzoo.attention(q, k, value, score="cosine").context
+    torch.testing.assert_close(context, reference)
 
 
 def test_cosine_per_query_beta():

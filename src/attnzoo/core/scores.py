@@ -331,10 +331,19 @@ class Cosine(DotFamily):
 
 def _unit(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / max(|x|, eps) over the last dim; half precision in float32, where `eps` (1e-8 by
-    default) is not 0 (in fp16 it is: a zero row, e.g. cleared padding, gave 0 / 0 = NaN)."""
-    if x.dtype in _HALF:
-        return F.normalize(x.float(), dim=-1, eps=eps).to(x.dtype)
-    return F.normalize(x, dim=-1, eps=eps)
+    default) is not 0 (in fp16 it is: a zero row, e.g. cleared padding, gave 0 / 0 = NaN).
+
+    A row whose largest magnitude exceeds `_UNIT_SCALE_ABOVE` is divided by it first: the
+    norm squares the entries, which overflow float32 from ~1.8e19 / sqrt(d) (norm inf, a zero
+    unit vector: uniform weights from finite inputs). Such a row is far above `eps`, where
+    the unit vector does not depend on scale; every other row is divided by exactly 1."""
+    work = x.float() if x.dtype in _HALF else x
+    largest = work.abs().amax(-1, keepdim=True)
+    work = work / torch.where(largest > _UNIT_SCALE_ABOVE, largest, 1.0)
+    return F.normalize(work, dim=-1, eps=eps).to(x.dtype)
+
+
+_UNIT_SCALE_ABOVE = 2.0**32  # `_unit`: squares of d entries below it stay far from overflow
 
 
 class Additive(Score):
