@@ -426,6 +426,30 @@ def test_an_evaluation_step_between_log_steps_is_evaluated_and_logged(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 5, 7, 8, 9, 11]
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_train_threads_are_the_runs_not_the_callers(tmp_path, fails):
+    """train.threads sets torch's thread count for the run; the caller's comes back after it,
+    also when the run fails (it stayed at the run's)."""
+    from attnzoo.train import loop
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        config = TrainConfig(
+            steps=2, batch_size=2, warmup=0, threads=1, device="cpu", checkpoint_every=100
+        )
+        task = _ConvTask()
+        if fails:
+            task.batch = None  # not callable: the run raises at its first step
+        try:
+            loop.train(task, _LinearToy(), config, tmp_path, progress=False)
+        except TypeError:
+            assert fails
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_checkpoint_writes_are_not_training_time(tmp_path, monkeypatch):
     """A clock that advances only while a checkpoint is written: train_seconds stays 0 (it
     counted every write, the last one always, so that a 10-step calibration charged the

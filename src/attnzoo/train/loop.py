@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -207,6 +208,23 @@ def _timing(earlier: dict, elapsed: float, eval_during: float, saving: float, st
     }
 
 
+def _restoring_threads(function):
+    """`function` with torch's thread count restored when it returns or raises:
+    `TrainConfig.threads` sets it for the run, not for the caller's later work."""
+
+    @functools.wraps(function)
+    def wrapped(*args, **kwargs):
+        threads = torch.get_num_threads()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+
+    return wrapped
+
+
+@_restoring_threads
 def train(
     task: Task,
     model: torch.nn.Module,
@@ -218,7 +236,8 @@ def train(
     resumed: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """Train `model` on `task` on `config.device` (the model is moved there); returns the
-    final evaluation metrics and the device they were computed on (`"device"`).
+    final evaluation metrics and the device they were computed on (`"device"`). Seeds torch's
+    global generator with `config.seed`; `config.threads` holds for the run only.
 
     With `run_dir`, writes metrics.jsonl, final.json, timing.json and checkpoints/ there;
     timing.json holds the seconds spent training (`train_seconds`, evaluations during training
