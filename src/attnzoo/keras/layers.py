@@ -14,7 +14,8 @@ opposite, True = ignore.)
 Note:
     Where Keras is inconsistent with itself or with attnzoo's contract, these layers follow
     attnzoo's: a query row with no allowed key gets a zero context (Keras's `Attention` and
-    `AdditiveAttention` give the softmax of the unmasked scores there, its
+    `AdditiveAttention` give the mean of the values there: they subtract 1e9 from masked
+    scores, which in float32 rounds every score of the row to the same number; its
     `MultiHeadAttention` the mean of the values on its default SDPA path and zeros on its
     other path); returned attention scores are the weights before dropout (Keras's
     `Attention` returns them after); dropout draws from torch's generator, not from a Keras
@@ -47,6 +48,11 @@ def keras_mask(mask, like: torch.Tensor) -> torch.Tensor | None:
         return None
     mask = torch.as_tensor(mask, device=like.device)
     return mask if mask.dtype == torch.bool else mask != 0
+
+
+def _known(size) -> int | None:
+    """A dimension of a Keras shape as an int, None where it is not known yet."""
+    return None if size is None else int(size)
 
 
 def _check_dropout(layer: str, dropout) -> float:
@@ -136,12 +142,25 @@ class _ListInputAttention(keras.layers.Layer, abc.ABC):
         query, value = inputs[0], inputs[1]
         return query, value, inputs[2] if len(inputs) == 3 else value
 
-    def build(self, input_shape):
-        query, _, key = self._shapes(input_shape)
-        self.build_weights(int(query[-1]), int(key[-1]))
+    def _check_ranks(self, query, value, key) -> None:
+        """query (batch, query_len, d) or (batch, d), value and key (batch, key_len, d): the
+        shapes (tuples) of the inputs. Others are refused: a 4-D (batch, heads, len, d) input
+        ran, and its value mask was read with the heads as the query axis."""
+        if len(query) not in (2, 3):
+            wanted = "a (batch, query_len, d) or one-step (batch, d) query"
+            fail(self._label(), "inputs[0] (query)", wanted, f"shape {tuple(query)}")
+        for name, shape in (("inputs[1] (value)", value), ("inputs[2] (key)", key)):
+            if len(shape) != 3:
+                fail(self._label(), name, "a (batch, key_len, d) tensor", f"shape {tuple(shape)}")
 
-    def build_weights(self, d_query: int, d_key: int) -> None:
-        """Create the variables (none by default)."""
+    def build(self, input_shape):
+        query, value, key = self._shapes(input_shape)
+        self._check_ranks(tuple(query), tuple(value), tuple(key))
+        self.build_weights(_known(query[-1]), _known(key[-1]))
+
+    def build_weights(self, d_query: int | None, d_key: int | None) -> None:
+        """Create the variables (none by default); a size is None where the input's last
+        dimension is not known yet."""
 
     def call(
         self,
@@ -152,6 +171,7 @@ class _ListInputAttention(keras.layers.Layer, abc.ABC):
         use_causal_mask=False,
     ):
         query, value, key = self._shapes(inputs)
+        self._check_ranks(query.shape, value.shape, key.shape)
         if mask is not None and (not isinstance(mask, (list, tuple)) or not 2 <= len(mask) <= 3):
             fail(self._label(), "mask", "a list [query_mask, value_mask]", mask)
         query_mask = keras_mask(mask[0], query) if mask else None
@@ -278,10 +298,14 @@ class AdditiveAttention(_ListInputAttention):
         self.use_scale = bool(use_scale)
 
     def build_weights(self, d_query, d_key):
-        if d_query != d_key:
+        if None not in (d_query, d_key) and d_query != d_key:
             fail(self._label(), "inputs", f"key features == query features ({d_query})", d_key)
         self.scale = None
         if self.use_scale:
+            d_query = d_key if d_query is None else d_query
+            if d_query is None:
+                wanted = "a known last dimension of query or key (the size of `scale`)"
+                fail(self._label(), "inputs", wanted, None)
             self.scale = self.add_weight(
                 name="scale", shape=(d_query,), initializer="glorot_uniform"
             )
@@ -316,7 +340,14 @@ class _CoreScoreAttention(_ListInputAttention):
     def make_score(self, d_query: int, d_key: int) -> scores.Score:
         """The core score this layer runs, for these feature sizes."""
 
+    def sized(self) -> bool:
+        """Whether the score's weights need the feature sizes (known when built)."""
+        return True
+
     def build_weights(self, d_query, d_key):
+        if None in (d_query, d_key) and self.sized():
+            wanted = "a known last dimension of query and key (the sizes of the score's weights)"
+            fail(self._label(), "inputs", wanted, f"{d_query} and {d_key}")
         score = self.make_score(d_query, d_key)
         # Held outside Keras's and torch's tracking: only the variables below are weights.
         object.__setattr__(self, "_runner", _Attend(score))
@@ -393,6 +424,9 @@ class LuongAttention(_CoreScoreAttention):
         if score == "location":
             _check_positive_int(self._label(), "max_keys", max_keys)
         self.max_keys = max_keys
+
+    def sized(self):
+        return self.score != "dot"
 
     def make_score(self, d_query, d_key):
         return scores.make_score(self.score, d_query, d_key, max_keys=self.max_keys)
@@ -601,6 +635,12 @@ class MultiHeadAttention(keras.layers.Layer):
             # the features the layer was built for (the kernels' first dims)
             features = getattr(self, f"{name}_kernel").shape[0]
             check_sequences("attnzoo.keras.MultiHeadAttention", name, x, features)
+        label = "attnzoo.keras.MultiHeadAttention"
+        if value.shape[0] != query.shape[0]:
+            fail(label, "value", f"batch size {query.shape[0]} (that of 'query')", value.shape[0])
+        if key.shape[:2] != value.shape[:2]:
+            wanted = f"(batch, key_len) = {tuple(value.shape[:2])}, those of 'value'"
+            fail(label, "key", wanted, tuple(key.shape[:2]))
         mask = self._mask(query, value, query_mask, value_mask, key_mask, attention_mask)
         if mask is not None and not (query is value and key is value):
             # padding cleared before the projections, whose kernels' gradients read it
