@@ -343,8 +343,11 @@ def test_loss_terms_by_hand_with_mask_and_entropy():
     assert out.baseline.item() == pytest.approx(3 * 0.25)
     assert out.entropy.item() == pytest.approx(-0.1 * (1 + 3 + 4))
     assert out.total.item() == pytest.approx((out.policy + out.baseline + out.entropy).item())
+    # lambda_r scales the policy and baseline terms, not the entropy bonus (Xu 2015 eq. 12:
+    # lambda_e is its own weight; it was scaled by both)
     total = hybrid_loss(torch.tensor(2.0), out, weight=0.5)
-    assert total.item() == pytest.approx(2.0 + 0.5 * out.total.item())
+    expected = 2.0 + 0.5 * (out.policy + out.baseline).item() + out.entropy.item()
+    assert total.item() == pytest.approx(expected)
     zero = reinforce_loss(log_prob, reward)  # no baseline: no baseline or entropy term
     assert zero.baseline.item() == 0.0 and zero.entropy.item() == 0.0
 
@@ -369,6 +372,12 @@ def test_moving_average_baseline():
     assert not fresh.started and fresh().item() == 0.0
     fresh.update(torch.tensor([7.0, 1.0]), torch.tensor([False, True]))  # the first sets it
     assert fresh.started and fresh().item() == pytest.approx(1.0)
+    # a row left out holds anything, even inf or NaN: it never enters (0 * inf was NaN, and
+    # the baseline stayed NaN from then on)
+    for garbage in (float("inf"), float("nan")):
+        b = MovingAverageBaseline(momentum=0.75)
+        b.update(torch.tensor([1.0, 3.0, garbage]), torch.tensor([True, True, False]))
+        assert b().item() == pytest.approx(2.0)
 
 
 def test_a_float64_moving_average_moves_in_float64():

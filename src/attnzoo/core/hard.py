@@ -353,13 +353,15 @@ def hybrid_loss(
     supervised: torch.Tensor, reinforce: ReinforceLoss, *, weight: float = 1.0
 ) -> torch.Tensor:
     """RAM's hybrid objective (Mnih 2014 sec. 4): the classifier's summed cross-entropy plus the
-    REINFORCE terms that train the location policy and the baseline."""
+    REINFORCE terms that train the location policy and the baseline. `weight` scales the
+    policy and baseline terms (Xu 2015 eq. 12's lambda_r), not the entropy bonus, which has
+    its own weight (`reinforce_loss`'s entropy_weight, eq. 12's lambda_e)."""
     check_floating("hybrid_loss", "supervised", supervised)
     if not isinstance(reinforce, ReinforceLoss):
         got = type(reinforce).__name__
         fail("hybrid_loss", "reinforce", "a ReinforceLoss (from reinforce_loss)", got, TypeError)
     check_number("hybrid_loss", "weight", weight)
-    return supervised + weight * reinforce.total
+    return supervised + weight * (reinforce.policy + reinforce.baseline) + reinforce.entropy
 
 
 class MovingAverageBaseline(nn.Module):
@@ -408,7 +410,8 @@ class MovingAverageBaseline(nn.Module):
             counts = torch.ones(reward.shape[0], dtype=torch.bool, device=reward.device)
         weight = counts.to(reward.dtype).reshape(-1, *([1] * (reward.dim() - 1)))
         total = weight.sum(0)  # (1, ...) broadcastable
-        mean = (reward * weight).sum(0) / total.clamp(min=1)
+        # selected, not weighted: 0 * inf = NaN from a row left out would stay in the baseline
+        mean = torch.where(weight > 0, reward, 0.0).sum(0) / total.clamp(min=1)
         some = total.reshape(-1)[0] > 0
         # the rates in the baseline's dtype (Python floats made a float32 tensor: a float64
         # baseline moved by a float32-rounded momentum)

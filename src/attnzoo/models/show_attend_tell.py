@@ -130,8 +130,10 @@ class ShowAttendTellConfig:
         image is read by expectation at every step (a second pass without gradient): a
         baseline per image and step, as self-critical sequence training (Rennie et al. 2017)
         takes its greedy caption's score. Neither baseline depends on the samples, so both
-        estimates are unbiased; "to_go" removes what the moving average cannot, the spread of
-        log-likelihoods between captions of one to four digits.
+        estimates are unbiased (but for "caption"'s first step, whose baseline is its own
+        batch's mean: a moving average of nothing would be 0, not a log-likelihood); "to_go"
+        removes what the moving average cannot, the spread of log-likelihoods between
+        captions of one to four digits.
     """
 
     variant: str = "soft"

@@ -441,7 +441,7 @@ class DigitCaptionsTask:
             tracker = inner.reward_baseline
             # before the first update the tracker holds 0, not a log-likelihood: that one step
             # uses its sampled images' mean instead (a baseline of one batch, once)
-            first = (reward.squeeze(-1) * sampled).sum() / sampled.sum().clamp(min=1)
+            first = torch.where(sampled, reward.squeeze(-1), 0.0).sum() / sampled.sum().clamp(min=1)
             baseline = torch.where(tracker.started, tracker(), first.expand_as(tracker()))
             tracker.update(reward.squeeze(-1), sampled)
         policy = reinforce_loss(
