@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -359,12 +360,13 @@ def _replaceable(out: Path, resume: bool, overwrite: bool) -> list[Path]:
             f"{out} holding {names}",
             FileExistsError,
         )
-    foreign = [n for n in names if not _run_file(n)]
+    foreign = [str(p.relative_to(out)) for e in entries for p in _foreign(e)]
     if foreign:
         fail(
             "attnzoo",
             "--out",
-            f"a run directory (only {list(RUN_FILES)}) for --overwrite to clear",
+            f"a run directory (only {list(RUN_FILES)}, as a run writes them) for --overwrite "
+            "to clear",
             f"{out} also holding {foreign}",
             FileExistsError,
         )
@@ -375,6 +377,51 @@ def _run_file(name: str) -> bool:
     """A file the run writes, or the temp file of one a killed process left (`.NAME.xxxx`,
     `atomic_write`): a hidden entry of anything else (`.git`) is the user's."""
     return name in RUN_FILES or any(name.startswith(f".{n}.") for n in RUN_FILES)
+
+
+_FIGURE = re.compile(r"[^.][^/]*\.png|\.[^/]+\.png\..+")  # a figure, or its temp file
+_CHECKPOINT = re.compile(r"step_\d{8}(\.damaged(-\d+)?)?")  # set aside when damaged
+_CHECKPOINT_FILES = {"latest": ("latest.json",), "state": ("state.json", "tensors.safetensors")}
+
+
+def _foreign(entry: Path) -> list[Path]:
+    """What of a run directory's top-level `entry` the run did not write: the entry itself,
+    or what a folder of the run's names holds besides the run's files. A user's file put in
+    figures/ or checkpoints/, or a config.json that is not a run's, would otherwise be
+    cleared with the run's."""
+    name = entry.name
+    if not _run_file(name):
+        return [entry]
+    if name == "config.json" and not _run_config(entry):
+        return [entry]
+    if name == "figures" and entry.is_dir() and not entry.is_symlink():
+        return [p for p in entry.iterdir() if not (p.is_file() and _FIGURE.fullmatch(p.name))]
+    if name == "checkpoints" and entry.is_dir() and not entry.is_symlink():
+        found = []
+        for p in entry.iterdir():
+            if p.is_dir() and not p.is_symlink() and _CHECKPOINT.fullmatch(p.name):
+                found += [f for f in p.iterdir() if not _checkpoint_file(f, "state")]
+            elif not _checkpoint_file(p, "latest"):
+                found.append(p)
+        return found
+    return []
+
+
+def _checkpoint_file(path: Path, kind: str) -> bool:
+    """A file `save_checkpoint` writes: latest.json beside the step folders (`kind`
+    "latest"), state.json and tensors.safetensors in them ("state"), or a temp file of one."""
+    names = _CHECKPOINT_FILES[kind]
+    name = path.name
+    return path.is_file() and (name in names or any(name.startswith(f".{n}.") for n in names))
+
+
+def _run_config(path: Path) -> bool:
+    """Whether config.json reads as a run's (a JSON object naming its model and task)."""
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and {"model_name", "task_name"} <= config.keys()
 
 
 def clear(out: Path, entries: list[Path]) -> None:

@@ -330,6 +330,24 @@ def test_overwrite_refuses_a_directory_that_is_not_a_run(trained, tmp_path, caps
     assert (run / "notes.txt").read_text() == "mine" and (run / "config.json").exists()
 
 
+@pytest.mark.parametrize(
+    "mine",
+    ["figures/my_paper_figure.png.bak", "figures/notes/a.png", "checkpoints/README.txt",
+     "checkpoints/step_00000002/mine.pt", "checkpoints/latest.json.bak", "config.json"],
+)  # fmt: skip
+def test_overwrite_refuses_a_users_file_among_the_runs_names(mine, trained, tmp_path, capsys):
+    """Only the top-level names were checked: a user's file in figures/ or checkpoints/, or a
+    config.json that is not a run's, was deleted with the run's ("cleared figures")."""
+    run = copy_run(trained, tmp_path / "run")
+    path = run / mine
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"hidden_size": 768}')  # a user's file (a config of another library)
+    error = _error([*TRAIN, "--out", str(run), "--overwrite", *sets(TINY)], capsys)
+    listed = "figures/notes" if mine == "figures/notes/a.png" else mine  # a folder: itself
+    assert "for --overwrite to clear" in error and f"['{listed}']" in error
+    assert path.read_text() == '{"hidden_size": 768}' and (run / "figures").is_dir()
+
+
 def test_overwrite_refuses_a_hidden_folder_of_the_user_and_clears_its_own_leftovers(
     trained, tmp_path, capsys
 ):
