@@ -220,6 +220,25 @@ def test_a_smoke_run_never_writes_over_the_committed_results_or_docs(out):
     assert [p.read_bytes() for p in watched] == before
 
 
+def test_a_smoke_run_refuses_a_folder_of_the_users(tmp_path):
+    """`--out` holding the user's files (a notes file named like the page) was written over:
+    refused before any run, untouched; a folder an earlier smoke run wrote is taken again."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "ntm.md").write_text("my own notes on the NTM")
+    r = attnzoo("repro", "ntm", "--budget", "smoke", "--out", str(mine), cwd=ROOT)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "argument '--out' expected a new or empty folder" in r.stderr
+    assert (mine / "ntm.md").read_text() == "my own notes on the NTM"
+    assert sorted(p.name for p in mine.iterdir()) == ["ntm.md"]
+    from attnzoo import repro
+
+    again = tmp_path / "again"
+    repro._claim(again)  # new: taken and marked
+    (again / "ntm.md").write_text("an earlier smoke page")
+    repro._claim(again)  # its own earlier output: taken again
+
+
 def test_outside_a_checkout_is_one_line(tmp_path):
     r = attnzoo("repro", "ntm", cwd=tmp_path)
     assert r.returncode == 2 and "source checkout" in r.stderr

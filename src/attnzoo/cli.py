@@ -60,8 +60,8 @@ def cmd_repro(args) -> None:
         console.print(table)
         return
     out = Path(args.out) if args.out else None
-    path = repro.repro(args.page, budget=args.budget, seeds=args.seeds, out=out)
-    console.print(f"wrote {path}")
+    repro.repro(args.page, budget=args.budget, seeds=args.seeds, out=out)  # (report.py says
+    # where it wrote the page)
 
 
 def cmd_train(args) -> None:

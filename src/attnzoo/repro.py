@@ -76,6 +76,24 @@ def listing(root: Path, seeds: int | None = None) -> list[dict]:
     return json.loads(_python(root, "benchmarks/report.py", "--list", *extra, capture=True).stdout)
 
 
+SMOKE_MARK = ".attnzoo-repro"  # in a folder a smoke run writes into: the next may write again
+
+
+def _claim(folder: Path) -> None:
+    """A smoke run's folder: new, empty, or one an earlier smoke run wrote (`SMOKE_MARK`).
+    A folder of the user's is refused: the run writes PAGE.md, BENCH.json, figures/ and runs/
+    there, over files of those names."""
+    held = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    if held and SMOKE_MARK not in held:
+        expected = "a new or empty folder, or one an earlier smoke run wrote"
+        fail("attnzoo repro", "--out", expected, f"{folder} holding {held}", FileExistsError)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / SMOKE_MARK).touch()
+    except OSError as err:
+        fail("attnzoo repro", "--out", "a folder attnzoo can write in", f"{folder} ({err})")
+
+
 def repro(
     page: str,
     *,
@@ -102,6 +120,8 @@ def repro(
             # a smoke run's results and page would replace the committed ones there
             expected = f"a folder outside {committed} (a smoke run writes results and a page)"
             fail("attnzoo repro", "--out", expected, str(out))
+    if budget == "smoke":
+        _claim(smoke)
     results = ["--results", str(smoke)] if budget == "smoke" else []
     for script in dict.fromkeys(known[page].values()):
         extra = ["--seeds", str(seeds)] if seeds else []
