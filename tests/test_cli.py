@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -9,10 +10,33 @@ from attnzoo.models.registry import MODELS
 from tests.train.test_loop import sets
 
 
-def test_list(capsys):
-    assert main(["list"]) == 0
-    out = capsys.readouterr().out
-    assert "bahdanau" in out and "dates" in out and "kjv2web" in out
+def test_list_gives_each_task_with_the_models_that_train_on_it():
+    """Each task's row names the models `train` accepts for it (README: "attnzoo list gives
+    each with its models"), checked against the pair check itself."""
+    from attnzoo.rundir import _check_names
+    from attnzoo.tasks.registry import TASKS
+
+    r = subprocess.run(
+        [sys.executable, "-m", "attnzoo.cli", "list"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "1000"},
+    )
+    assert r.returncode == 0, r.stderr
+    rows = {cells[0]: cells for line in r.stdout.splitlines()
+            if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) == 3}  # fmt: skip
+    assert set(MODELS) <= {line.split("│")[1].strip() for line in r.stdout.splitlines()
+                           if line.count("│") == 3}  # fmt: skip
+    for task in TASKS:
+        listed = set(rows[task][2].split(", "))
+        fits = set()
+        for model in MODELS:
+            try:
+                _check_names(model, task)
+                fits.add(model)
+            except ValueError:
+                pass
+        assert listed == fits, task
 
 
 def test_unknown_key_lists_valid_keys(capsys):

@@ -33,14 +33,20 @@ def _table(title: str, metrics: dict) -> Table:
 
 def cmd_list(args) -> None:
     from attnzoo.models.registry import MODELS
+    from attnzoo.rundir import fitting_models
     from attnzoo.tasks.registry import TASKS
 
     for title, registry in (("models", MODELS), ("tasks", TASKS)):
         table = Table(title=title)
         table.add_column("name")
         table.add_column("what")
+        if registry is TASKS:
+            table.add_column("models")
         for name, spec in registry.items():
-            table.add_row(name, spec.description)
+            row = [name, spec.description]
+            if registry is TASKS:
+                row.append(", ".join(fitting_models(name)))
+            table.add_row(*row)
         console.print(table)
 
 

@@ -85,9 +85,13 @@ def _check_names(model: str, task: str) -> None:
     if task not in TASKS:
         fail("attnzoo", "--task", f"one of {sorted(TASKS)}", repr(task))
     if MODELS[model].interface != TASKS[task].interface:
-        interface = TASKS[task].interface
-        fitting = sorted(name for name, m in MODELS.items() if m.interface == interface)
+        fitting = sorted(fitting_models(task))
         fail("attnzoo", "MODEL", f"a model for --task {task}: one of {fitting}", repr(model))
+
+
+def fitting_models(task: str) -> list[str]:
+    """The models that train on `task`: those of its interface."""
+    return [name for name, m in MODELS.items() if m.interface == TASKS[task].interface]
 
 
 def default_config(model: str, task: str) -> dict[str, Any]:
