@@ -134,6 +134,20 @@ def test_a_config_babel_cannot_draw_is_an_error_naming_the_field(fields, named):
         dates.make_splits(dates.DatesConfig(**fields))
 
 
+def test_more_examples_than_the_config_can_write_are_refused_before_any_draw(monkeypatch):
+    """One locale, one pattern, one year write at most 366 dates: 50,000 were drawn for until
+    the tries ran out (24 s here; minutes for 10 million on the defaults)."""
+
+    def drawn(*args):
+        raise AssertionError("an example was drawn")
+
+    monkeypatch.setattr(dates, "make_example", drawn)
+    one_year = dict(locales=("en_US",), patterns=("short",), first_year=2000, last_year=2000)
+    config = dates.DatesConfig(n_train=50_000, n_valid=0, n_test=0, **one_year)
+    with pytest.raises(ValueError, match=r"'n_train' expected .* got 50000 \(at most 366 can"):
+        dates.make_splits(config)
+
+
 def test_a_year_before_1000_is_refused_by_the_config():  # the ISO target has four digits
     with pytest.raises(ValueError, match="argument 'first_year' expected a year in 1000..9999"):
         dates.DatesConfig(first_year=999)

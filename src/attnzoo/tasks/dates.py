@@ -294,6 +294,17 @@ def make_splits(config: DatesConfig | None = None) -> Splits:
         for r in readers
     }
     total = config.n_test + config.n_valid + config.n_train
+    wanted = "n_train + n_valid + n_test within the distinct dates these locales, patterns and "
+    wanted += "years write"
+    # at most one example per (locale, pattern, day): more is refused at once (drawing
+    # toward an impossible count took minutes before the tries ran out)
+    possible = sum(
+        days[locale, pattern][1] - days[locale, pattern][0] + 1
+        for locale in config.locales
+        for pattern in dict.fromkeys(patterns[locale])
+    )
+    if total > possible:
+        fail("DatesConfig", "n_train", wanted, f"{total} (at most {possible} can be written)")
     examples: list[Example] = []
     seen: set[str] = set()
     attempts = 0
@@ -301,8 +312,6 @@ def make_splits(config: DatesConfig | None = None) -> Splits:
         attempts += 1
         if attempts > 20 * total + 1000:
             got = f"{total} ({len(examples)} drawn in {attempts - 1} tries)"
-            wanted = "n_train + n_valid + n_test within the distinct dates these locales, "
-            wanted += "patterns and years write"
             fail("DatesConfig", "n_train", wanted, got)
         locale = rng.choice(config.locales)
         pattern = rng.choice(patterns[locale])
