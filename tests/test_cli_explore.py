@@ -36,6 +36,16 @@ def test_explore_writes_the_page_in_the_run_and_replaces_its_own(run, capsys):
     assert main(["explore", str(run), "--examples", "2", "--device", "cpu"]) == 0  # its own page
 
 
+def test_fewer_examples_than_asked_for_are_said(run, tmp_path, capsys):
+    """The run's held-out set (eval.limit=20) caps the page: 100 asked for gave 20 without a
+    word."""
+    capsys.readouterr()
+    out = tmp_path / "many.html"
+    assert main(["explore", str(run), "--examples", "100", "--out", str(out)]) == 0
+    assert "explorer: 20 of the 100 examples asked for" in capsys.readouterr().err
+    assert out.read_text().count('"source"') == 20 or out.exists()
+
+
 def test_out_elsewhere(run, tmp_path):
     assert main(["explore", str(run), "--examples", "1", "--out", str(tmp_path / "x.html")]) == 0
     assert (tmp_path / "x.html").stat().st_size > 1000

@@ -321,10 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if args.debug:
             raise
-        print(
-            "attnzoo: interrupted (a run continues with `attnzoo train --resume --out DIR`)",
-            file=sys.stderr,
-        )
+        hint = ""
+        if args.command == "train" and args.out:  # (a run stopped before its first
+            # checkpoint is started again: --resume then says so)
+            hint = f" (the run continues with `attnzoo train --resume --out {args.out}`)"
+        print(f"attnzoo: interrupted{hint}", file=sys.stderr)
         return 130
     except Exception as err:
         if args.debug or not _user_error(err):

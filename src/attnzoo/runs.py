@@ -261,5 +261,7 @@ def write_explorer(out: Path, task, model, *, count: int, heading: str) -> Path:
     check_explorer_out(out)
     with torch.no_grad():
         data = task.explore(model.eval(), count)
+    if (shown := len(data["examples"])) < count:  # a held-out set of fewer (e.g. eval.limit)
+        note(f"explorer: {shown} of the {count} examples asked for (all the held-out set has)")
     atomic_write(Path(out), explorer_html(data, heading=heading).encode("utf-8"))
     return Path(out)

@@ -619,4 +619,9 @@ def test_an_interrupt_is_one_line_and_status_130(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(runs, "build", interrupted)
     assert main([*TRAIN, "--out", str(tmp_path / "run"), *sets(TINY)]) == 130
     err = capsys.readouterr().err
-    assert err == "attnzoo: interrupted (a run continues with `attnzoo train --resume --out DIR`)\n"
+    # the run's own folder, not a placeholder
+    run = tmp_path / "run"
+    assert (
+        err
+        == f"attnzoo: interrupted (the run continues with `attnzoo train --resume --out {run}`)\n"
+    )
