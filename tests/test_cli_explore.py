@@ -43,7 +43,7 @@ def test_fewer_examples_than_asked_for_are_said(run, tmp_path, capsys):
     out = tmp_path / "many.html"
     assert main(["explore", str(run), "--examples", "100", "--out", str(out)]) == 0
     assert "explorer: 20 of the 100 examples asked for" in capsys.readouterr().err
-    assert out.read_text().count('"source"') == 20 or out.exists()
+    assert out.stat().st_size > 1000
 
 
 def test_out_elsewhere(run, tmp_path):
