@@ -107,6 +107,8 @@ def cmd_demo(args) -> None:
     args.out = args.out or "runs/demo"
     args.overwrite = runs.demo_replaces(Path(args.out))
     task, model = cmd_train(args)  # marks the run a demo's before it trains
+    if not runs.main_process():  # a torchrun worker: rank 0 writes and prints
+        return
     console.print(f"alignment figure: {Path(args.out) / 'figures' / 'alignment.png'}")
     page = runs.write_explorer(
         Path(args.out) / runs.EXPLORER,

@@ -47,9 +47,9 @@ from attnzoo.train.checkpoint import (
     read_checkpoint,
     resume_point,
 )
-from attnzoo.train.device import resolve_device
+from attnzoo.train.device import launched_world, resolve_device
 from attnzoo.train.files import note, read_metrics
-from attnzoo.train.loop import evaluate, train  # noqa: F401  (evaluate: for `attnzoo eval`)
+from attnzoo.train.loop import check_world, evaluate, train  # noqa: F401  (evaluate: eval's)
 
 
 def run_train(
@@ -73,6 +73,7 @@ def run_train(
     demo`'s, marked so (`mark_demo`) before the loop."""
     out, train_config = Path(out), configs(config)["train"]
     resolve_device(train_config.device)  # a device this machine lacks fails before any work
+    check_world(train_config, MODELS[config["model_name"]].model_class, launched_world())
     start = init_checkpoint(train_config.init_from) if not resume else None
     main = main_process()
     saved = read_config(out, "--out") if resume else None  # before check_out makes `out`

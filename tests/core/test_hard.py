@@ -380,6 +380,29 @@ def test_moving_average_baseline():
         assert b().item() == pytest.approx(2.0)
 
 
+def _baseline_in_a_job(rank: int, world: int, init: str, out: str) -> None:
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        b = MovingAverageBaseline(momentum=0.5)
+        rewards = torch.tensor([[1.0, 3.0, 100.0], [10.0, 20.0, 30.0]][rank])
+        counts = torch.tensor([[True, True, False], [True, True, True]][rank])
+        b.update(rewards, counts)
+        b.update(torch.full((3,), 4.0 + rank))
+        torch.save(b().clone(), f"{out}/{rank}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_a_moving_average_over_a_torchrun_job_is_the_global_batchs(tmp_path):
+    """Each process held its share's mean (DDP then broadcast rank 0's): rank 1's rewards
+    never entered. The mean is of every counted row of every process: (1 + 3 + 10 + 20 + 30)
+    / 5 = 12.8, then halfway to the mean of the second batch, (4 * 3 + 5 * 3) / 6 = 4.5."""
+    init = f"file://{tmp_path}/rendezvous"
+    torch.multiprocessing.spawn(_baseline_in_a_job, args=(2, init, str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        assert torch.load(tmp_path / f"{rank}.pt").item() == pytest.approx((12.8 + 4.5) / 2)
+
+
 def test_a_float64_moving_average_moves_in_float64():
     """The update's rate was a float32 tensor made from Python floats: a float64 baseline moved
     by a float32-rounded momentum (2.800000011920929 for 0.9 * 2 + 0.1 * 10)."""

@@ -383,6 +383,40 @@ def test_a_torchrun_worker_other_than_rank_0_draws_and_prints_nothing(
     assert "->" not in capsys.readouterr().out
 
 
+def test_a_torchrun_worker_of_the_demo_writes_and_prints_nothing(monkeypatch, tmp_path, capsys):
+    """Every rank wrote the demo's explorer page and printed its lines."""
+    from attnzoo import runs
+    from tests.train.test_loop import sets as dates_sets  # (TINY here is for reverse)
+
+    monkeypatch.setattr(runs, "main_process", lambda: False)
+    out = tmp_path / "demo"
+    out.mkdir()
+    assert main(["demo", "--out", str(out), "--no-progress", *dates_sets(["train.steps=2"])]) == 0
+    assert not (out / runs.EXPLORER).exists()
+    assert "attention explorer" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        # a share of an empty batch failed inside the task, after config.json was written
+        (["bahdanau", "--task", "dates", "--set", "train.batch_size=1"], "'batch_size' expected"),
+        # a GAN's several optimisers: refused after config.json was written, so the same
+        # command in one process was then refused for the folder
+        (["sagan", "--task", "gan_mnist"], "'world' expected 1 process"),
+    ],
+)
+def test_what_a_torchrun_job_cannot_train_is_refused_before_any_work(
+    argv, named, monkeypatch, tmp_path, capsys
+):
+    from attnzoo import runs
+
+    monkeypatch.setattr(runs, "launched_world", lambda: 2)
+    out = tmp_path / "run"
+    assert named in _error(["train", *argv, "--out", str(out)], capsys)
+    assert not out.exists()
+
+
 def test_demo_refuses_a_run_that_is_not_a_demo(trained, tmp_path, capsys):
     """`attnzoo demo --out DIR` replaces only an earlier demo's run: a user's other run there
     is refused, byte for byte untouched."""

@@ -426,6 +426,38 @@ def test_an_evaluation_step_between_log_steps_is_evaluated_and_logged(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 5, 7, 8, 9, 11]
 
 
+def test_batch_norm_of_a_job_of_several_processes(capsys):
+    """SyncBatchNorm on CUDA (the global batch's statistics; the conversion itself needs no
+    GPU); on the CPU, where it does not run, each process's share normalises: said."""
+    from torch import nn
+
+    from attnzoo.train import loop
+
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2))
+    synced = loop._sync_batch_norm(model, torch.device("cuda"), main=True)
+    assert isinstance(synced[1], nn.SyncBatchNorm)
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2))
+    assert loop._sync_batch_norm(model, torch.device("cpu"), main=True) is model
+    assert "uses each process's share of the batch" in capsys.readouterr().err
+    plain = nn.Linear(2, 2)
+    assert loop._sync_batch_norm(plain, torch.device("cpu"), main=True) is plain
+    assert capsys.readouterr().err == ""
+
+
+def test_each_process_of_a_job_seeds_a_stream_of_its_own(monkeypatch):
+    """Seeded alike, every rank of a torchrun job drew the same dropout masks for its rows;
+    rank 0 keeps the seed's stream (a one-process run's)."""
+    from attnzoo.train import loop
+
+    seeds = {}
+    for rank in (0, 1, 2):
+        monkeypatch.setattr(loop, "setup_distributed", lambda device, r=rank: loop.Distributed(r))
+        config = TrainConfig(steps=1, batch_size=2, warmup=0, threads=1, device="cpu", seed=5)
+        loop.train(_ConvTask(), _LinearToy(), config, None, progress=False)
+        seeds[rank] = torch.initial_seed()
+    assert seeds[0] == 5 and len(set(seeds.values())) == 3
+
+
 @pytest.mark.parametrize("fails", [False, True])
 def test_train_threads_are_the_runs_not_the_callers(tmp_path, fails):
     """train.threads sets torch's thread count for the run; the caller's comes back after it,

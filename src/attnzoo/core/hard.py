@@ -27,6 +27,7 @@ import math
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from attnzoo.core.checks import (
@@ -364,6 +365,23 @@ def hybrid_loss(
     return supervised + weight * (reinforce.policy + reinforce.baseline) + reinforce.entropy
 
 
+def counted_mean(reward: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean over the batch dim of the rows of `reward` that `counts` (batch,) selects, their
+    count), over every process of a torchrun job: each holds a share of the batch, and a
+    mean of one share was another baseline on every rank (DDP then put rank 0's on all).
+    Selected, not weighted: 0 * inf = NaN from a row left out would reach the mean. With no
+    row counted, the mean is 0."""
+    weight = counts.reshape(-1, *([1] * (reward.dim() - 1)))
+    summed = torch.where(weight, reward, 0.0).sum(0)  # reward's shape without the batch dim
+    total = counts.sum().to(reward.dtype).reshape(1)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        packed = torch.cat([summed.reshape(-1), total])
+        dist.all_reduce(packed)
+        summed, total = packed[:-1].reshape(summed.shape), packed[-1:]
+    total = total[0]
+    return summed / total.clamp(min=1), total
+
+
 class MovingAverageBaseline(nn.Module):
     """b <- momentum * b + (1 - momentum) * mean(R): a baseline that is not a network.
 
@@ -408,11 +426,8 @@ class MovingAverageBaseline(nn.Module):
         reward = reward.detach().to(self.value.dtype)
         if counts is None:
             counts = torch.ones(reward.shape[0], dtype=torch.bool, device=reward.device)
-        weight = counts.to(reward.dtype).reshape(-1, *([1] * (reward.dim() - 1)))
-        total = weight.sum(0)  # (1, ...) broadcastable
-        # selected, not weighted: 0 * inf = NaN from a row left out would stay in the baseline
-        mean = torch.where(weight > 0, reward, 0.0).sum(0) / total.clamp(min=1)
-        some = total.reshape(-1)[0] > 0
+        mean, total = counted_mean(reward, counts)
+        some = total > 0
         # the rates in the baseline's dtype (Python floats made a float32 tensor: a float64
         # baseline moved by a float32-rounded momentum)
         keep = self.value.new_tensor(1.0 - self.momentum)

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.core.checks import check_fields, fail
-from attnzoo.core.hard import hybrid_loss, reinforce_loss, rewards_to_go
+from attnzoo.core.hard import counted_mean, hybrid_loss, reinforce_loss, rewards_to_go
 from attnzoo.decoding import decode
 from attnzoo.tasks.base import (
     EvalConfig,
@@ -441,7 +441,7 @@ class DigitCaptionsTask:
             tracker = inner.reward_baseline
             # before the first update the tracker holds 0, not a log-likelihood: that one step
             # uses its sampled images' mean instead (a baseline of one batch, once)
-            first = torch.where(sampled, reward.squeeze(-1), 0.0).sum() / sampled.sum().clamp(min=1)
+            first = counted_mean(reward.squeeze(-1), sampled)[0]  # over every process's share
             baseline = torch.where(tracker.started, tracker(), first.expand_as(tracker()))
             tracker.update(reward.squeeze(-1), sampled)
         policy = reinforce_loss(

@@ -46,6 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from attnzoo.core.checks import check_fields, fail
 from attnzoo.core.files import atomic_write, atomic_write_json
+from attnzoo.tasks.base import sampling_seed
 from attnzoo.train.checkpoint import (
     TIMING,
     checkpoint_step,
@@ -256,6 +257,7 @@ def train(
     if resume and run_dir is None:
         fail("train", "resume", "a run_dir whose checkpoints to continue from", "run_dir=None")
     device = resolve_device(config.device)
+    check_world(config, model, launched_world())
     env = setup_distributed(device)
     model.to(device)
     if env.main and config.autocast == "bf16" and slow_bf16_convolutions(model, device):
@@ -266,7 +268,9 @@ def train(
         )
     if config.threads:
         torch.set_num_threads(config.threads)
-    torch.manual_seed(config.seed)
+    # a stream per process (the model is built, and DDP gives every rank rank 0's weights):
+    # seeded alike, every rank drew the same dropout masks for its rows. Rank 0's is the seed's
+    torch.manual_seed(sampling_seed(config.seed, env.rank))
     phases = _phases(model, config, env)
     if phases is None:
         optimizer = torch.optim.AdamW(
@@ -328,7 +332,8 @@ def train(
     trained = model
     if env.world > 1:
         trained = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
+            _sync_batch_norm(model, device, env.main),
+            device_ids=[device.index] if device.type == "cuda" else None,
         )
     bar = _progress(progress and env.main, config.steps, start)
     loop_start, eval_during, saving = time.perf_counter(), 0.0, 0.0
@@ -473,14 +478,41 @@ def _check_finite(loss: float, first: int, step: int) -> None:
         )
 
 
+def check_world(config: TrainConfig, model: torch.nn.Module, world: int) -> None:
+    """What a run of `world` processes (torchrun) needs, checked before any work: a batch
+    that gives every process a share (an empty one failed inside the task after the run
+    directory was written), and one optimiser (DDP wraps one backward per step; a GAN's phases
+    would need their own)."""
+    if world > 1 and config.batch_size < world:
+        wanted = f"at least the {world} processes torchrun started (each takes a share)"
+        fail("TrainConfig", "batch_size", wanted, config.batch_size)
+    if world > 1 and getattr(model, "optimizer_groups", None) is not None:
+        fail("train", "world", "1 process for a model with several optimisers", world)
+
+
+def _sync_batch_norm(model: torch.nn.Module, device: torch.device, main: bool):
+    """A model's BatchNorm layers under several processes: SyncBatchNorm on CUDA (statistics
+    of the global batch, as one process computes them); on the CPU, where SyncBatchNorm does
+    not run, each process normalises by its own share, said once."""
+    norms = (torch.nn.modules.batchnorm._BatchNorm,)
+    if not any(isinstance(m, norms) for m in model.modules()):
+        return model
+    if device.type == "cuda":
+        return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if main:
+        note(
+            "batch normalisation under torchrun on the CPU uses each process's share of the "
+            "batch (SyncBatchNorm needs CUDA): several processes do not train as one would"
+        )
+    return model
+
+
 def _phases(model: torch.nn.Module, config: TrainConfig, env: Distributed):
     """[(name, AdamW, its schedule, its parameters)] of a model's `optimizer_groups` (module
     docstring), or None for a model with one optimiser."""
     declared = getattr(model, "optimizer_groups", None)
     if declared is None:
         return None
-    if env.world > 1:
-        fail("train", "world", "1 process for a model with several optimisers", env.world)
     if hasattr(model, "lr_scales"):  # each group has its own lr: a scale would be ignored
         fail(type(model).__name__, "lr_scales", "absent with optimizer_groups", "both defined")
     phases = []
