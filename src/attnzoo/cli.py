@@ -80,6 +80,7 @@ def cmd_train(args) -> None:
     else:
         config = runs.apply_overrides(runs.default_config(args.model, args.task), args.set)
     out = Path(args.out or f"runs/{config['model_name']}-{config['task_name']}")
+    args.out = str(out)  # (the interrupt hint names it)
     start = time.perf_counter()
     task, model, final = runs.run_train(
         config,

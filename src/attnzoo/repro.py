@@ -120,7 +120,7 @@ def repro(
             # a smoke run's results and page would replace the committed ones there
             expected = f"a folder outside {committed} (a smoke run writes results and a page)"
             fail("attnzoo repro", "--out", expected, str(out))
-    if budget == "smoke":
+    if out is not None:  # a folder of the user's choosing (the default is attnzoo's own)
         _claim(smoke)
     results = ["--results", str(smoke)] if budget == "smoke" else []
     for script in dict.fromkeys(known[page].values()):

@@ -278,6 +278,11 @@ def test_a_cross_cache_filled_under_causal_or_window_keeps_every_memory_row(firs
         filled = mha(x, memory, cache=cache, **first).context
         torch.testing.assert_close(filled, mha(x, memory, **first).context)
         assert filled.isfinite().all()
+        # a later call of the same kind on the cache does not reach row 5 either
+        again = torch.randn(2, 1, 16)
+        torch.testing.assert_close(
+            mha(again, memory, cache=cache, **first).context, mha(again, memory, **first).context
+        )
         memory[:, 5] = torch.randn(2, 16)
         later, wide = torch.randn(2, 6, 16), {"window": 1} if "window" in first else {}
         cache = KVCache()

@@ -135,6 +135,23 @@ def test_cosine_of_huge_finite_inputs_is_the_cosine(dtype, scale):
     torch.testing.assert_close(context, reference)
 
 
+def test_cosine_rows_below_the_overflow_bound_are_normalised_as_before():
+    """Only rows whose squares could overflow are rescaled: every other row's unit vector is
+    F.normalize's, bit for bit (NTM content addressing unchanged); a row whose largest entry
+    is below 2^64 but whose squares overflow float32 (1.7e19, d = 16) is rescaled."""
+    from attnzoo.core.scores import _unit
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        for scale in (1e-9, 1.0, 1e3):
+            x = (torch.randn(4, 16, generator=g) * scale).to(dtype)
+            assert torch.equal(_unit(x, 1e-8), torch.nn.functional.normalize(x, dim=-1, eps=1e-8))
+    x = torch.randn(4, 16, generator=g)
+    x = x / x.abs().amax(-1, keepdim=True) * 1.7e19
+    expected = torch.nn.functional.normalize(x.double(), dim=-1).float()
+    torch.testing.assert_close(_unit(x, 1e-8), expected)
+
+
 def test_cosine_per_query_beta():
     q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
     beta = torch.rand(2, 3) * 5

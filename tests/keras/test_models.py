@@ -205,6 +205,10 @@ def test_call_errors():
         ak.Attention()([four, four], mask=[None, torch.ones(2, 3, 3, dtype=torch.bool)])
     with pytest.raises(ValueError, match=r"'inputs\[1\] \(value\)' expected a \(batch, key_"):
         ak.AdditiveAttention()([q, four])
+    layer = ak.Attention()
+    layer([q, q])  # built on 3-D inputs: a later call is checked too
+    with pytest.raises(ValueError, match=r"'inputs\[0\] \(query\)' expected a \(batch, query"):
+        layer([four, four])
     with pytest.raises(ValueError, match="argument 'attention_mask' expected"):
         ak.MultiHeadAttention(2, 2)(q, q, attention_mask=torch.ones(1, 1, 1, 3, 3, dtype=bool))
     built = ak.MultiHeadAttention(2, 2)

@@ -646,6 +646,18 @@ def test_task_sizes_are_checked_before_any_data(argv, expected, tmp_path, capsys
     assert expected in _error(["train", *argv, "--out", str(tmp_path / "run")], capsys)
 
 
+def test_an_interrupted_run_in_its_default_folder_names_it(monkeypatch, tmp_path, capsys):
+    """Without --out the run's folder is runs/MODEL-TASK: the hint names it (it was left out)."""
+
+    def interrupted(config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runs, "build", interrupted)
+    monkeypatch.chdir(tmp_path)
+    assert main([*TRAIN, *sets(TINY)]) == 130
+    assert "--resume --out runs/luong-reverse`" in capsys.readouterr().err
+
+
 def test_an_interrupt_is_one_line_and_status_130(monkeypatch, tmp_path, capsys):
     def interrupted(config):
         raise KeyboardInterrupt

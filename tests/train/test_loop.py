@@ -444,6 +444,26 @@ def test_batch_norm_of_a_job_of_several_processes(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_train_refuses_what_a_job_of_several_processes_cannot_train(monkeypatch):
+    """train() called directly (not through the CLI) checks the job before any work: a batch
+    smaller than the process count, or a model with several optimisers."""
+    from attnzoo.train import loop
+
+    def no_group(device):
+        raise AssertionError("the process group was set up before the check")
+
+    monkeypatch.setattr(loop, "launched_world", lambda: 2)
+    monkeypatch.setattr(loop, "setup_distributed", no_group)
+    config = TrainConfig(steps=1, batch_size=1, warmup=0, threads=1, device="cpu")
+    with pytest.raises(ValueError, match="'batch_size' expected at least the 2 processes"):
+        loop.train(_ConvTask(), _LinearToy(), config, None, progress=False)
+    model = _LinearToy()
+    model.optimizer_groups = lambda: []
+    config = TrainConfig(steps=1, batch_size=4, warmup=0, threads=1, device="cpu")
+    with pytest.raises(ValueError, match="'world' expected 1 process for a model with several"):
+        loop.train(_ConvTask(), model, config, None, progress=False)
+
+
 def test_each_process_of_a_job_seeds_a_stream_of_its_own(monkeypatch):
     """Seeded alike, every rank of a torchrun job drew the same dropout masks for its rows;
     rank 0 keeps the seed's stream (a one-process run's)."""

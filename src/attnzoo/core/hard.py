@@ -370,7 +370,8 @@ def counted_mean(reward: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tens
     count), over every process of a torchrun job: each holds a share of the batch, and a
     mean of one share was another baseline on every rank (DDP then put rank 0's on all).
     Selected, not weighted: 0 * inf = NaN from a row left out would reach the mean. With no
-    row counted, the mean is 0."""
+    row counted, the mean is 0. In a process group of several ranks it is a collective: every
+    rank calls it."""
     weight = counts.reshape(-1, *([1] * (reward.dim() - 1)))
     summed = torch.where(weight, reward, 0.0).sum(0)  # reward's shape without the batch dim
     total = counts.sum().to(reward.dtype).reshape(1)
@@ -409,7 +410,9 @@ class MovingAverageBaseline(nn.Module):
     def update(self, reward: torch.Tensor, counts: torch.Tensor | None = None) -> None:
         """Fold in the batch mean of `reward` (batch, *shape); the first batch sets it.
         `counts` (batch,) bool: only those rows enter the mean, and a batch with none leaves
-        the baseline as it was (no host sync: it stays a tensor operation)."""
+        the baseline as it was (no host sync: it stays a tensor operation). In a process
+        group of several ranks the mean is over every rank's rows (`counted_mean`): a
+        collective, which every rank calls, as a task's `loss` does at every step."""
         name = "MovingAverageBaseline.update"
         shape = (*self.value.shape,)
         if not isinstance(reward, torch.Tensor) or reward.is_complex():
