@@ -232,7 +232,7 @@ def test_check_out(tmp_path):
     assert _checked_out(tmp_path / "new" / "run") == []  # its lock file alone: still empty
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.json").write_text("{}")
+    (run / "config.json").write_text('{"model_name": "luong", "task_name": "reverse"}')
     with pytest.raises(FileExistsError, match="'--out' expected a new or empty run directory"):
         _checked_out(run)
     assert _checked_out(run, resume=True) == []

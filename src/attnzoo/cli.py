@@ -33,7 +33,7 @@ def _table(title: str, metrics: dict) -> Table:
 
 def cmd_list(args) -> None:
     from attnzoo.models.registry import MODELS
-    from attnzoo.rundir import fitting_models
+    from attnzoo.runs import fitting_models
     from attnzoo.tasks.registry import TASKS
 
     for title, registry in (("models", MODELS), ("tasks", TASKS)):

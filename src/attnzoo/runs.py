@@ -32,6 +32,7 @@ from attnzoo.rundir import (  # noqa: F401  (the config half of this module's pu
     differences,
     evaluation_config,
     evaluation_keys,
+    fitting_models,
     listing,
     main_process,
     read_config,

@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from attnzoo.core.checks import check_fields, fail
+from attnzoo.core.seeds import sampling_seed  # noqa: F401  (the tasks import it from here)
 
 INSTALL_HINT = "pip install 'attnzoo[data]'"
 SPLITS = ("valid", "test")  # the held-out splits `EvalConfig.split` may name
@@ -163,20 +164,6 @@ def inner_model(model: torch.nn.Module) -> torch.nn.Module:
     options and runs gradient-free work (e.g. playing episodes) on this, and its graded pass
     through `model`."""
     return getattr(model, "module", model)
-
-
-def sampling_seed(base: int, rank: int) -> int:
-    """The seed of a training step's sampling noise (a task's `loss`: glimpse locations,
-    sampled tours, pulls) on process `rank` of a torchrun job: `base` itself on rank 0, so a
-    one-process run draws what it always drew, and a stream of its own on every other rank
-    (seeded alike, two ranks drew the same noise for their rows: global rows 2k and 2k + 1
-    shared one draw, half the draws of a one-process run lost)."""
-    return base + rank * _RANK_STRIDE
-
-
-# odd, and each multiple by a rank below 8 at least 3.8e8 from 0 mod 2**32: ranks' seeds differ
-# in the low 32 bits the CPU generator reads for any base below that
-_RANK_STRIDE = 2654435761
 
 
 def sampling_generator(device: torch.device) -> torch.Generator:

@@ -46,7 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from attnzoo.core.checks import check_fields, fail
 from attnzoo.core.files import atomic_write, atomic_write_json
-from attnzoo.tasks.base import sampling_seed
+from attnzoo.core.seeds import sampling_seed
 from attnzoo.train.checkpoint import (
     TIMING,
     checkpoint_step,
