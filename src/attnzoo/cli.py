@@ -66,8 +66,7 @@ def cmd_repro(args) -> None:
         console.print(table)
         return
     out = Path(args.out) if args.out else None
-    repro.repro(args.page, budget=args.budget, seeds=args.seeds, out=out)  # (report.py says
-    # where it wrote the page)
+    repro.repro(args.page, budget=args.budget, seeds=args.seeds, out=out)  # report.py names it
 
 
 def cmd_train(args) -> None:

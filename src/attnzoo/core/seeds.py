@@ -8,9 +8,8 @@ def sampling_seed(base: int, rank: int) -> int:
     """The seed of a training step's random stream (a task's `loss`: glimpse locations,
     sampled tours, pulls; the loop's dropout) on process `rank` of a torchrun job: `base`
     itself on rank 0, so a one-process run draws what it always drew, and a stream of its own
-    on every other rank
-    (seeded alike, two ranks drew the same noise for their rows: global rows 2k and 2k + 1
-    shared one draw, half the draws of a one-process run lost)."""
+    on every other rank (seeded alike, two ranks drew the same noise for their rows: global
+    rows 2k and 2k + 1 shared one draw, half the draws of a one-process run lost)."""
     return base + rank * _RANK_STRIDE
 
 

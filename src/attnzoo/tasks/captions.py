@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.core.checks import check_fields, fail
-from attnzoo.core.hard import counted_mean, hybrid_loss, reinforce_loss, rewards_to_go
+from attnzoo.core.hard import hybrid_loss, reinforce_loss, rewards_to_go
 from attnzoo.decoding import decode
 from attnzoo.tasks.base import (
     EvalConfig,
@@ -440,10 +440,11 @@ class DigitCaptionsTask:
             reward = token_ll.detach().sum(-1, keepdim=True)  # (b, 1) log p(y | s, a)
             tracker = inner.reward_baseline
             # before the first update the tracker holds 0, not a log-likelihood: that one step
-            # uses its sampled images' mean instead (a baseline of one batch, once)
-            first = counted_mean(reward.squeeze(-1), sampled)[0]  # over every process's share
-            baseline = torch.where(tracker.started, tracker(), first.expand_as(tracker()))
+            # uses its sampled images' mean instead (a baseline of one batch, once), which is
+            # what the first update sets it to (one mean, one collective under torchrun)
+            started, before = tracker.started.clone(), tracker().clone()
             tracker.update(reward.squeeze(-1), sampled)
+            baseline = torch.where(started, before, tracker())
         policy = reinforce_loss(
             log_pi,
             reward,

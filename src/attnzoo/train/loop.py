@@ -494,8 +494,7 @@ def _sync_batch_norm(model: torch.nn.Module, device: torch.device, main: bool):
     """A model's BatchNorm layers under several processes: SyncBatchNorm on CUDA (statistics
     of the global batch, as one process computes them); on the CPU, where SyncBatchNorm does
     not run, each process normalises by its own share, said once."""
-    norms = (torch.nn.modules.batchnorm._BatchNorm,)
-    if not any(isinstance(m, norms) for m in model.modules()):
+    if not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         return model
     if device.type == "cuda":
         return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
