@@ -259,6 +259,37 @@ def test_to_go_credit_is_the_words_from_each_step_on_against_reading_by_expectat
     assert advantage.abs().max() > 1e-3  # the samples did change the words' likelihood
 
 
+def test_caption_credit_baseline_is_the_first_batch_mean_then_the_moving_average(task):
+    """credit="caption" (Xu 2015 eq. 12): every step of a sampled caption is credited with the
+    caption's log-likelihood minus a baseline. At the first step the baseline is that batch's
+    mean (the tracker holds no log-likelihood yet); from then on it is the moving average as it
+    stood before the step, which the step then moves by (1 - momentum) toward its own mean
+    (a float64 reference of each step's loss and of the tracker)."""
+    torch.manual_seed(0)
+    small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8, dropout=0.0)
+    config = hard(**small, expectation_rate=0.0, entropy_weight=0.0, baseline_momentum=0.75)
+    model = ShowAttendTell(config, **task.model_dims()).double()
+    tracker = model.reward_baseline
+    for step in (3, 4):
+        batch = task.batch(step, 6, "cpu")
+        batch = batch._replace(images=batch.images.double())
+        started, before = bool(tracker.started), tracker.value.item()
+        loss, _ = task.loss(model, batch)
+        g = torch.Generator().manual_seed(task.seed * 7 + batch.step)  # the loss's own draws
+        out = model(batch.images, batch.tokens_in, batch.lengths, sample=True, generator=g)
+        real = batch.tokens_out != 0
+        words = out.log_probs.gather(-1, batch.tokens_out.unsqueeze(-1)).squeeze(-1) * real
+        reward = words.sum(-1).detach()  # (b,) log p(y | s, a)
+        baseline = before if started else reward.mean().item()
+        expected = -words.sum() - ((reward - baseline)[:, None] * out.log_pi * real).sum()
+        assert out.expected is None  # expectation_rate 0: every image samples
+        assert loss.item() == pytest.approx(expected.item(), rel=1e-9)
+        moved = 0.75 * before + 0.25 * reward.mean().item() if started else reward.mean().item()
+        assert tracker.value.item() == pytest.approx(moved, rel=1e-12)
+        assert bool(tracker.started)
+    assert reward.std() > 1e-3  # the captions' rewards differ: the baseline matters
+
+
 @pytest.mark.parametrize("credit", CREDITS)
 def test_hard_loss_runs_on_the_device(task, credit, device):
     small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8, credit=credit)
