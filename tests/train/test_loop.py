@@ -162,6 +162,10 @@ def _weights(run: Path):
     return load_file(latest_checkpoint(run / "checkpoints") / "tensors.safetensors")
 
 
+def _state(run: Path) -> dict:
+    return json.loads((latest_checkpoint(run / "checkpoints") / "state.json").read_text())
+
+
 @pytest.mark.slow
 def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
     full, killed = tmp_path / "full", tmp_path / "killed"
@@ -210,6 +214,12 @@ def test_resume_after_sigkill_equals_uninterrupted(tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+    # the rest of the checkpoint too: the Python random state it saves is the seed's (an
+    # unseeded one made two runs of one command write different checkpoints)
+    states = [_state(run) for run in (full, killed)]
+    for state in states:
+        state.pop("timing")
+    assert states[0] == states[1]
     log = [json.loads(x)["step"] for x in (killed / "metrics.jsonl").read_text().splitlines()]
     assert log == sorted(set(log))  # no duplicated log lines after resuming
     assert json.loads((full / "final.json").read_text()) == json.loads(
