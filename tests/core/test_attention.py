@@ -416,6 +416,60 @@ def test_mixed_dtypes_under_autocast_follow_the_float64_reference(monkeypatch, n
     torch.testing.assert_close(got.double(), want, atol=5e-2, rtol=5e-2)
 
 
+@pytest.mark.parametrize("weights", [False, True], ids=["fused", "logits"])
+def test_additive_blocks_under_autocast_train_in_the_one_block_dtype(monkeypatch, weights):
+    """Past BLOCK_ELEMENTS the additive kernels are autograd Functions whose backward runs
+    outside autocast: under bf16 autocast the forward ran, the backward failed ('addmv input
+    tensors must have the same dtype': a bf16 block times the float32 v), and the fused
+    kernel's context came out float32 where one block gives bf16. Both run in autocast's dtype:
+    the one block's dtype, gradients that follow the float64 reference."""
+    from attnzoo.core import additive
+
+    score, params = make("additive")
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, n, 6, generator=g, dtype=torch.float64) for n in (3, 140, 140))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    mask = torch.rand(2, 1, 140, generator=g) > 0.2
+    want, want_w = ref_attention(ref_logits("additive", q, k, params), v, mask)
+    seed = torch.randn(want.shape, generator=g, dtype=torch.float64)
+    wanted = torch.autograd.grad(want, (q, k, v), seed)
+    inputs = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    got = {}
+    for block in (additive.BLOCK_ELEMENTS, 4096):  # one block, then blocks
+        monkeypatch.setattr(additive, "BLOCK_ELEMENTS", block)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = attention(*inputs, score=score, mask=mask, return_weights=weights)
+        got[block] = out.context.dtype
+        torch.testing.assert_close(out.context.double(), want, atol=5e-2, rtol=5e-2)
+        if weights:
+            torch.testing.assert_close(out.weights.double(), want_w, atol=2e-2, rtol=0)
+        grads = torch.autograd.grad(out.context, inputs, seed.to(out.context.dtype))
+        for a, b in zip(grads, wanted, strict=True):
+            torch.testing.assert_close(a.double(), b, atol=5e-2, rtol=5e-2)
+    assert set(got.values()) == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("j", [17, _PLAIN_WEIGHTS_MAX_KEYS + 1])
+def test_weights_under_autocast_come_from_float32_logits(j):
+    """Asked for weights under bf16 autocast, a float32 query took the plain path (short
+    keys with a backward), whose product rounded the logits to bf16: at logits near 70 the
+    weights were off by 0.06 and the context moved by 0.14 against the same call without
+    weights. The weights' logits are formed in float32 beside the kernel's context, as for
+    bf16 inputs, and take the context's dtype."""
+    g = torch.Generator().manual_seed(j)
+    q, k, v = (torch.randn(2, n, 16, generator=g, dtype=torch.float64) for n in (5, j, j))
+    q = q * 8  # scaled-dot logits of tens
+    _, want_w = ref_attention(ref_logits("dot", q, k), v)
+    inputs = [t.float().requires_grad_(True) for t in (q, k, v)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bare = attention(*inputs, score="dot").context
+        out = attention(*inputs, score="dot", return_weights=True)
+    assert out.weights.dtype == out.context.dtype == torch.bfloat16
+    assert torch.equal(out.context, bare)
+    torch.testing.assert_close(out.weights.double(), want_w, atol=1e-2, rtol=0)
+
+
 @pytest.mark.parametrize("name", ["scaled_dot", "additive", "general", "location"])
 def test_a_key_prepared_with_its_mask_is_cleared_once_and_gives_the_same_result(name):
     """prepare_key(..., value=, mask=) clears padding once; attention() then skips it (the same

@@ -26,6 +26,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from attnzoo.core.checks import (
+    autocast_dtype,
     broadcast_shape,
     check_flag,
     check_floating,
@@ -302,8 +303,21 @@ def _additive_logits(query, key, v):
     lead = broadcast_shape(query.shape[:-2], key.shape[:-2])
     if _fits_one_block(lead, query, key):
         return _broadcast_logits(query, key, v)
+    query, key, v = _in_autocast_dtype(query, key, v)
     logits = _AdditiveLogits.apply(_flatten(query, lead), _flatten(key, lead), v)
     return logits.view(*lead, query.shape[-2], key.shape[-2])
+
+
+def _in_autocast_dtype(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Under autocast, the blockwise kernels' operands in autocast's dtype, in which the
+    one-block path's products run: a Function's backward runs outside autocast, where a bf16
+    block times the float32 v was an error, and the fused kernel's context came out float32
+    where the one-block path gives bf16. Casts are recorded, so gradients reach the float32
+    parameters. Without autocast, as given."""
+    dtype = autocast_dtype(tensors[0])
+    if dtype is None:
+        return tensors
+    return tuple(t if t.dtype is dtype else t.to(dtype) for t in tensors)
 
 
 def _fits_one_block(lead, query, key) -> bool:
@@ -375,6 +389,7 @@ def _additive_attention(query, key, v, value, mask, causal, window, cleared):
             mask = mask.unsqueeze(0)
         rows = i if mask.shape[-2] != 1 else 1
         mask3 = mask.expand(*lead, rows, j).reshape(-1, rows, j)  # (N, I|1, J)
+    query, key, v, value = _in_autocast_dtype(query, key, v, value)
     context = _AdditiveAttention.apply(
         _flatten(query, lead), _flatten(key, lead), v, _flatten(value, lead), mask3, causal, window
     )

@@ -310,7 +310,7 @@ def one_dtype_under_autocast(*tensors):
     if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in tensors):
         return tensors
     first = tensors[0]
-    if all(t.dtype == first.dtype for t in tensors) or not _autocasting(first.device.type):
+    if all(t.dtype == first.dtype for t in tensors) or autocast_dtype(first) is None:
         return tensors
     dtype = first.dtype
     for t in tensors[1:]:
@@ -318,12 +318,16 @@ def one_dtype_under_autocast(*tensors):
     return tuple(t.to(dtype) for t in tensors)
 
 
-def _autocasting(device_type: str) -> bool:
-    """Whether autocast is on for the device type (never on one it does not know: `meta`)."""
+def autocast_dtype(tensor: torch.Tensor) -> torch.dtype | None:
+    """The dtype autocast runs matrix products in on `tensor`'s device, or None where it is
+    off (never on for a device type autocast does not know: `meta`)."""
+    device_type = tensor.device.type
     try:
-        return torch.is_autocast_enabled(device_type)
+        if not torch.is_autocast_enabled(device_type):
+            return None
     except RuntimeError:  # "unknown device type for autocast"
-        return False
+        return None
+    return torch.get_autocast_dtype(device_type)
 
 
 def check_like_module(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import math
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,7 @@ from torch import nn
 
 from attnzoo.core.additive import _additive_attention, _additive_logits, _nonfinite_rows
 from attnzoo.core.checks import (
+    autocast_dtype,
     broadcast_shape,
     check_floating,
     check_like_parameter,
@@ -136,17 +138,20 @@ class DotFamily(Score):
             return AttentionOutput(context, None)
         # Weights, when asked for, come from their own small graph: the context keeps the
         # flash kernel's forward and backward (measured 2.5-3.8x faster than the plain form),
-        # and the weights' backward runs only if a loss uses them. In half precision the
-        # logits are formed in float32, as the kernel accumulates them: fp16 logits overflow
-        # to inf (NaN weights) beside the kernel's finite context.
-        if q.dtype in _HALF:
-            logits = (q.float() * scale) @ k.float().transpose(-2, -1)  # (b, [h,] i, j)
+        # and the weights' backward runs only if a loss uses them. In half precision and
+        # under autocast the logits are formed in float32, as the kernel accumulates them:
+        # fp16 logits overflow to inf (NaN weights) beside the kernel's finite context, and
+        # bf16 ones round by 0.25 near 64. The weights take the context's dtype.
+        low = autocast_dtype(q)
+        if low is not None or q.dtype in _HALF:
+            with torch.autocast(q.device.type, enabled=False) if low else nullcontext():
+                logits = (q.float() * scale) @ k.float().transpose(-2, -1)  # (b, [h,] i, j)
         else:
             logits = (q * scale) @ k.transpose(-2, -1)  # (b, [h,] i, j)
         if clean:
-            return AttentionOutput(context, masked_softmax(logits, full).to(q.dtype))
+            return AttentionOutput(context, masked_softmax(logits, full).to(context.dtype))
         logits = propagate_nonfinite_keys(logits, k, read=False)
-        weights = masked_softmax(logits, full).to(q.dtype)
+        weights = masked_softmax(logits, full).to(context.dtype)
         return AttentionOutput(context, propagate_nonfinite(weights, q, read=False))
 
 
@@ -163,8 +168,9 @@ def _weights_plainly(query, key, value) -> bool:
     weights against plain: forward only 15.7 / 51.8 / 163.7 against 9.4 / 37.0 / 138.0 at
     len 64 / 256 / 1024; forward and backward 34.9 / 65.1 / 254.5 against 24.6 / 63.8 / 307.8
     (the flash kernel's backward wins on long keys). Measured on CPU only, so there only; not
-    in half precision, whose logits the fused path forms in float32 (fp16 logits overflow)."""
-    if not query.is_cpu or query.dtype in _HALF:
+    in half precision or under autocast, whose logits the fused path forms in float32 (fp16
+    logits overflow; the plain path's product under autocast rounds them to bf16)."""
+    if not query.is_cpu or query.dtype in _HALF or autocast_dtype(query) is not None:
         return False
     return not _backward_runs(query, key, value) or key.shape[-2] <= _PLAIN_WEIGHTS_MAX_KEYS
 
