@@ -450,6 +450,35 @@ def test_additive_blocks_under_autocast_train_in_the_one_block_dtype(monkeypatch
     assert set(got.values()) == {torch.bfloat16}
 
 
+@pytest.mark.parametrize("block", [None, 1024], ids=["one-block", "blocks"])
+def test_bf16_additive_logits_err_with_the_logit_not_with_the_size_of_v(monkeypatch, block):
+    """The kernels evaluate v^T tanh(x) as (2 v)^T sigmoid(2 x) - sum(v): in bf16 the product,
+    near sum(v), was rounded before the subtraction, so the error grew with sum |v| (0.29 at
+    logits up to 20 with v = 4 * ones(16); a plain bf16 tanh form errs by 0.07 there). In half
+    precision the sigmoids are centred first, so the product is the logit itself. Against a
+    float64 reference on the same bf16 values, logits, context and gradients."""
+    from attnzoo.core import additive
+
+    if block:
+        monkeypatch.setattr(additive, "BLOCK_ELEMENTS", block)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 8, 16, generator=g) * 0.5, torch.randn(2, 32, 16, generator=g) * 0.5
+    v, values = 4 * torch.ones(16), torch.randn(2, 32, 8, generator=g)
+    low = [t.bfloat16().requires_grad_(True) for t in (q, k, v, values)]
+    ref = [t.detach().double().requires_grad_(True) for t in low]
+    want = torch.tanh(ref[0].unsqueeze(-2) + ref[1].unsqueeze(-3)) @ ref[2]
+    assert want.abs().max() > 16  # logits of tens: their own bf16 rounding is 0.06
+    logits = additive.additive_logits(*low[:3])
+    assert (logits.double() - want).abs().max() < 0.15
+    context = additive.additive_attention(*low)
+    want_context = torch.softmax(want, -1) @ ref[3]
+    assert (context.double() - want_context).abs().max() < 0.06
+    seed = torch.randn(want_context.shape, generator=g, dtype=torch.float64)
+    grads = torch.autograd.grad(context, low, seed.bfloat16())
+    for got, wanted in zip(grads, torch.autograd.grad(want_context, ref, seed), strict=True):
+        assert (got.double() - wanted).abs().max() <= 0.05 * wanted.abs().max() + 0.05
+
+
 @pytest.mark.parametrize("j", [17, _PLAIN_WEIGHTS_MAX_KEYS + 1])
 def test_weights_under_autocast_come_from_float32_logits(j):
     """Asked for weights under bf16 autocast, a float32 query took the plain path (short
