@@ -1106,6 +1106,16 @@ def padded_batch(batch, source_len, target_len, source_vocab, target_vocab, seed
 # started with the CLI into exactly those dirs), and reads its timings from timing.json.
 
 
+def read_sets(sets: Sequence[str], model: str, task: str) -> list[str]:
+    """The overrides of `sets` that `model` on `task` reads: `--set` refuses the others
+    (`runs.unread_keys`), e.g. a smoke budget's small `model.attn_hidden` for a model
+    without attention."""
+    from attnzoo import runs
+
+    unread = runs.unread_keys(model, task)
+    return [s for s in sets if s.split("=")[0] not in unread]
+
+
 def resolved_config(sets: Sequence[str], model: str, task: str, seed: int) -> dict:
     """`attnzoo train MODEL --task TASK --set ...` for one seed, one thread, on the CPU."""
     from attnzoo import runs

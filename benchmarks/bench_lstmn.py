@@ -62,7 +62,7 @@ def experiments(budget: str) -> list[Experiment]:
         if smoke and unit == "matched":  # the smoke run checks one unit of each kind
             continue
         for model in MODELS:
-            params = {"model": model, "task": TASK, "sets": sets}
+            params = {"model": model, "task": TASK, "sets": C.read_sets(sets, model, TASK)}
             params["budget_minutes"] = 0.02 if smoke else minutes
             seeds, cost = (1, 0.2) if smoke else (unit_seeds, minutes + 1.5)
             found.append(Experiment(f"{unit}-{model}", unit, params, seeds, cost, unit))
@@ -71,7 +71,8 @@ def experiments(budget: str) -> list[Experiment]:
         if smoke and unit == "steps":
             continue
         for model in STEPS_MODELS:
-            params = {"model": model, "task": TASK, "sets": sets, "steps": 2 if smoke else steps}
+            params = {"model": model, "task": TASK, "sets": C.read_sets(sets, model, TASK)}
+            params["steps"] = 2 if smoke else steps
             # about 1.0 s per LSTM step and 1.7 per LSTMN step here (the matched calibration)
             minutes = 0.2 if smoke else steps * (1.7 if model == "lstmn" else 1.0) / 60 + 0.5
             seeds = 1 if smoke else unit_seeds

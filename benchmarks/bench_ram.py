@@ -127,12 +127,14 @@ def _steps(sets: list[str]) -> int:
 
 def _trained(id_, group, model, sets, seeds, smoke) -> Experiment:
     kind = id_.split("-")[0]
-    train = SMOKE if smoke else FULL[TASK_NAMES[kind]]
+    task = TASK_NAMES[kind]
+    train = SMOKE if smoke else FULL[task]
     paper_key = model if model in ("fc", "convnet") else int(id_.split("g")[-1])
-    sets = [*sets, *(f"train.{k}={v}" for k, v in train.items()), *(SMOKE_SETS if smoke else [])]
-    params = {"model": model, "task": TASK_NAMES[kind], "sets": sets}
+    smaller = C.read_sets(SMOKE_SETS, model, task) if smoke else []
+    sets = [*sets, *(f"train.{k}={v}" for k, v in train.items()), *smaller]
+    params = {"model": model, "task": task, "sets": sets}
     params["paper_error"] = PAPER[kind].get(paper_key)
-    minutes = 0.2 if smoke else MINUTES[TASK_NAMES[kind]]
+    minutes = 0.2 if smoke else MINUTES[task]
     return Experiment(id_, group, params, seeds=seeds, minutes=minutes)
 
 

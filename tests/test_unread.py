@@ -107,3 +107,72 @@ def test_setting_an_unread_key_is_refused(model_name, task_name, key):
         runs.apply_overrides(config, [f"{key}={new}"])
     same = ",".join(map(str, old)) if isinstance(old, tuple) else old
     runs.apply_overrides(runs.default_config(model_name, task_name), [f"{key}={same}"])
+
+
+def _equal(a, b) -> bool:
+    """Tensors, tuples (NamedTuple batches), dicts and plain values compared exactly."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, tuple | list):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_equal, a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    return a == b
+
+
+SECTION_KEYS = sorted(
+    {
+        (m, t, k)
+        for m, t in PAIRS
+        for k in runs.unread_keys(m, t)
+        if k.startswith(("model.", "task."))
+    }
+)
+
+
+@pytest.mark.parametrize(("model_name", "task_name", "key"), SECTION_KEYS)
+def test_a_model_or_task_key_declared_unread_changes_nothing(model_name, task_name, key):
+    """A model or task field declared unread for the pair (in the registry, or by its
+    config's `unread()` at these values) changes no initial weight, training batch, loss
+    or score when it is changed behind `--set`'s back."""
+    section, name = key.split(".")
+    base = tiny_config(model_name, task_name)
+    changed = {**base, section: {**base[section]}}
+    old = base[section][name]
+    changed[section][name] = (not old) if isinstance(old, bool) else old + 1
+    found = []
+    for config in (base, changed):
+        c = runs.configs(config)
+        try:
+            task = TASKS[task_name].build(c["task"], seed=0, eval_config=c["eval"])
+        except MissingDataDependency as err:
+            pytest.skip(str(err))
+        torch.manual_seed(0)
+        model = MODELS[model_name].build(c["model"], task)
+        batch = task.batch(0, 2, "cpu")
+        torch.manual_seed(1)
+        loss, _ = task.loss(model, batch)
+        model.eval()
+        torch.manual_seed(2)
+        with torch.no_grad():
+            metrics = task.evaluate(model)
+        found.append((model.state_dict(), batch, loss, metrics))
+    assert _equal(found[0], found[1])
+
+
+def test_a_key_left_unread_by_another_setting_is_refused_with_it():
+    """Under pre-LN the Transformer always has its final LayerNorm: final_norm=true is refused
+    beside pre_norm=true (with the reason), and the two models it would name are one."""
+    config = runs.default_config("transformer", "dates")
+    with pytest.raises(ValueError, match="'model.final_norm' expected its value .*pre_norm=True"):
+        runs.apply_overrides(config, ["model.pre_norm=true", "model.final_norm=true"])
+    runs.apply_overrides(runs.default_config("transformer", "dates"), ["model.pre_norm=true"])
+    runs.apply_overrides(runs.default_config("transformer", "dates"), ["model.final_norm=true"])
+    built = []
+    for final_norm in (False, True):
+        c = runs.configs(tiny_config("transformer", "dates"))
+        model_config = dataclasses.replace(c["model"], pre_norm=True, final_norm=final_norm)
+        task = TASKS["dates"].build(c["task"], seed=0, eval_config=c["eval"])
+        torch.manual_seed(0)
+        built.append(MODELS["transformer"].build(model_config, task).state_dict())
+    assert _equal(built[0], built[1])

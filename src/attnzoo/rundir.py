@@ -122,19 +122,27 @@ def apply_overrides(config: dict, sets: list[str]) -> dict:
     error: it would be recorded in config.json and change nothing."""
     before = copy.deepcopy(config)
     overrides.apply(config, _classes(config), sets)
-    configs(config)
-    unread = unread_keys(config["model_name"], config["task_name"])
+    unread = unread_keys(config["model_name"], config["task_name"], config)
     for key, old, new in differences(before, config):
         if key in unread:
             pair = f"{config['model_name']} on {config['task_name']}"
-            fail("attnzoo --set", key, f"its value {old!r}: {pair} never reads it", repr(new))
+            why = f" ({unread[key]})" if unread[key] else ""
+            fail("attnzoo --set", key, f"its value {old!r}: {pair} never reads it{why}", repr(new))
     return config
 
 
-def unread_keys(model: str, task: str) -> set[str]:
-    """The config keys a run of `model` on `task` never reads (the model's and the task's
-    declared `unread`)."""
-    return set(MODELS[model].unread) | set(TASKS[task].unread())
+def unread_keys(model: str, task: str, config: dict | None = None) -> dict[str, str]:
+    """The config keys a run of `model` on `task` never reads -> why ("" when it never does):
+    the model's and the task's declared `unread`, and the fields a model or task section
+    leaves unread at the values of `config` (default: the pair's defaults), by its
+    `unread()` (a bits task's repeat counts on kind 'copy'). Every section is checked first."""
+    built = configs(default_config(model, task) if config is None else config)
+    keys = dict.fromkeys([*MODELS[model].unread, *TASKS[task].unread()], "")
+    for section in ("model", "task"):
+        unread = getattr(built[section], "unread", None)
+        for name, why in (unread() if unread else {}).items():
+            keys[f"{section}.{name}"] = why
+    return keys
 
 
 def configs(config: dict) -> dict[str, Any]:

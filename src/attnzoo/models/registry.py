@@ -62,6 +62,10 @@ class ModelSpec:
 # each of its optimisers takes its rate and betas from the model (`optimizer_groups`: model.d_lr,
 # model.g_lr, model.betas), never from the train section
 GAN_UNREAD = ("train.lr", "train.betas")
+# a classifier that samples no path: the task's Monte-Carlo average is the one pass
+NO_PATHS = ("task.mc_samples",)
+# the attention models have one recurrent layer; the plain LSTM has no attention
+ONE_LAYER, NO_ATTENTION = ("model.layers",), ("model.attn_hidden",)
 
 MODELS = {
     "bahdanau": ModelSpec(
@@ -144,6 +148,7 @@ MODELS = {
         "fully connected classifier, 2 layers of 256 (Mnih 2014 baseline)",
         interface="image",
         attends=False,
+        unread=NO_PATHS,
     ),
     "convnet": ModelSpec(
         image_baselines.conv,
@@ -151,6 +156,7 @@ MODELS = {
         "two-layer convnet classifier (Mnih 2014 baseline)",
         interface="image",
         attends=False,
+        unread=NO_PATHS,
     ),
     "dram": ModelSpec(
         dram.dram,
@@ -165,6 +171,7 @@ MODELS = {
         "two-layer convnet with one softmax head per label (Ba 2014 baseline)",
         interface="multi_image",
         attends=False,
+        unread=NO_PATHS,
     ),
     "show-attend-tell": ModelSpec(
         show_attend_tell.soft,
@@ -186,6 +193,7 @@ MODELS = {
         "(train.init_from)",
         interface="image",
         attends=False,
+        unread=NO_PATHS,
     ),
     "lstm-captioner": ModelSpec(
         show_attend_tell.no_attention,
@@ -193,6 +201,7 @@ MODELS = {
         "LSTM captioner without attention (mean annotation), sized to the soft model",
         interface="caption",
         attends=False,
+        unread=NO_ATTENTION,
     ),
     "sagan": ModelSpec(
         sagan.sagan,
@@ -233,12 +242,14 @@ MODELS = {
         lstmn.LSTMNLM,
         "LSTMN language model: hidden and memory tapes read by intra-attention (Cheng 2016)",
         interface="lm",
+        unread=ONE_LAYER,
     ),
     "simplernn-self": ModelSpec(
         lstmn.simple_self,
         lstmn.SimpleSelfAttentionLM,
         "SimpleRNN + self-attention over its past states (the lecture model) language model",
         interface="lm",
+        unread=ONE_LAYER,
     ),
     "lstm-lm": ModelSpec(
         lstmn.lstm_lm,
@@ -246,5 +257,6 @@ MODELS = {
         "LSTM language model (torch.nn.LSTM), no attention",
         interface="lm",
         attends=False,
+        unread=NO_ATTENTION,
     ),
 }

@@ -98,6 +98,11 @@ class TransformerConfig:
     def use_final_norm(self) -> bool:
         return self.pre_norm or self.final_norm
 
+    def unread(self) -> dict[str, str]:
+        """The fields these settings never read -> why (`rundir.unread_keys`): final_norm
+        under pre-LN, which always has the final LayerNorm."""
+        return {"final_norm": "pre_norm=True always has it"} if self.pre_norm else {}
+
 
 def upgrade(fields: dict) -> dict:
     """A config dict written when the position sizes were config fields -> today's fields (the

@@ -101,6 +101,15 @@ class BitsConfig:
             if self.kind == "associative_recall" and length < 2:
                 fail("BitsConfig", "test_lengths", "lengths of at least 2 items", length)
 
+    def unread(self) -> dict[str, str]:
+        """The fields this kind never reads -> why (`rundir.unread_keys`: `--set` refuses
+        them): the repeat counts outside repeat_copy, the item length outside
+        associative_recall."""
+        why = f"kind {self.kind!r}"
+        names = [] if self.kind == "repeat_copy" else ["min_repeats", "max_repeats"]
+        names += [] if self.kind == "associative_recall" else ["item_len"]
+        return dict.fromkeys(names, why)
+
 
 def _positive(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -119,6 +119,12 @@ class MnistConfig:
         if self.n_test > 10_000:
             fail("MnistConfig", "n_test", "at most the 10,000 official test digits", self.n_test)
 
+    def unread(self) -> dict[str, str]:
+        """The fields this kind never reads -> why (`rundir.unread_keys`): the clutter's
+        outside kind 'cluttered'."""
+        names = [] if self.kind == "cluttered" else ["clutter", "clutter_size"]
+        return dict.fromkeys(names, f"kind {self.kind!r}")
+
     @property
     def side(self) -> int:
         if self.kind == "mnist":

@@ -98,6 +98,13 @@ class PointingConfig:
     def sizes(self) -> tuple[int, ...]:
         return self.test_sizes or (self.n_max,)
 
+    def unread(self) -> dict[str, str]:
+        """The fields this objective never reads -> why (`rundir.unread_keys`): the rollout
+        baseline's outside REINFORCE."""
+        if self.objective == "reinforce":
+            return {}
+        return dict.fromkeys(["baseline_every", "baseline_instances"], "objective 'supervised'")
+
 
 class PointerBatch(NamedTuple):
     points: torch.Tensor  # (batch, n, dim)
