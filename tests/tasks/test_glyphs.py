@@ -89,6 +89,23 @@ def test_held_out_episodes_come_from_the_evaluation_scripts_whatever_the_limit(t
     assert set(valid.flatten().tolist()) <= set(task.inventory.background)
 
 
+def test_held_out_episodes_are_drawn_once_and_handed_out_as_copies(monkeypatch):
+    """Each evaluation redrew (and re-warped) every held-out episode; a task draws a chunk
+    once, and each call gets its own copy: one changed in place leaves the next call's."""
+    task = G.GlyphsTask(CONFIG, eval_config=EvalConfig())
+    drawn = []
+    real = G.episodes
+    monkeypatch.setattr(G, "episodes", lambda *a, **k: drawn.append(1) or real(*a, **k))
+    first = task.held_out("test", 60)
+    expected = [c.support.clone() for c in first]
+    for chunk in first:
+        chunk.support.fill_(float("nan"))
+    again = task.held_out("test", 60)
+    assert len(drawn) == math.ceil(60 / G.EVAL_CHUNK)  # the second call drew nothing
+    for got, want in zip(again, expected, strict=True):
+        assert torch.equal(got.support, want)
+
+
 class FirstLabel(torch.nn.Module):
     """Always predicts the label of the first support example; ignores the queries."""
 
