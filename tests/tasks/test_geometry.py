@@ -273,6 +273,26 @@ def test_convex_hull_matches_brute_force(n):
         assert signed_area(xy[b], hulls[b]) > 0  # counter-clockwise
 
 
+def test_points_at_one_place_are_named_by_their_lowest_index():
+    """The batched naming of duplicates equals np.unique's per instance (the way it was made
+    before), on grids with many duplicates, collinear points and a NaN point."""
+    import numpy as np
+
+    from attnzoo.tasks.geometry import _lowest_alike
+
+    g = torch.Generator().manual_seed(0)
+    coords = (torch.randint(0, 3, (200, 9, 2), generator=g).double() / 2).numpy()
+    coords[0, 4] = np.nan
+    for xy, got in zip(coords, _lowest_alike(coords), strict=True):
+        alike = [[j for j in range(9) if (xy[j] == xy[i]).all()] for i in range(9)]
+        want = [min(same) if same else i for i, same in enumerate(alike)]  # NaN: itself
+        assert got.tolist() == want
+    labels = convex_hull(torch.from_numpy(coords[1:]))
+    for xy, hull in zip(coords[1:], labels, strict=True):  # each vertex its lowest name
+        _, first = np.unique(xy, axis=0, return_index=True)
+        assert set(hull) <= set(first.tolist())
+
+
 def test_convex_hull_edge_points_duplicates_and_degenerate_cases():
     # square listed clockwise, its centre, the midpoint of an edge, a duplicate corner
     xy = torch.tensor([[0, 1], [1, 1], [0.5, 0.5], [1, 0], [0.5, 0], [0, 0], [1, 1]]).double()
