@@ -18,7 +18,6 @@ are computed in float64 whatever the dtype of the points.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -331,12 +330,14 @@ def _check_indices(function: str, n: int, indices: object, argument: str = "indi
         fail(function, argument, f"indices in [0, {n})", list(indices))
 
 
-def _shoelace(xy: torch.Tensor, indices: Sequence[int]) -> float:
+def _shoelace(xy: np.ndarray, indices: Sequence[int]) -> float:
+    """The area through the (n, 2) float64 `xy[indices]` (numpy: a polygon is a few tiny
+    operations, several times cheaper than torch's)."""
     if len(indices) < 3:
         return 0.0
-    corners = xy[list(indices)].double()  # (k, 2)
+    corners = xy[list(indices)]  # (k, 2)
     x, y = corners[:, 0], corners[:, 1]
-    return 0.5 * abs(float((x * y.roll(-1) - x.roll(-1) * y).sum()))
+    return 0.5 * abs(float((x * np.roll(y, -1) - np.roll(x, -1) * y).sum()))
 
 
 def polygon_area(points: torch.Tensor, indices) -> float | torch.Tensor:
@@ -355,14 +356,15 @@ def polygon_area(points: torch.Tensor, indices) -> float | torch.Tensor:
     if points.shape[-1] != 2:
         fail("polygon_area", "points", "(n, 2) or (batch, n, 2)", f"shape {tuple(points.shape)}")
     n = points.shape[-2]
+    coords = points.detach().double().cpu().numpy()
     if points.dim() == 2:
         _check_indices("polygon_area", n, indices)
-        return _shoelace(points, indices)
+        return _shoelace(coords, indices)
     if not isinstance(indices, Sequence) or len(indices) != points.shape[0]:
         fail("polygon_area", "indices", f"{points.shape[0]} index sequences", repr(indices))
     for one in indices:
         _check_indices("polygon_area", n, one)
-    areas = [_shoelace(xy, one) for xy, one in zip(points, indices, strict=True)]
+    areas = [_shoelace(xy, one) for xy, one in zip(coords, indices, strict=True)]
     return torch.tensor(areas, dtype=torch.float64, device=points.device)
 
 
@@ -395,16 +397,20 @@ def is_simple_polygon(points: torch.Tensor, indices: Sequence[int]) -> bool:
     if points.shape[-1] != 2:
         fail("is_simple_polygon", "points", "(n, 2)", f"shape {tuple(points.shape)}")
     _check_indices("is_simple_polygon", points.shape[0], indices)
+    return _simple(points.detach().double().cpu().numpy(), indices)
+
+
+def _simple(xy: np.ndarray, indices: Sequence[int]) -> bool:
+    """`is_simple_polygon` on the (n, 2) float64 numpy `xy`, indices checked (numpy, not
+    torch: a polygon is a few dozen tiny operations, and numpy's are ~5x cheaper)."""
     k = len(indices)
     if k < 3 or len(set(indices)) < k:
         return False
-    # numpy, not torch: a polygon is a few dozen tiny operations, and numpy's are ~5x cheaper
-    corners = points.detach().double().cpu().numpy()[list(indices)]  # (k, 2)
-    if len(np.unique(corners, axis=0)) < k:
-        return False
+    corners = xy[list(indices)]  # (k, 2)
+    e, f = np.triu_indices(k, 1)  # (pairs,), e < f: every pair of vertices, and of edges
+    if (corners[e] == corners[f]).all(-1).any():
+        return False  # two vertices at the same coordinates
     start, end = corners, np.roll(corners, -1, axis=0)  # (k, 2): edge e runs start[e] -> end[e]
-    pairs = np.array(list(itertools.combinations(range(k), 2)))
-    e, f = pairs[:, 0], pairs[:, 1]  # (pairs,), e < f
     a, b, c, d = start[e], end[e], start[f], end[f]  # (pairs, 2)
     d1, d2 = _cross(a, b, c), _cross(a, b, d)  # sides of f's ends relative to e
     d3, d4 = _cross(c, d, a), _cross(c, d, b)  # sides of e's ends relative to f
@@ -468,11 +474,11 @@ def hull_metrics(
             _check_indices("hull_metrics", n, one, name)
     if batch == 0:
         fail("hull_metrics", "points", "at least one instance", "batch = 0")
-    coords = points.detach().double().cpu()
+    coords = points.detach().double().cpu().numpy()
     correct, ratios, failures = 0, [], 0
     for xy, guess, label in zip(coords, predicted, truth, strict=True):
         correct += same_cycle(guess, label)
-        if not is_simple_polygon(xy, guess):
+        if not _simple(xy, guess):
             failures += 1
             continue
         true_area = _shoelace(xy, label)
