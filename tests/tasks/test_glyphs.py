@@ -49,6 +49,33 @@ def test_a_warp_of_nothing_averages_two_by_two():
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
 
 
+def test_the_stroke_blends_towards_the_dilation_or_the_erosion():
+    """Step 1 alone: weight t ~ U(-stroke, stroke) drawn first from the generator, towards
+    the 3 x 3 dilation where t > 0 and the erosion where t < 0 (a float64 reference with
+    explicit neighbourhoods), then the identity map's 2 x 2 average."""
+    stroke = G.GlyphsConfig(rotation=0, scale=0, shear=0, shift=0, elastic=0, stroke=0.8)
+    n, side = 6, G.CANVAS
+    canvas = torch.randint(256, (n, side, side), dtype=torch.uint8, generator=torch.Generator())
+    out = G.warp(stroke, canvas, torch.Generator().manual_seed(1))
+    t = (torch.rand(n, 1, 1, 1, generator=torch.Generator().manual_seed(1)) * 2 - 1) * 0.8
+    assert (t > 0).any() and (t < 0).any()
+    x = canvas.double() / 255
+    padded = {
+        "max": F.pad(x, (1, 1, 1, 1), value=-1.0),
+        "min": F.pad(x, (1, 1, 1, 1), value=2.0),
+    }
+    shifts = [(dy, dx) for dy in range(3) for dx in range(3)]
+
+    def around(v):  # (9, n, side, side): each pixel's 3 x 3 neighbourhood
+        return torch.stack([v[:, dy : dy + side, dx : dx + side] for dy, dx in shifts])
+
+    dilated, eroded = around(padded["max"]).amax(0), around(padded["min"]).amin(0)
+    w = t.double().view(n, 1, 1)
+    blended = torch.where(w > 0, x + w * (dilated - x), x - w * (eroded - x))
+    expected = F.avg_pool2d(blended.unsqueeze(1), 2)
+    torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-5)
+
+
 def test_warps_vary_the_instances_within_range():
     canvas = torch.zeros(4, G.CANVAS, G.CANVAS, dtype=torch.uint8)
     canvas[:, 20:36, 24:32] = 255

@@ -328,9 +328,10 @@ def warp(config: GlyphsConfig, glyphs: torch.Tensor, generator: torch.Generator)
 
     # 1. stroke width
     t = uniform(n, 1, 1, 1, bound=config.stroke)
-    thick = F.max_pool2d(x, 3, 1, 1)  # (n, 1, C, C)
-    thin = -F.max_pool2d(-x, 3, 1, 1)
-    x = torch.where(t > 0, x + t * (thick - x), x - t * (thin - x))
+    up = t > 0
+    # one pool: the dilation of the canvases that thicken, minus the erosion of the others
+    pooled = F.max_pool2d(torch.where(up, x, -x), 3, 1, 1)  # (n, 1, C, C)
+    x = torch.where(up, x + t * (pooled - x), x - t * (-pooled - x))
     # 2. the affine map (output -> input coordinates, in [-1, 1])
     angle = uniform(n, bound=math.radians(config.rotation))
     scale = 1 + uniform(n, 2, bound=config.scale)  # (n, 2)
