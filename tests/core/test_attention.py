@@ -479,6 +479,48 @@ def test_bf16_additive_logits_err_with_the_logit_not_with_the_size_of_v(monkeypa
         assert (got.double() - wanted).abs().max() <= 0.05 * wanted.abs().max() + 0.05
 
 
+def test_additive_under_autocast_centres_one_block_and_leaves_float64_alone(monkeypatch):
+    """Float32 inputs under bf16 autocast on one block (an RNN decoder's step): the sigmoids
+    stay float32 and autocast's bf16 product comes from the centred block (it erred by 0.33
+    at logits near 13 with v = 4 * ones(16)). Float64 inputs, which autocast never casts, give
+    float64 and what they give without autocast, on one block and on blocks."""
+    from attnzoo.core import additive
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 8, 16, generator=g) * 0.3, torch.randn(2, 16, 16, generator=g) * 0.3
+    v = 4 * torch.ones(16)
+    want = additive._additive_logits(q.double(), k.double(), v.double())
+    assert want.abs().max() > 10
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = additive._additive_logits(q, k, v)
+    assert got.dtype == torch.bfloat16 and (got.double() - want).abs().max() < 0.1
+    values = torch.randn(2, 16, 8, generator=g, dtype=torch.float64)
+    wide = (q.double(), k.double(), v.double(), values)
+    for block in (additive.BLOCK_ELEMENTS, 256):
+        monkeypatch.setattr(additive, "BLOCK_ELEMENTS", block)
+        plain = additive.additive_attention(*wide)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            under = additive.additive_attention(*wide)
+        assert under.dtype == torch.float64
+        torch.testing.assert_close(under, plain, rtol=1e-12, atol=1e-12)
+
+
+def test_bf16_additive_gradient_keeps_small_sigmoids(monkeypatch):
+    """tanh'(x) = 4 s (1 - s) with s = sigmoid(2 x): the blockwise bf16 backward took it from
+    the centred s - 1/2, which rounds a small s away: at x = -3.5 the gradient was 0. Against
+    the float64 derivative on the negative side (the positive side is bf16's rounding of s
+    near 1, as before)."""
+    from attnzoo.core import additive
+
+    x = torch.linspace(-3.5, -2.0, 7)
+    q = x.view(1, -1, 1).expand(1, 7, 4).contiguous().bfloat16().requires_grad_(True)
+    monkeypatch.setattr(additive, "BLOCK_ELEMENTS", 8)  # the blockwise Function's backward
+    logits = additive._additive_logits(q, torch.zeros(1, 1, 4).bfloat16(), torch.ones(4).bfloat16())
+    (grad,) = torch.autograd.grad(logits.sum(), q)
+    want = 1 - torch.tanh(q.detach().double()) ** 2
+    assert ((grad.double() - want).abs() / want).max() < 0.05
+
+
 @pytest.mark.parametrize("j", [17, _PLAIN_WEIGHTS_MAX_KEYS + 1])
 def test_weights_under_autocast_come_from_float32_logits(j):
     """Asked for weights under bf16 autocast, a float32 query took the plain path (short

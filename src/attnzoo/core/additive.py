@@ -83,9 +83,11 @@ def _blocks(n: int, i: int, j: int, h: int):
 # Every kernel below evaluates the sigmoid form (`_doubled`; the key's 2 rides on the broadcast
 # add as its alpha): torch's CPU tanh is not vectorised on every build (AVX2 here: 0.19 G
 # elements/s against sigmoid's 0.7-1.0), and the (query, key, d_hidden) nonlinearity is the
-# kernel's cost. In half precision the product (2 v)^T s is near sum(v), and rounding it to bf16
-# (2^-9 of sum |v|) swamped a small logit: there every kernel centres the block first,
-# c = s - 1/2 (exact for s >= 1/4), so that (2 v)^T c is the logit itself (`_centred`).
+# kernel's cost. In half precision (and under autocast, whose product is bf16) the product
+# (2 v)^T s is near sum(v), and rounding it (2^-9 of sum |v|) swamped a small logit: there the
+# logits and dL/dv come from the centred block c = s - 1/2 (exact for s >= 1/4), so that
+# (2 v)^T c is the logit itself (`_centred`), while tanh' = 4 s (1 - s) keeps s, which c has
+# rounded away where s is small.
 
 
 def _doubled(a, v):
@@ -94,43 +96,45 @@ def _doubled(a, v):
 
 
 def _centred(s: torch.Tensor) -> bool:
-    """Whether the kernels hold a block of sigmoids s as s - 1/2 (half precision)."""
-    return s.dtype in (torch.bfloat16, torch.float16)
+    """Whether the logits of a block of sigmoids s come from s - 1/2: in half precision and
+    under autocast (the comment above)."""
+    return s.dtype in (torch.bfloat16, torch.float16) or autocast_dtype(s) is not None
 
 
 def _sigmoid_block(scratch, a2, b, ns, qs):
     """sigmoid(a2_i + 2 b_j) = (1 + tanh(a_i + b_j)) / 2 for one block, on the call's scratch
-    buffer, minus 1/2 where `_centred`. Returns (nb, qb, key_len, d_hidden)."""
+    buffer. Returns (nb, qb, key_len, d_hidden)."""
     a_blk, b_blk = a2[ns, qs], b[ns]  # (nb, qb, H), (nb, J, H)
     nb, qb, h = a_blk.shape
     j = b_blk.shape[1]
     s = scratch.take(nb * qb * j * h, a2).view(nb, qb, j, h)
     torch.add(a_blk.unsqueeze(2), b_blk.unsqueeze(1), alpha=2, out=s)  # (nb, qb, J, H)
-    return s.sigmoid_().sub_(0.5) if _centred(s) else s.sigmoid_()
+    return s.sigmoid_()
 
 
-def _block_logits(s, v2, shift):
-    """The logits v^T tanh(a_i + b_j) of a `_sigmoid_block` s: (2 v)^T c where `_centred`,
-    else (2 v)^T s - sum(v)."""
-    return s @ v2 if _centred(s) else (s @ v2).sub_(shift)
+def _block_logits(s, v2, shift, *, keep: bool = False):
+    """The logits v^T tanh(a_i + b_j) of a `_sigmoid_block` s: (2 v)^T (s - 1/2) where
+    `_centred` (s itself becomes s - 1/2 unless `keep`), else (2 v)^T s - sum(v)."""
+    if _centred(s):
+        return (s - 0.5 if keep else s.sub_(0.5)) @ v2
+    return (s @ v2).sub_(shift)
 
 
 def _sigmoid_backward(s, grad_logits, v):
     """Gradients of sum(grad_logits * (t @ v)) with t = tanh(a_i + b_j) = 2 s - 1, one block
-    (s from `_sigmoid_block`: c = s - 1/2 where `_centred`, t = 2 c).
+    of a `_sigmoid_block` s.
 
     Overwrites the scratch block s. Returns (grad_a (nb, qb, H), grad_b (nb, J, H), grad_v (H,)).
     """
     h = s.shape[-1]
-    # dL/dv = sum g t = 2 sum g s - sum g (= 2 sum g c)
-    grad_v = 2 * (grad_logits.reshape(1, -1) @ s.reshape(-1, h)).squeeze(0)
-    # d tanh(x) = 1 - t^2 = 4 s (1 - s) = 4 (1/4 - c^2); in place, the 4 folded into v
+    g = grad_logits.reshape(1, -1)
+    # dL/dv = sum g t = 2 sum g s - sum g = 2 sum g (s - 1/2), the latter where `_centred`
     if _centred(s):
-        s.mul_(s).neg_().add_(0.25)
+        grad_v = 2 * (g @ (s - 0.5).reshape(-1, h)).squeeze(0)
     else:
-        grad_v -= grad_logits.sum()
-        s.addcmul_(s, s, value=-1)
-    s.mul_(grad_logits.unsqueeze(-1))  # (nb, qb, J, H)
+        grad_v = 2 * (g @ s.reshape(-1, h)).squeeze(0) - grad_logits.sum()
+    # d tanh(x) = 1 - t^2 = 4 s (1 - s); s (1 - s) in place, the 4 folded into v
+    s.addcmul_(s, s, value=-1).mul_(grad_logits.unsqueeze(-1))  # (nb, qb, J, H)
     v4 = 4 * v
     return s.sum(2) * v4, s.sum(1) * v4, grad_v
 
@@ -232,7 +236,7 @@ class _AdditiveAttention(torch.autograd.Function):
         scratch = _Scratch()
         for ns, qs in _blocks(n, i, j, h):
             s = _sigmoid_block(scratch, a2, b, ns, qs)
-            logits = _block_logits(s, v2, shift).to(acc)  # (nb, qb, J)
+            logits = _block_logits(s, v2, shift, keep=True).to(acc)  # (nb, qb, J)
             allowed = _mask_block(mask, ns, qs, ctx.causal, ctx.window, i, j, a.device)
             if allowed is not None:
                 logits.masked_fill_(~allowed, lowest)
@@ -336,7 +340,8 @@ def _in_autocast_dtype(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     dtype = autocast_dtype(tensors[0])
     if dtype is None:
         return tensors
-    return tuple(t if t.dtype is dtype else t.to(dtype) for t in tensors)
+    # float32 only, as autocast casts: float64 stays float64
+    return tuple(t.to(dtype) if t.dtype is torch.float32 else t for t in tensors)
 
 
 def _fits_one_block(lead, query, key) -> bool:
@@ -349,9 +354,7 @@ def _fits_one_block(lead, query, key) -> bool:
 def _broadcast_logits(query, key, v):
     a2, v2, shift = _doubled(query, v)
     s = torch.sigmoid(torch.add(a2.unsqueeze(-2), key.unsqueeze(-3), alpha=2))  # (..., i, j, H)
-    if _centred(s):  # (out of place: sigmoid's backward reads its output)
-        return (s - 0.5) @ v2  # (..., i, j): v^T tanh(query_i + key_j)
-    return s @ v2 - shift
+    return _block_logits(s, v2, shift, keep=True)  # (sigmoid's backward reads its output)
 
 
 def additive_attention(

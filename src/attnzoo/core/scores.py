@@ -142,7 +142,7 @@ class DotFamily(Score):
         # under autocast the logits are formed in float32, as the kernel accumulates them:
         # fp16 logits overflow to inf (NaN weights) beside the kernel's finite context, and
         # bf16 ones round by 0.25 near 64. The weights take the context's dtype.
-        low = autocast_dtype(q)
+        low = autocast_dtype(q) if q.dtype is torch.float32 else None  # (float64 stays)
         if low is not None or q.dtype in _HALF:
             with torch.autocast(q.device.type, enabled=False) if low else nullcontext():
                 logits = (q.float() * scale) @ k.float().transpose(-2, -1)  # (b, [h,] i, j)
