@@ -273,18 +273,19 @@ def test_convex_hull_matches_brute_force(n):
         assert signed_area(xy[b], hulls[b]) > 0  # counter-clockwise
 
 
-def test_points_at_one_place_are_named_by_their_lowest_index():
-    """The batched naming of duplicates equals np.unique's per instance (the way it was made
-    before), on grids with many duplicates, collinear points and a NaN point."""
+@pytest.mark.parametrize("n", [9, geometry._ALIKE_MAX_N + 8], ids=["pairwise", "sorted"])
+def test_points_at_one_place_are_named_by_their_lowest_index(monkeypatch, n):
+    """The naming of duplicates equals its definition, on grids with many duplicates,
+    collinear points and a NaN point: pairwise in chunks (here of two instances) up to
+    _ALIKE_MAX_N points, by np.unique past it."""
     import numpy as np
 
-    from attnzoo.tasks.geometry import _lowest_alike
-
+    monkeypatch.setattr(geometry, "_ALIKE_ELEMENTS", 2 * n * n)
     g = torch.Generator().manual_seed(0)
-    coords = (torch.randint(0, 3, (200, 9, 2), generator=g).double() / 2).numpy()
+    coords = (torch.randint(0, 3, (25, n, 2), generator=g).double() / 2).numpy()
     coords[0, 4] = np.nan
-    for xy, got in zip(coords, _lowest_alike(coords), strict=True):
-        alike = [[j for j in range(9) if (xy[j] == xy[i]).all()] for i in range(9)]
+    for xy, got in zip(coords, geometry._lowest_alike(coords), strict=True):
+        alike = [[j for j in range(n) if (xy[j] == xy[i]).all()] for i in range(n)]
         want = [min(same) if same else i for i, same in enumerate(alike)]  # NaN: itself
         assert got.tolist() == want
     labels = convex_hull(torch.from_numpy(coords[1:]))

@@ -313,12 +313,29 @@ def convex_hull(points: torch.Tensor) -> list[list[int]]:
 
 def _lowest_alike(coords) -> np.ndarray:
     """(batch, n, d) numpy -> (batch, n): for each point the lowest index of the points at the
-    same coordinates (itself where none is lower; a NaN point names itself). One batched
-    comparison: a per-instance np.unique(axis=0) was half the labels' time."""
-    same = (coords[:, :, None, :] == coords[:, None, :, :]).all(-1)  # (batch, n, n)
-    n = coords.shape[1]
-    same[:, np.arange(n), np.arange(n)] = True
-    return same.argmax(-1)
+    same coordinates (itself where none is lower; a NaN point names itself). Up to
+    _ALIKE_MAX_N points, batched comparisons of at most _ALIKE_ELEMENTS pairs at a time (at
+    the task's sizes a per-instance np.unique(axis=0) was half the labels' time); past it,
+    np.unique per instance, whose sort is O(n log n) against the comparisons' O(n^2)."""
+    batch, n, _ = coords.shape
+    lowest = np.empty((batch, n), dtype=np.int64)
+    if n > _ALIKE_MAX_N:
+        for k, xy in enumerate(coords):
+            _, first, inverse = np.unique(xy, axis=0, return_index=True, return_inverse=True)
+            lowest[k] = first[inverse.reshape(-1)]
+        return lowest
+    step = max(1, _ALIKE_ELEMENTS // (n * n))
+    for start in range(0, batch, step):
+        part = coords[start : start + step]
+        same = (part[:, :, None, :] == part[:, None, :, :]).all(-1)  # (step, n, n)
+        same[:, np.arange(n), np.arange(n)] = True
+        lowest[start : start + step] = same.argmax(-1)
+    return lowest
+
+
+# `_lowest_alike`: the largest n compared pairwise (measured faster than np.unique up to ~50
+# points), and the pairs per comparison (its memory)
+_ALIKE_MAX_N, _ALIKE_ELEMENTS = 32, 1 << 20
 
 
 def _check_indices(function: str, n: int, indices: object, argument: str = "indices") -> None:
