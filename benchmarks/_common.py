@@ -1107,9 +1107,10 @@ def padded_batch(batch, source_len, target_len, source_vocab, target_vocab, seed
 
 
 def read_sets(sets: Sequence[str], model: str, task: str) -> list[str]:
-    """The overrides of `sets` that `model` on `task` reads: `--set` refuses the others
-    (`runs.unread_keys`), e.g. a smoke budget's small `model.attn_hidden` for a model
-    without attention."""
+    """The overrides of `sets` that `model` on `task` reads at its defaults: `--set` refuses
+    the others (`runs.unread_keys`), e.g. a smoke budget's small `model.attn_hidden` for a
+    model without attention. (A key that `sets` itself leaves unread, final_norm beside
+    pre_norm=true, is not judged here: `--set` still refuses it.)"""
     from attnzoo import runs
 
     unread = runs.unread_keys(model, task)

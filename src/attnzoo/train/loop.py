@@ -272,7 +272,7 @@ def train(
     # a stream per process (the model is built, and DDP gives every rank rank 0's weights):
     # seeded alike, every rank drew the same dropout masks for its rows. Rank 0's is the seed's
     torch.manual_seed(sampling_seed(config.seed, env.rank))
-    random.seed(sampling_seed(config.seed, env.rank))  # checkpointed, as torch's is
+    random.seed(config.seed)  # one state on every rank: a checkpoint keeps rank 0's
     phases = _phases(model, config, env)
     if phases is None:
         optimizer = torch.optim.AdamW(
