@@ -133,9 +133,14 @@ def experiments(budget: str) -> list[Experiment]:
     smoke = budget == "smoke"
     sets, seeds, minutes = (SMOKE, 1, 0.2) if smoke else (FULL, SEEDS, MINUTES)
     found = [
-        Experiment(variant, "captions", {"model": model, "sets": own_sets}, seeds, minutes)
+        Experiment(
+            variant,
+            "captions",
+            {"model": model, "sets": C.read_sets(sets, model, "digit_captions")},
+            seeds,
+            minutes,
+        )
         for variant, model in MODELS.items()
-        for own_sets in [C.read_sets(sets, model, "digit_captions")]
     ]
     for id, changes in ABLATIONS.items():
         params = {"model": MODELS["soft"], "sets": [*sets, *changes]}

@@ -55,12 +55,13 @@ TINY = {
 
 def tiny_config(model: str, task: str) -> dict:
     config = runs.default_config(model, task)
+    unread = runs.unread_keys(model, task)
     sets = [
         f"{section}.{name}={value}"
         for section, values in TINY.items()
         for name, value in values.items()
         if config[section].get(name, None) is not None  # None: a field this model does not read
-        and f"{section}.{name}" not in runs.unread_keys(model, task)  # nor the task
+        and f"{section}.{name}" not in unread  # nor the task
         for value in [value[type(config[section][name])] if isinstance(value, dict) else value]
     ]
     return runs.apply_overrides(config, sets)

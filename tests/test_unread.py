@@ -15,6 +15,7 @@ from attnzoo.models.registry import MODELS
 from attnzoo.tasks.base import EvalConfig, MissingDataDependency
 from attnzoo.tasks.registry import TASKS
 from attnzoo.train import loop
+from tests.tasks.test_held_out import _same
 from tests.test_devices import tiny_config
 
 PAIRS = [
@@ -109,17 +110,6 @@ def test_setting_an_unread_key_is_refused(model_name, task_name, key):
     runs.apply_overrides(runs.default_config(model_name, task_name), [f"{key}={same}"])
 
 
-def _equal(a, b) -> bool:
-    """Tensors, tuples (NamedTuple batches), dicts and plain values compared exactly."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, tuple | list):
-        return type(a) is type(b) and len(a) == len(b) and all(map(_equal, a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    return a == b
-
-
 SECTION_KEYS = sorted(
     {
         (m, t, k)
@@ -157,7 +147,7 @@ def test_a_model_or_task_key_declared_unread_changes_nothing(model_name, task_na
         with torch.no_grad():
             metrics = task.evaluate(model)
         found.append((model.state_dict(), batch, loss, metrics))
-    assert _equal(found[0], found[1])
+    assert _same(found[0], found[1])
 
 
 def test_a_key_left_unread_by_another_setting_is_refused_with_it():
@@ -175,4 +165,4 @@ def test_a_key_left_unread_by_another_setting_is_refused_with_it():
         task = TASKS["dates"].build(c["task"], seed=0, eval_config=c["eval"])
         torch.manual_seed(0)
         built.append(MODELS["transformer"].build(model_config, task).state_dict())
-    assert _equal(built[0], built[1])
+    assert _same(built[0], built[1])

@@ -151,10 +151,10 @@ def test_reentrant_call_inside_a_block_and_inside_a_backward(monkeypatch):
     # block's sigmoid (in scratch memory) and its use
     block_backward = additive._sigmoid_backward
 
-    def block_backward_with_a_call_inside(s, grad_logits, v):
+    def block_backward_with_a_call_inside(s, grad_logits, v, *centred):
         if len(seen) == 1:
             nested()
-        return block_backward(s, grad_logits, v)
+        return block_backward(s, grad_logits, v, *centred)
 
     monkeypatch.setattr(additive, "_sigmoid_backward", block_backward_with_a_call_inside)
     grads = torch.autograd.grad(got.sum(), leaves)

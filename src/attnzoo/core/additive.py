@@ -112,25 +112,31 @@ def _sigmoid_block(scratch, a2, b, ns, qs):
     return s.sigmoid_()
 
 
-def _block_logits(s, v2, shift, *, keep: bool = False):
-    """The logits v^T tanh(a_i + b_j) of a `_sigmoid_block` s: (2 v)^T (s - 1/2) where
-    `_centred` (s itself becomes s - 1/2 unless `keep`), else (2 v)^T s - sum(v)."""
+def _centred_copy(s: torch.Tensor) -> torch.Tensor | None:
+    """s - 1/2 where `_centred` (s itself kept), else None."""
+    return s - 0.5 if _centred(s) else None
+
+
+def _block_logits(s, v2, shift, *, centred=None):
+    """The logits v^T tanh(a_i + b_j) of a `_sigmoid_block` s: where `_centred`,
+    (2 v)^T (s - 1/2), from `centred` (`_centred_copy(s)`) when given, else from s itself
+    turned into s - 1/2; otherwise (2 v)^T s - sum(v)."""
     if _centred(s):
-        return (s - 0.5 if keep else s.sub_(0.5)) @ v2
+        return (s.sub_(0.5) if centred is None else centred) @ v2
     return (s @ v2).sub_(shift)
 
 
-def _sigmoid_backward(s, grad_logits, v):
+def _sigmoid_backward(s, grad_logits, v, centred=None):
     """Gradients of sum(grad_logits * (t @ v)) with t = tanh(a_i + b_j) = 2 s - 1, one block
-    of a `_sigmoid_block` s.
+    of a `_sigmoid_block` s, and `centred`, its `_centred_copy`.
 
     Overwrites the scratch block s. Returns (grad_a (nb, qb, H), grad_b (nb, J, H), grad_v (H,)).
     """
     h = s.shape[-1]
     g = grad_logits.reshape(1, -1)
     # dL/dv = sum g t = 2 sum g s - sum g = 2 sum g (s - 1/2), the latter where `_centred`
-    if _centred(s):
-        grad_v = 2 * (g @ (s - 0.5).reshape(-1, h)).squeeze(0)
+    if centred is not None:
+        grad_v = 2 * (g @ centred.reshape(-1, h)).squeeze(0)
     else:
         grad_v = 2 * (g @ s.reshape(-1, h)).squeeze(0) - grad_logits.sum()
     # d tanh(x) = 1 - t^2 = 4 s (1 - s); s (1 - s) in place, the 4 folded into v
@@ -188,7 +194,7 @@ class _AdditiveLogits(torch.autograd.Function):
         scratch = _Scratch()
         for ns, qs in _blocks(n, i, b.shape[1], h):
             s = _sigmoid_block(scratch, a2, b, ns, qs)
-            ga, gb, gv = _sigmoid_backward(s, grad_logits[ns, qs], v)
+            ga, gb, gv = _sigmoid_backward(s, grad_logits[ns, qs], v, _centred_copy(s))
             grad_a[ns, qs] = ga
             _accumulate(grad_b, ns, qs, gb)
             grad_v += gv
@@ -236,7 +242,8 @@ class _AdditiveAttention(torch.autograd.Function):
         scratch = _Scratch()
         for ns, qs in _blocks(n, i, j, h):
             s = _sigmoid_block(scratch, a2, b, ns, qs)
-            logits = _block_logits(s, v2, shift, keep=True).to(acc)  # (nb, qb, J)
+            centred = _centred_copy(s)  # for the logits and dL/dv (tanh' keeps s)
+            logits = _block_logits(s, v2, shift, centred=centred).to(acc)  # (nb, qb, J)
             allowed = _mask_block(mask, ns, qs, ctx.causal, ctx.window, i, j, a.device)
             if allowed is not None:
                 logits.masked_fill_(~allowed, lowest)
@@ -247,7 +254,7 @@ class _AdditiveAttention(torch.autograd.Function):
             _accumulate(grad_value, ns, qs, weights.to(g.dtype).transpose(1, 2) @ g)  # (nb, J, Dv)
             # softmax backward: dlogits = w * (dw - sum_j w dw), and sum_j w dw = dO . O
             grad_logits = weights.mul_((g @ value[ns].transpose(1, 2)).to(acc) - delta[ns, qs])
-            ga, gb, gv = _sigmoid_backward(s, grad_logits.to(a.dtype), v)
+            ga, gb, gv = _sigmoid_backward(s, grad_logits.to(a.dtype), v, centred)
             grad_a[ns, qs] = ga
             _accumulate(grad_b, ns, qs, gb)
             grad_v += gv
@@ -354,7 +361,8 @@ def _fits_one_block(lead, query, key) -> bool:
 def _broadcast_logits(query, key, v):
     a2, v2, shift = _doubled(query, v)
     s = torch.sigmoid(torch.add(a2.unsqueeze(-2), key.unsqueeze(-3), alpha=2))  # (..., i, j, H)
-    return _block_logits(s, v2, shift, keep=True)  # (sigmoid's backward reads its output)
+    # centred out of place: sigmoid's backward reads its output
+    return _block_logits(s, v2, shift, centred=_centred_copy(s))
 
 
 def additive_attention(
