@@ -177,7 +177,10 @@ class WordLmTask(CharLmTask):
         `tape_start`: the words up to i), every layer's and head's weights (layers, heads, t,
         t)), or None for a model that returns no weights."""
         ids = torch.tensor([self.vocab.encode(sentence)], device=model_device(model))
-        out = model(ids, return_weights=True)
+        return self._intra(model, sentence, ids, model(ids, return_weights=True))
+
+    def _intra(self, model, sentence: list[str], ids: torch.Tensor, out):
+        """`intra_attention` from the model's output `out` on `ids` (1, t)."""
         if out.weights is None:
             return None
         every = torch.stack([w[0] for w in out.weights]).float().cpu()  # (layers, heads, t, t)
@@ -237,8 +240,9 @@ class WordLmTask(CharLmTask):
             # the next word at every position: the verse's own past a cut, <eos> only at its end
             following = [*verse[1 : EXPLORE_WORDS + 1], EOS][: len(sentence)]
             ids = torch.tensor([self.vocab.encode(sentence)], device=model_device(model))
-            predicted = model(ids).logits[0].argmax(-1).cpu().tolist()
-            got = self.intra_attention(model, sentence)
+            out = model(ids, return_weights=True)  # one pass for the prediction and weights
+            predicted = out.logits[0].argmax(-1).cpu().tolist()
+            got = self._intra(model, sentence, ids, out)
             kinds = []
             if got is not None:
                 shown, _, columns, _, every = got
