@@ -177,6 +177,13 @@ def test_the_first_episodes_are_those_of_the_whole_held_out_set(task):
     )
 
 
+def test_a_limit_past_the_held_out_set_scores_the_set(task):
+    """eval.limit counts held-out episodes scored: past test_episodes it drew and scored more
+    episodes than the set has (n = limit)."""
+    over = B.BanditsTask(CONFIG, seed=1, eval_config=EvalConfig(limit=CONFIG.test_episodes + 9))
+    assert over.evaluate(None) == task.evaluate(None)
+
+
 def test_rollout_plays_what_the_policy_picks_on_every_prefix(task):
     # the reference: the whole forward pass on each prefix, the argmax of its last position
     model = tiny_policy().double()

@@ -161,6 +161,13 @@ def test_evaluation_is_the_mean_over_episodes_with_a_95_percent_interval(task):
     assert metrics["classes_evaluation"] == len(task.inventory.evaluation)
 
 
+def test_a_limit_past_the_held_out_set_scores_the_set(task):
+    """eval.limit counts held-out episodes scored: past test_episodes it drew and scored more
+    episodes than the set has (n = limit)."""
+    over = G.GlyphsTask(CONFIG, seed=1, eval_config=EvalConfig(limit=CONFIG.test_episodes + 9))
+    assert over.evaluate(FirstLabel()) == task.evaluate(FirstLabel())
+
+
 def test_the_loss_never_reads_the_query_labels_as_input(task):
     seen = []
 

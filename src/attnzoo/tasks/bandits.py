@@ -381,8 +381,11 @@ class BanditsTask:
     def evaluate(self, model: torch.nn.Module | None) -> dict[str, float]:
         """Mean cumulative reward per episode of each policy on the same held-out draws, its
         `ci95` (1.96 standard errors over episodes), and the agent's over Thompson's and over
-        the Bayes-optimal policy's (without a model: the other policies alone)."""
-        count = self.eval_config.limit or self.config.test_episodes
+        the Bayes-optimal policy's (without a model: the other policies alone). The agent
+        and Thompson sampling draw their choices from one stream over the scored episodes, so
+        under eval.limit an episode's sampled play may differ from the whole evaluation's (the
+        payoffs and the deterministic policies' play do not)."""
+        count = self.eval_config.scored(self.config.test_episodes)
         found = self.scores(model, count)
         metrics: dict[str, float] = {
             "n": count,
@@ -452,7 +455,7 @@ class BanditsTask:
 
         from attnzoo.viz import save_figure
 
-        found = self.scores(model, self.eval_config.limit or self.config.test_episodes)
+        found = self.scores(model, self.eval_config.scored(self.config.test_episodes))
         fig = Figure(figsize=(8, 4.5), dpi=100)
         ax = fig.add_subplot()
         for name, rewards in found.items():

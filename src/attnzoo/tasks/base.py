@@ -103,6 +103,10 @@ class EvalConfig:
         ):
             fail("EvalConfig", "label_smoothing", "a number in [0, 1)", repr(smoothing))
 
+    def scored(self, held_out: int) -> int:
+        """How many of a split's `held_out` items are scored: `limit` of them, or all."""
+        return min(self.limit, held_out) if self.limit else held_out
+
 
 @runtime_checkable
 class Task(Protocol):

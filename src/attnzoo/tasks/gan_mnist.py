@@ -305,7 +305,7 @@ class GanMnistTask:
         device = model_device(model)
         features = self.classifier(device)  # a missing classifier fails before any work
         real, real_labels = self.reference(self.eval_config.split)
-        n = min(len(real), self.eval_config.limit or len(real))
+        n = self.eval_config.scored(len(real))
         real, real_labels = real[:n].to(device), real_labels[:n].to(device)
         labels = torch.arange(n, device=device) % CLASSES
         fake = self.generate(model, labels, self.config.seed + 31)

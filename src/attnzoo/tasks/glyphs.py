@@ -506,7 +506,7 @@ class GlyphsTask:
         the standard error of the mean over episodes (the few-shot papers' interval).
         `eval.batch_size` is unused (episodes go in chunks of EVAL_CHUNK)."""
         split = self.eval_config.split
-        count = self.eval_config.limit or self.config.test_episodes
+        count = self.eval_config.scored(self.config.test_episodes)
         device = model_device(model)
         per_episode = []
         for chunk in self.held_out(split, count):
