@@ -1320,7 +1320,9 @@ def draw_seeds(
         ax.set_yscale("symlog", linthresh=symlog)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=len(groups), frameon=False)
+    ax.legend(
+        loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=min(len(groups), 3), frameon=False
+    )
     fig.tight_layout()
     fig.savefig(path)
     return Path(path)

@@ -4,7 +4,8 @@
    local-p, the SimpleRNN lecture model) on dates and numbers: exact match and alignment (share
    of output tokens whose attention argmax falls in the true span).
 2. "length-TASK": no attention, Bahdanau and Luong at (nearly) equal parameter count (`sized`)
-   and steps, scored per source-length bucket (Bahdanau 2015 Fig. 2) on reverse and kjv2web.
+   and steps, scored per source-length bucket (Bahdanau 2015 Fig. 2) on reverse and kjv2web;
+   on kjv2web also Luong with one of Bahdanau's choices each (`PROBES`).
 3. "transformer": the tiny preset on the generated tasks, dates, numbers and kjv2web, and
    `transformer-lm` on `kjv_lm` (bits per character).
 4. "matched": per task a unit, Bahdanau and the Transformer sized to its parameter count, each
@@ -47,6 +48,14 @@ LENGTH = {  # task -> (overrides, bucket edges with >= 50 held-out sentences eac
     "reverse": ([*REVERSE, "train.steps=3000", *WHOLE], [4, 10, 20, 30, 41], 16.4),
     "kjv2web": ([*KJV, "train.steps=1500"], [1, 20, 30, 40, 50, 61], 17.0),
 }
+# length rows beyond the three decoders, per task: Luong with one of Bahdanau's choices, to see
+# which of them closes its kjv2web gap (name -> (model, overrides))
+PROBES = {
+    "kjv2web": {
+        "luong-general-bi": ("luong", ["model.bidirectional=true"]),
+        "luong-general-gru": ("luong", ["model.cell=gru"]),
+    }
+}
 TRANSFORMER = {  # task -> (overrides, minutes); model transformer, on kjv_lm transformer-lm
     "copy": (["train.steps=2000"], 4.2),
     "reverse": (["train.steps=2000"], 4.2),
@@ -73,9 +82,12 @@ def experiments(budget: str) -> list[Experiment]:
         for n, (m, s) in DECODERS.items()
     ]
     rows += [
-        (f"length-{t}-{n}", f"length-{t}", n, DECODERS[n][0], t, s, c, {"edges": e})
+        (f"length-{t}-{n}", f"length-{t}", n, m, t, [*s, *more], c, {"edges": e})
         for t, (s, e, c) in LENGTH.items()
-        for n in ("encdec", "bahdanau", "luong-general")
+        for n, (m, more) in [
+            *((n, DECODERS[n]) for n in ("encdec", "bahdanau", "luong-general")),
+            *PROBES.get(t, {}).items(),
+        ]
     ]
     rows += [
         (f"transformer-{t}", "transformer", m, m, t, s, c, {})
