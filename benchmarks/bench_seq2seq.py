@@ -84,10 +84,9 @@ def experiments(budget: str) -> list[Experiment]:
     rows += [
         (f"length-{t}-{n}", f"length-{t}", n, m, t, [*s, *more], c, {"edges": e})
         for t, (s, e, c) in LENGTH.items()
-        for n, (m, more) in [
-            *((n, DECODERS[n]) for n in ("encdec", "bahdanau", "luong-general")),
-            *PROBES.get(t, {}).items(),
-        ]
+        for n, (m, more) in (
+            {n: DECODERS[n] for n in ("encdec", "bahdanau", "luong-general")} | PROBES.get(t, {})
+        ).items()
     ]
     rows += [
         (f"transformer-{t}", "transformer", m, m, t, s, c, {})
