@@ -122,6 +122,72 @@ def test_gradients_are_clipped_to_train_clip_before_each_step(tmp_path, monkeypa
     assert len(clipped) == 3 and max(clipped) <= 0.01 * (1 + 1e-5)
 
 
+class _Regression:
+    """A task the loop trains on: least squares on a fixed linear target, fresh rows each step."""
+
+    def batch(self, step, batch_size, device, rank=0, world=1):
+        g = torch.Generator().manual_seed(1000 + step)
+        x = torch.randn(batch_size, 4, generator=g, dtype=torch.float64)
+        noise = 0.1 * torch.randn(batch_size, generator=g, dtype=torch.float64)
+        return x, x @ torch.tensor([1.0, -2.0, 0.5, 0.0], dtype=torch.float64) + noise
+
+    def loss(self, model, batch):
+        x, y = batch
+        return ((model(x).squeeze(-1) - y) ** 2).sum(), x.shape[0]  # summed, with its count
+
+    def evaluate(self, model):
+        return {}
+
+
+def test_train_takes_the_steps_a_hand_written_loop_takes(tmp_path):
+    """The weights after train() equal those of a loop written out here: the mean loss over the
+    items (the task's sum divided by its count), backward, the gradient clipped to train.clip,
+    AdamW with the config's betas and weight decay, the schedule's factor. A loop that stepped
+    on the summed loss (count times the gradient: clipped where the mean's is not), dropped the
+    weight decay or the schedule, or clipped after the step passed the suite before. Each
+    logged loss is the mean over the items of its window (one counted per window, not the
+    last step's count)."""
+    config = TrainConfig(
+        steps=60, batch_size=64, lr=0.05, warmup=8, schedule="cosine", clip=2.0,
+        weight_decay=0.1, betas=(0.8, 0.95), device="cpu", threads=1, log_every=20,
+    )  # fmt: skip
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Linear(4, 1).double()
+
+    trained, task = model(), _Regression()
+    train(task, trained, config, tmp_path, progress=False)
+
+    net, clipped, losses = model(), 0, []
+    opt = torch.optim.AdamW(
+        net.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+    )
+    for step in range(config.steps):
+        factor = lr_factor(config, step)
+        for group in opt.param_groups:
+            group["lr"] = config.lr * factor
+        total, count = task.loss(net, task.batch(step, config.batch_size, "cpu"))
+        losses.append(float(total.detach() / count))
+        (total / count).backward()
+        norm = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in net.parameters()]))
+        if norm > config.clip:
+            clipped += 1
+            for p in net.parameters():
+                p.grad.mul_(config.clip / (norm + 1e-6))  # clip_grad_norm_'s rule
+        opt.step()
+        opt.zero_grad()
+    assert 0 < clipped < config.steps  # the clip is active on some steps, not on all
+    for got, want in zip(trained.parameters(), net.parameters(), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    every = config.log_every
+    assert [r["step"] for r in rows] == list(range(every - 1, config.steps, every))
+    for r in rows:  # equal batches: the items' mean is the mean of the steps' means
+        window = losses[r["step"] + 1 - every : r["step"] + 1]
+        assert r["loss"] == pytest.approx(sum(window) / every, rel=1e-6)  # summed in fp32
+
+
 def test_atomic_write_replaces_whole_file(tmp_path):
     path = tmp_path / "a.json"
     atomic_write(path, b"one")

@@ -63,7 +63,7 @@ def test_each_phase_steps_its_own_optimiser_as_a_hand_written_reference(tmp_path
         batch_size=5,
         schedule="cosine",
         warmup=2,
-        clip=0.0,
+        clip=1.0,  # active on some steps, not all: AdamW hides a gradient's scale, not a clip's
         log_every=3,
         threads=1,
         device="cpu",
@@ -82,15 +82,21 @@ def test_each_phase_steps_its_own_optimiser_as_a_hand_written_reference(tmp_path
     }
     base = {name: lr for name, _, lr, _ in reference.optimizer_groups()}
     task = ToyTask()
+    params = {name: p for name, p, _, _ in reference.optimizer_groups()}
+    losses, clipped = {name: [] for name in opts}, 0
     for step in range(config.steps):
         batch = task.batch(step, config.batch_size, "cpu")
         for name, opt in opts.items():
             for group in opt.param_groups:
                 group["lr"] = base[name] * lr_factor(config, step)
             loss, count = task.loss(reference, batch, phase=name)
+            losses[name].append(float(loss.detach() / count))
             (loss / count).backward()
+            norm = torch.nn.utils.clip_grad_norm_(params[name], config.clip)
+            clipped += bool(norm > config.clip)
             opt.step()
             reference.zero_grad(set_to_none=True)
+    assert 0 < clipped < config.steps * len(opts)
     for (n, a), b in zip(model.state_dict().items(), reference.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=n)
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -99,7 +105,11 @@ def test_each_phase_steps_its_own_optimiser_as_a_hand_written_reference(tmp_path
     for r in rows:  # the rate each phase trained at in the logged step (not the next step's)
         for name in base:
             assert r[f"lr_{name}"] == pytest.approx(base[name] * lr_factor(config, r["step"]))
-    for r in rows:
+    starts = [0] + [r["step"] + 1 for r in rows[:-1]]
+    for r, start in zip(rows, starts, strict=True):  # each phase's mean over its window's items
+        for name in losses:
+            window = losses[name][start : r["step"] + 1]
+            assert r[f"loss_{name}"] == pytest.approx(sum(window) / len(window), rel=1e-5)
         assert r["loss"] == pytest.approx(r["loss_first"] + r["loss_second"])
     scalars = [json.loads(x) for x in (tmp_path / "scalars.jsonl").read_text().splitlines()]
     assert [r["step"] for r in scalars] == list(range(7))  # every step
