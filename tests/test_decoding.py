@@ -1,3 +1,4 @@
+import inspect
 import itertools
 from dataclasses import dataclass
 
@@ -104,6 +105,29 @@ def test_beam_one_equals_greedy_on_random_tables():
     assert a.tolist() == b.tolist()
 
 
+def _exhaustive_best(table, r, alpha):
+    """The best sequence of example `r` under log p / length^alpha, by trying every sequence
+    of table.shape[1] tokens (cut after its first EOS; one that never ends has length T)."""
+    V, T = table.shape[-1], table.shape[1]
+    best, best_score = None, -float("inf")
+    for seq in itertools.product(range(V), repeat=T):
+        trimmed = seq[: seq.index(EOS) + 1] if EOS in seq else seq
+        score, prev = 0.0, BOS
+        for t, tok in enumerate(trimmed):
+            score += table[r, t, prev, tok].item()
+            prev = tok
+        score /= len(trimmed) ** alpha
+        if score > best_score + 1e-9:
+            best, best_score = trimmed, score
+    return list(best)
+
+
+def _assert_decodes_to(row, want):
+    """`row` (a decoded row) is `want` then padding."""
+    assert row.tolist()[: len(want)] == want
+    assert all(x == PAD for x in row.tolist()[len(want) :])
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
 def test_beam_search_returns_highest_scoring_among_exhaustive(alpha):
     """With a beam as wide as all prefixes, the result is the exact best sequence under
@@ -124,18 +148,7 @@ def test_beam_search_returns_highest_scoring_among_exhaustive(alpha):
     )
 
     for r in range(2):
-        best, best_score = None, -float("inf")
-        for seq in itertools.product(range(V), repeat=T):
-            trimmed = seq[: seq.index(EOS) + 1] if EOS in seq else seq
-            score, prev = 0.0, BOS
-            for t, tok in enumerate(trimmed):
-                score += table[r, t, prev, tok].item()
-                prev = tok
-            score /= len(trimmed) ** alpha
-            if score > best_score + 1e-9:
-                best, best_score = trimmed, score
-        assert out[r].tolist()[: len(best)] == list(best)
-        assert all(x == PAD for x in out[r].tolist()[len(best) :])
+        _assert_decodes_to(out[r], _exhaustive_best(table, r, alpha))
 
 
 @pytest.mark.parametrize("seed", [17, 27])
@@ -173,6 +186,80 @@ def test_beam_search_keeps_a_finished_hypothesis_live_ones_outrank_for_a_while()
             table_step(table), TableState(torch.tensor([0])), 1, beam_size=k, **common
         )
         assert out.tolist() == [[EOS] + [PAD] * (out.shape[1] - 1)], k
+
+
+A, B, C = 3, 4, 5  # the hand-made tables' tokens (vocabulary of 6: PAD, BOS, EOS, A, B, C)
+
+
+def _hand_table(spec, T=3, V=6):
+    """Example 0's log-probs, float64: spec {(step, previous token): {token: p}}; every other
+    token gets 1e-9 before normalising."""
+    p = torch.full((1, T, V, V), 1e-9, dtype=torch.float64)
+    for (t, previous), dist in spec.items():
+        for token, q in dist.items():
+            p[0, t, previous, token] = q
+    return (p / p.sum(-1, keepdim=True)).log()
+
+
+# [B, EOS] (log .25 / 2 = -0.69) beats [EOS] (-0.92) and [A, C, x] (log .0735 / 3 = -0.87)
+# at alpha 1; at alpha 0 [EOS] (.4) beats every longer sequence.
+EOS_FIRST = {
+    (0, BOS): {EOS: 0.4, A: 0.35, B: 0.25},
+    (1, A): {C: 0.7, EOS: 0.3},
+    (1, B): {EOS: 1.0},
+    (2, C): {EOS: 0.05, A: 0.3, B: 0.3, C: 0.3},
+}
+
+
+def test_beam_one_is_greedy_when_eos_is_the_second_best_first_token():
+    """An EOS extension ranked below the first beam_size joins no finished hypotheses. When it
+    did, [EOS] (p .4, the second best first token) made beam_size 1 return [EOS], the best
+    sequence at alpha 0 (.4 against .6 * .55), where greedy search takes A (.6), A (.55), EOS."""
+    table = _hand_table(
+        {(0, BOS): {A: 0.6, EOS: 0.4}, (1, A): {A: 0.55, B: 0.45}, (2, A): {EOS: 1.0}}
+    )
+    out = _one_row(beam_search, table, beam_size=1, length_penalty=0.0)
+    assert torch.equal(out, _one_row(greedy, table))
+    _assert_decodes_to(out[0], [A, A, EOS])  # the argmax at each step, read off the table
+
+
+@pytest.mark.parametrize(
+    ("spec", "beam_size", "want"),
+    [
+        # [EOS] (log .45 = -0.80) outranks the best live [A, B] (log .1925 / 2 = -0.82) at
+        # step 1, but [A, B, EOS] (-0.55) wins: a row stopped when its BEST finished one (not
+        # its beam_size-th) outranked its live ones returned [EOS]
+        (
+            {
+                (0, BOS): {EOS: 0.45, A: 0.55},
+                (1, A): {B: 0.35, C: 0.33, EOS: 0.32},
+                (2, B): {EOS: 1.0},
+            },
+            6**3,
+            [A, B, EOS],
+        ),
+        # at step 1 [A, EOS] (log .276 / 2 = -0.64) outranks the live [A, C] unnormalised
+        # (log .312 = -1.16) but not normalised (-0.58); [A, C, EOS] wins (-0.39)
+        (
+            {
+                (0, BOS): {A: 0.6, EOS: 0.35, B: 0.05},
+                (1, A): {C: 0.52, EOS: 0.46},
+                (2, C): {EOS: 0.99},
+            },
+            2,
+            [A, C, EOS],
+        ),
+        # [EOS] takes one of the top 2 first extensions; A and B must both go on for [B, EOS]
+        (EOS_FIRST, 2, [B, EOS]),
+    ],
+    ids=["best-finished-outranks-live", "live-normalised", "eos-in-the-top-k"],
+)
+def test_beam_search_finds_the_exhaustive_best_on_hand_made_tables(spec, beam_size, want):
+    """Beam search at alpha 1 returns the best sequence found by exhaustive search."""
+    table = _hand_table(spec)
+    assert _exhaustive_best(table, 0, 1.0) == want  # the table is the one described
+    out = _one_row(beam_search, table, beam_size=beam_size, length_penalty=1.0)
+    _assert_decodes_to(out[0], want)
 
 
 @pytest.mark.parametrize("engine", [greedy, sample, beam_search])
@@ -232,6 +319,18 @@ def test_decode_is_greedy_at_beam_1_and_beam_search_above():
         want = search(table_step(table), TableState(rows), 3, **common, **extra)
         got = decode(table_step(table), TableState(rows), 3, beam_size=k, **common)
         assert torch.equal(got, want)
+
+
+def test_decode_ranks_beams_by_the_default_length_penalty():
+    """decode (what every task calls) passes no length_penalty: beam search's default, plain
+    length normalisation (alpha 1, as its docstring says), ranks the hypotheses. On this table
+    alpha 0 would return [EOS]."""
+    alpha = inspect.signature(beam_search).parameters["length_penalty"].default
+    assert alpha == 1.0
+    table = _hand_table(EOS_FIRST)
+    want = _exhaustive_best(table, 0, alpha)
+    assert want != _exhaustive_best(table, 0, 0.0)
+    _assert_decodes_to(_one_row(decode, table, beam_size=2)[0], want)
 
 
 @pytest.mark.parametrize("default", [torch.float64, torch.float16])
@@ -300,10 +399,40 @@ def test_a_float64_decoders_sampled_log_probability_stays_float64():
     state = TableState(torch.zeros(1, dtype=torch.long))
     tokens, log_prob = sample(table_step(table), state, 1, generator=g.manual_seed(0), **common)
     assert log_prob.dtype == torch.float64
-    previous, want = BOS, 0.0
-    for t, token in enumerate(tokens[0].tolist()):
-        want += table[0, t, previous, token].item()
+    assert log_prob.item() == pytest.approx(_sequence_log_prob(table, 0, tokens[0]), rel=1e-15)
+
+
+def _sequence_log_prob(table, r, tokens):
+    """The sum of example `r`'s log-probs of `tokens` up to and including the first EOS."""
+    previous, total = BOS, 0.0
+    for t, token in enumerate(tokens.tolist()):
+        total += table[r, t, previous, token].item()
         if token == EOS:
             break
         previous = token
-    assert log_prob.item() == pytest.approx(want, rel=1e-15)
+    return total
+
+
+def test_sampled_log_probability_stops_at_each_rows_own_eos():
+    """Row 0 ends at its first token (EOS, p .96); row 1 (EOS p 1e-6) goes on to max_len. The
+    log-probabilities of the tokens drawn for row 0 after its EOS must not count."""
+    V, T = 5, 4
+    p = torch.full((2, T, V, V), 1.0 / V, dtype=torch.float64)
+    p[0, 0, BOS] = torch.tensor([0.01, 0.01, 0.96, 0.01, 0.01])
+    p[1, :, :, EOS] = 1e-6
+    table = (p / p.sum(-1, keepdim=True)).log()
+    tokens, log_prob = sample(
+        table_step(table),
+        TableState(torch.arange(2)),
+        2,
+        bos=BOS,
+        eos=EOS,
+        max_len=T,
+        device="cpu",
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert tokens[0, 0] == EOS and tokens.shape[1] == T  # row 0 ended while row 1 went on
+    for r in range(2):
+        assert log_prob[r].item() == pytest.approx(
+            _sequence_log_prob(table, r, tokens[r]), rel=1e-12
+        )
