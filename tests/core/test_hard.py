@@ -89,6 +89,34 @@ def test_a_learned_baseline_leaves_the_policy_gradient_unchanged():
     assert none is None
 
 
+@pytest.mark.parametrize("baseline", [None, 0.5, "learned"])
+def test_the_reward_is_detached_whatever_it_carries(baseline):
+    """The reward enters the loss detached: a reward with a graph (a log-likelihood not yet
+    detached, say) gets no gradient from any term, and the log-probs get d/dlog pi_t =
+    -(R_t - b_t), by hand."""
+    theta = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+    r = torch.tensor([[1.0], [3.0]], dtype=torch.float64)
+    reward = theta * r  # (2, 1): one reward per episode, 2 and 6
+    log_prob = torch.log(torch.tensor([[0.2, 0.5], [0.7, 0.1]], dtype=torch.float64))
+    log_prob.requires_grad_()
+    if baseline == "learned":
+        baseline = torch.tensor([[0.5], [0.25]], dtype=torch.float64, requires_grad=True)
+    loss = reinforce_loss(log_prob, reward, baseline)
+    for term in (loss.policy, loss.baseline, loss.total):
+        if term.requires_grad:  # without a learned baseline its term is a constant 0
+            (grad,) = torch.autograd.grad(term, theta, retain_graph=True, allow_unused=True)
+            assert grad is None or grad.item() == 0.0
+    (grad,) = torch.autograd.grad(loss.total, log_prob)
+    if baseline is None:
+        b = [0.0, 0.0]
+    elif isinstance(baseline, float):
+        b = [baseline, baseline]
+    else:
+        b = baseline[:, 0].tolist()
+    want = [[-(2.0 * float(r[i, 0]) - b[i])] * 2 for i in range(2)]
+    assert grad.tolist() == want
+
+
 def test_gaussian_reinforce_matches_the_closed_form_gradient():
     """r(x) = -||x - c||^2, x ~ N(mu, sigma^2 I): E[r] = -||mu - c||^2 - d sigma^2, so
     dE/dmu = -2 (mu - c) and dE/dlog sigma_k = -2 sigma^2."""

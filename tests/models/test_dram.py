@@ -12,7 +12,7 @@ from attnzoo.core.hard import BOUNDS, reinforce_loss, rewards_to_go
 from attnzoo.models.dram import DRAM, DRAMConfig, dram
 from attnzoo.models.image_baselines import MultiHeadConvNet, conv
 from attnzoo.train.loop import parameter_groups
-from tests.models.test_ram import overfit
+from tests.models.test_ram import overfit, reference_retina
 
 
 def built(**options):
@@ -35,6 +35,55 @@ def parts(model, loss):
     return {
         n.split(".")[0] for n, p in model.named_parameters() if p.grad is not None and p.grad.any()
     }
+
+
+def test_the_glimpse_is_what_times_where_by_hand():
+    """Ba 2014 sec. 3.1: g_n = G_image(x_n) * G_loc(l_n), each a two-layer ReLU network, combined
+    element-wise by a product (RAM adds them). By hand in float64 from the layers' weights, the
+    retina from RAM's independent loop."""
+    model = built(scales=2).double()
+    network = model.glimpse
+    what = [m for m in network.what if isinstance(m, torch.nn.Linear)]
+    where = [m for m in network.where if isinstance(m, torch.nn.Linear)]
+    g = torch.Generator().manual_seed(1)
+    images = torch.rand(3, 1, 24, 32, generator=g, dtype=torch.float64)
+    location = torch.tensor([[0.1, -0.4], [-0.7, 0.5], [0.9, 0.95]], dtype=torch.float64)
+    with torch.no_grad():
+        got = network(network.sensor.prepare(images), location)
+    s = network.sensor
+    for i in range(3):
+        rho = reference_retina(images[i], location[i].tolist(), s.patch, s.scales)
+        x, loc = torch.from_numpy(rho).flatten(), location[i]
+        for layer in what:
+            x = torch.relu(layer.weight @ x + layer.bias)
+        for layer in where:
+            loc = torch.relu(layer.weight @ loc + layer.bias)
+        torch.testing.assert_close(got[i], (x * loc).detach(), rtol=1e-12, atol=1e-12)
+
+
+def test_each_label_is_classified_after_its_last_glimpse():
+    """Ba 2014 sec. 3: with N glimpses per label, label k is read from r^(1) after glimpse
+    (k + 1) N - 1 (0-based), the last of its N: log p(y_k) = log_softmax(W r^(1) + b), by hand in
+    float64 from the lower LSTM's states (recorded by a hook)."""
+    glimpses, labels = 3, 2
+    torch.manual_seed(0)
+    fields = {"patch": 8, "scales": 2, "hidden": 16, "glimpse_hidden": 8, "context": 8}
+    model = DRAM(dram(glimpses=glimpses, **fields), (24, 32), 1, 11, labels).double()
+    states = []
+    model.lower.register_forward_hook(lambda module, args, out: states.append(out[0].detach()))
+    images = torch.rand(2, 1, 24, 32, generator=torch.Generator().manual_seed(1)).double()
+    with torch.no_grad():
+        got = model(images, sample=False).log_probs  # (b, labels, classes)
+    assert len(states) == glimpses * labels
+    w, b = model.classifier.weight.detach(), model.classifier.bias.detach()
+    for k in range(labels):
+        r1 = states[(k + 1) * glimpses - 1]  # (b, hidden)
+        for row in range(2):
+            logits = [float(w[c] @ r1[row] + b[c]) for c in range(11)]
+            top = max(logits)
+            norm = top + math.log(sum(math.exp(u - top) for u in logits))
+            want = torch.tensor([u - norm for u in logits], dtype=torch.float64)
+            torch.testing.assert_close(got[row, k], want, rtol=1e-12, atol=1e-12)
 
 
 def test_gradient_routes():

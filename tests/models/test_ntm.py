@@ -372,6 +372,36 @@ def test_the_output_reads_this_steps_reads_and_the_controller_the_last_steps():
         previous = reads[:, t]
 
 
+def test_each_step_addresses_from_the_previous_steps_weighting():
+    """Eq. 7-8 with g_t = 0 and a one-hot shift: w_t = shift(w_{t-1}). The head layer's weights
+    zeroed and its biases set by hand make every step's head the same: gate sigmoid(-40) (location
+    addressing only), shift +1 for the read head and -1 for the write head, gamma 1 +
+    softplus(40). From w_0 on row 0 the read head must walk one row a step, row (t + 1) mod N at
+    step t, and the write head back, row -(t + 1) mod N: a step addressed from w_0 instead of
+    w_{t-1} stays on row 1 (and N - 1)."""
+    torch.manual_seed(0)
+    config = tiny()
+    model = NTM(config, 6, 4).double()
+    n, heads, s = config.memory_rows, model.heads, config.shifts
+    with torch.no_grad():
+        model.head_params.weight.zero_()
+        bias = model.head_params.bias
+        bias.zero_()
+        _, _, gate, shift, gamma, *_ = bias.split(model.split)
+        gate.fill_(-40.0)
+        shift.view(heads, s).copy_(torch.tensor([[-40.0, -40.0, 40.0], [40.0, -40.0, -40.0]]))
+        gamma.fill_(40.0)
+    steps = 2 * n + 1  # round the memory twice
+    out = model(torch.rand(2, steps, 6, dtype=torch.float64), return_weights=True)
+    want_read = torch.zeros(2, steps, 1, n, dtype=torch.float64)
+    want_write = torch.zeros(2, steps, 1, n, dtype=torch.float64)
+    for t in range(steps):
+        want_read[:, t, 0, (t + 1) % n] = 1.0
+        want_write[:, t, 0, -(t + 1) % n] = 1.0
+    torch.testing.assert_close(out.read_weights, want_read, rtol=0, atol=1e-9)
+    torch.testing.assert_close(out.write_weights, want_write, rtol=0, atol=1e-9)
+
+
 def test_model_runs_in_float64():
     model = NTM(tiny(), 6, 4).double()
     assert model(torch.rand(2, 3, 6, dtype=torch.float64)).logits.dtype == torch.float64

@@ -36,9 +36,10 @@ def assert_every_parameter_learns(model):
         assert torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
 
 
-def reference_log_probs(model, points, targets):
+def reference_log_probs(model, points, targets, mask_chosen=True):
     """Vinyals eq. 3 by loops in float64 from the model's own LSTM states:
-    u_ij = v . tanh(W1 e_j + W2 d_i), positions chosen before step i excluded."""
+    u_ij = v . tanh(W1 e_j + W2 d_i), positions chosen before step i excluded (with
+    `mask_chosen=False` none is: the paper's softmax over every u_ij)."""
     model = model.double()
     with torch.no_grad():
         x = model.embed(points.double())
@@ -59,7 +60,10 @@ def reference_log_probs(model, points, targets):
                 u = [
                     float(v @ torch.tanh(W1 @ memory[b, j] + W2 @ d)) for j in range(len(memory[b]))
                 ]
-                allowed = [j not in chosen or (model.end_token and j == 0) for j in range(len(u))]
+                allowed = [
+                    not mask_chosen or j not in chosen or (model.end_token and j == 0)
+                    for j in range(len(u))
+                ]
                 top = max(u[j] for j in range(len(u)) if allowed[j])
                 z = sum(math.exp(u[j] - top) for j in range(len(u)) if allowed[j])
                 for j in range(len(u)):
@@ -261,6 +265,19 @@ def test_an_unconstrained_model_takes_its_own_repeated_outputs():
     twice = torch.tensor([[0, 1, 2, 3], [2, 0, 2, 1]])
     out = model(points, twice)
     assert torch.isfinite(out.log_probs).all()
+
+
+def test_an_unconstrained_model_scores_every_position_at_every_step():
+    """`mask_chosen=False`: each step is softmax_j(u_ij) over every input (Vinyals eq. 3), a
+    position already chosen included. A mask applied anyway gives the repeat the dtype's lowest
+    logit, a finite log-prob of about -1.8e308 that `isfinite` accepts."""
+    model = make(False, dtype=torch.float64, mask_chosen=False)
+    points = torch.rand(2, 4, 2, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    twice = torch.tensor([[0, 1, 2, 3], [2, 0, 2, 1]])
+    got = model(points, twice).log_probs
+    want = reference_log_probs(model, points, twice, mask_chosen=False)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    assert got[1, 2, 2] > -1e3  # the repeat keeps a real probability
 
 
 def test_decoding_state_knows_its_batch():

@@ -96,6 +96,42 @@ def test_a_non_finite_location_reads_a_non_finite_patch_not_zeros(method, bad):
     assert patches[0].isnan().all() and patches[1].isfinite().all()
 
 
+def reference_glimpse(network, image, location):
+    """Mnih 2014 sec. 3, f_g by hand in float64 from the network's weights, the retina from the
+    loop above: h_g = ReLU(W1 rho + b1), h_l = ReLU(W2 l + b2), g = ReLU(W3 h_g + b3 + W4 h_l +
+    b4) for one image and one (x, y) location."""
+    s = network.sensor
+    rho = torch.from_numpy(reference_retina(image, location, s.patch, s.scales)).flatten()
+    loc = torch.tensor(location, dtype=torch.float64)
+    what, where, what_out, where_out = (
+        (layer.weight.double(), layer.bias.double())
+        for layer in (network.what, network.where, network.what_out, network.where_out)
+    )
+    h_g = torch.relu(what[0] @ rho + what[1])
+    h_l = torch.relu(where[0] @ loc + where[1])
+    return torch.relu(what_out[0] @ h_g + what_out[1] + where_out[0] @ h_l + where_out[1])
+
+
+def test_glimpse_network_is_the_papers_what_plus_where_by_hand():
+    """g_t = ReLU(Linear(h_g) + Linear(h_l)), h_l from l_{t-1}: the location enters every glimpse
+    vector. On a blank image every retina is zeros, so two locations differ only through h_l."""
+    torch.manual_seed(0)
+    model = RAM(ram(glimpses=2, hidden=16, glimpse_hidden=8, scales=2), (20, 24), 2, 10).double()
+    network = model.glimpse
+    g = torch.Generator().manual_seed(2)
+    images = torch.rand(3, 2, 20, 24, generator=g, dtype=torch.float64)
+    images[2] = 0.0  # blank
+    location = torch.tensor([[-0.5, 0.3], [0.6, -0.2], [0.7, -0.9]], dtype=torch.float64)
+    with torch.no_grad():
+        got = network(network.sensor.prepare(images), location)
+        for i in range(3):
+            want = reference_glimpse(network, images[i], location[i].tolist())
+            torch.testing.assert_close(got[i], want, rtol=1e-12, atol=1e-12)
+        blank = torch.zeros(2, 2, 20, 24, dtype=torch.float64)
+        two = network(network.sensor.prepare(blank), location[:2])
+    assert (two[0] - two[1]).abs().max() > 1e-3
+
+
 def test_patch_corners_centre_and_clamp():
     corners = patch_corners(torch.tensor([[0.0, 0.0], [-9.0, 9.0]]), 28, 28, 8, 2)
     assert corners[0].tolist() == [[10, 10], [6, 6]]

@@ -311,6 +311,30 @@ def test_permuting_the_support_labels_permutes_the_prediction(make):
         torch.testing.assert_close(moved[..., perm], base)  # ...exactly
 
 
+def test_protonet_is_a_softmax_over_negative_squared_distances_to_class_means():
+    """Snell 2017 eq. 1-2: c_k = (1 / |S_k|) sum f(x_i) over class k's support, p(y = k | x) =
+    softmax_k(-||f(x) - c_k||^2); by loops in float64 from the model's own embedding (eval mode:
+    each image embedded on its own), over shuffled support labels."""
+    torch.manual_seed(0)
+    ways, shots, queries = 3, 2, 4
+    model = tiny_protonet(ways, shots).double().eval()
+    support, labels, query = episode(2, ways, shots, queries, dtype=torch.float64)
+    with torch.no_grad():
+        got = model(support, labels, query).log_probs  # (b, q, N)
+        fs, fq = model.embed(support), model.embed(query)  # (b, n, E), (b, q, E)
+    want = torch.empty_like(got)
+    for b in range(2):
+        members = [[i for i in range(ways * shots) if labels[b, i] == k] for k in range(ways)]
+        prototypes = [sum(fs[b, i] for i in m) / len(m) for m in members]
+        for j in range(queries):
+            x = fq[b, j]
+            d = [sum(float(u - c) ** 2 for u, c in zip(x, p, strict=True)) for p in prototypes]
+            top = max(-x for x in d)
+            norm = top + math.log(sum(math.exp(-x - top) for x in d))
+            want[b, j] = torch.tensor([-x - norm for x in d], dtype=torch.float64)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
 # 3. Shapes, options, devices, bad input --------------------------------------------------------
 
 
