@@ -68,6 +68,21 @@ def test_soft_attention_step_matches_a_float64_reference():
 
 
 @torch.no_grad()
+def test_start_is_two_separate_mlps_of_the_mean_annotation():
+    """Xu 2015 sec. 3.1.2: c_0 = f_init,c(1/L sum_i a_i), h_0 = f_init,h(1/L sum_i a_i), each
+    a one-layer tanh MLP of its own (a float64 loop here); c_0 from f_init,h passed."""
+    model = build(soft(**SMALL))
+    images, _, _ = inputs()
+    state = model.start(images)
+    a = model.encoder(images)  # (b, L, D)
+    for b in range(len(images)):
+        mean = sum(a[b, i] for i in range(a.shape[1])) / a.shape[1]  # (D,)
+        for got, mlp in ((state.h[b], model.init_h[0]), (state.c[b], model.init_c[0])):
+            torch.testing.assert_close(got, torch.tanh(mlp.weight @ mean + mlp.bias))
+    assert not torch.allclose(state.h, state.c)  # two MLPs, not one
+
+
+@torch.no_grad()
 def test_a_decoding_step_is_eqs_4_to_7_on_its_attention():
     """Given z_t (its attention, checked above): the LSTM reads [E y_{t-1}; z_t] from
     (h_{t-1}, c_{t-1}), and p(y_t) = softmax(L_o(E y_{t-1} + L_h h_t + L_z z_t)) (eq. 7). The
@@ -115,6 +130,39 @@ def test_doubly_stochastic_term_matches_a_loop_over_real_steps_only():
     assert doubly_stochastic(garbage, real, 0.3).item() == pytest.approx(got.item(), rel=1e-12)
 
 
+def test_soft_models_gradient_matches_finite_differences():
+    """The gate beta_t = sigmoid(f_beta(h_{t-1})) is a function of h_{t-1}: the likelihood's
+    gradient flows through it into the LSTM and f_init,h. Autograd against central finite
+    differences (float64) along a random direction of each parameter; a gate that read h
+    detached had the same forward and a wrong gradient."""
+    model = build(soft(**SMALL))
+    with torch.no_grad():
+        model.beta.weight.mul_(20)  # a gate that depends strongly on h
+    images, tokens, lengths = inputs()
+    targets = torch.roll(tokens, -1, 1)
+
+    def log_likelihood():
+        log_probs = model(images, tokens, lengths).log_probs
+        return log_probs.gather(-1, targets.unsqueeze(-1)).sum()
+
+    params = dict(model.named_parameters())
+    names = ["init_h.0.weight", "init_c.0.weight", "cell.weight_hh", "cell.weight_ih"]
+    grads = torch.autograd.grad(log_likelihood(), [params[n] for n in names])
+    g = torch.Generator().manual_seed(7)
+    eps = 1e-6
+    for name, grad in zip(names, grads, strict=True):
+        p = params[name]
+        v = torch.randn(p.shape, generator=g, dtype=p.dtype)
+        with torch.no_grad():
+            p += eps * v
+            up = log_likelihood().item()
+            p -= 2 * eps * v
+            down = log_likelihood().item()
+            p += eps * v
+        numeric = (up - down) / (2 * eps)
+        assert float((grad * v).sum()) == pytest.approx(numeric, rel=1e-5, abs=1e-8), name
+
+
 @torch.no_grad()
 def test_forward_penalty_ignores_padding_steps_after_end():
     model = build(soft(**SMALL, doubly_stochastic=0.5))
@@ -157,6 +205,24 @@ def test_hard_variant_gradients_route_per_the_toolkit():
     masked = reinforce_loss(log_pi, reward, 0.1, mask=real)
     (grad,) = torch.autograd.grad(masked.total, log_pi)
     assert (grad[~real] == 0).all() and (grad[real] != 0).all()
+
+
+@torch.no_grad()
+def test_hard_entropy_is_that_of_the_location_distribution():
+    """`entropy` is H(alpha_t) = -sum_i alpha_ti ln alpha_ti >= 0 (a float64 loop over the
+    distribution the locations are drawn from), the bonus of Xu 2015 eq. 12 that
+    reinforce_loss adds as -lambda_e H: with its sign flipped, a penalty passed."""
+    model = build(hard(**SMALL, expectation_rate=0.0))
+    images, tokens, lengths = inputs()
+    out = model(images, tokens, lengths, sample=True, generator=torch.Generator().manual_seed(3))
+    b_, t_, cells = out.weights.shape
+    assert out.entropy.shape == (b_, t_)
+    for b in range(b_):
+        for t in range(t_):
+            alpha = out.weights[b, t].tolist()
+            want = -sum(p * math.log(p) for p in alpha)
+            assert 0 < want <= math.log(cells)
+            assert float(out.entropy[b, t]) == pytest.approx(want, rel=1e-12)
 
 
 def test_hard_attention_by_expectation_on_the_drawn_images():

@@ -168,6 +168,36 @@ def test_evaluate_counts_bit_errors_per_sequence():
     assert silent["loss"] == pytest.approx(8 * math.log(2) * 2.5, rel=1e-6)
 
 
+class Scribbler(Oracle):
+    """The Oracle's output phase, ones throughout the input phase (no target is scored
+    there), and with `slip` its first output bit of every sequence flipped."""
+
+    def __init__(self, slip=False):
+        super().__init__()
+        self.slip = slip
+
+    def forward(self, inputs, return_weights=False):
+        logits = super().forward(inputs).logits
+        length = int(inputs[0, :, -1].argmax())
+        logits[:, : length + 1] = 20.0  # input phase and delimiter: all ones
+        if self.slip:
+            logits[:, length + 1, 0] *= -1
+        return LSTMOutput(logits)
+
+
+def test_bit_errors_count_the_output_phase_only_and_exact_means_none():
+    """Graves 2014 scores the output phase: a model right on every output bit is exact,
+    whatever it writes while reading. One wrong output bit per sequence: 1 error each and
+    no sequence exact."""
+    t = task(min_len=1, max_len=4, test_lengths=(7,), n_test_per_length=5)
+    reading = t.evaluate(Scribbler())
+    assert reading["bit_errors"] == 0 and reading["exact"] == 1.0
+    assert reading["bit_errors_len7"] == 0
+    slipped = t.evaluate(Scribbler(slip=True))
+    assert slipped["bit_errors"] == 1.0 and slipped["bit_errors_len7"] == 1.0
+    assert slipped["exact"] == 0.0
+
+
 def test_held_out_set_is_fixed_and_grouped_by_shape():
     t = task(kind="repeat_copy", max_len=3, test_lengths=(5,), n_test_per_length=6)
     held = t.held_out()

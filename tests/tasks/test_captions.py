@@ -314,6 +314,38 @@ def test_evaluate_reports_bleu_with_its_signature_and_correctness(task):
     )
 
 
+def test_bleu_n_counts_n_grams_up_to_n(task, monkeypatch):
+    """Each caption decoded as its reference's first two words ("a small", "a large"): every
+    unigram and bigram is in the reference (p_1 = p_2 = 1), so BLEU-1 = BLEU-2 = 100 BP with
+    BP = exp(1 - r / c) (r, c: the summed reference and hypothesis word counts). There is no
+    trigram to match: BLEU-3 and BLEU-4 are 0 (sacrebleu's score of a corpus without one)."""
+    batch, references = task.held_out(task.eval_config.split)
+    by_image = {
+        bytes(image.numpy()): ref for image, ref in zip(batch.images, references, strict=True)
+    }
+
+    def decode(model, images, generator=None, **kwargs):
+        prefixes = [by_image[bytes(image.cpu().numpy())].split()[:2] for image in images]
+        return [[WORDS.index(w) for w in words] + [END] for words in prefixes]
+
+    class Stub(torch.nn.Module):  # no attention weights: no correctness
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(()))
+
+        def forward(self, *args, **kwargs):
+            return SimpleNamespace(weights=None)
+
+    monkeypatch.setattr(task, "decode", decode)
+    metrics = task.evaluate(Stub())
+    assert metrics["n"] == len(references) == 40
+    r = sum(len(ref.split()) for ref in references)
+    want = 100 * math.exp(1 - r / (2 * len(references)))
+    assert metrics["bleu1"] == pytest.approx(want, rel=1e-9)
+    assert metrics["bleu2"] == pytest.approx(want, rel=1e-9)
+    assert metrics["bleu3"] == metrics["bleu4"] == 0.0
+
+
 @pytest.mark.parametrize("variant", ["soft", "hard"])
 def test_supervised_attention_loss_runs_on_the_device(task, variant, device):
     """The supervision term's box maps are made on the batch's device (meta included)."""

@@ -69,6 +69,24 @@ def test_fixed_vocabulary_maps_the_rest_to_unk_and_perplexity_of_uniform_is_voca
     assert metrics["unk_pct"] == 0.0  # "c" is the first token: never predicted
 
 
+def test_unk_pct_is_the_share_of_predicted_tokens_outside_the_vocabulary():
+    """Held-out a c b a: the window's targets are c b a (the first token is only read), and
+    "c" is outside the vocabulary of 6 (it fell off as the rarest): 1 of 3 is <unk>."""
+    task = WordLmTask(
+        ["a", "b", "a", "c", "a", "b"],
+        {"valid": ["a", "b"], "test": ["a", "c", "b", "a"]},
+        {"valid": [["a", "b"]], "test": [["a", "b"]]},
+        vocab_size=6,
+        context=3,
+        seed=0,
+        eval_config=EvalConfig(),
+    )
+    assert "c" not in task.vocab.tokens
+    metrics = task.evaluate(Uniform(len(task.vocab)))
+    assert metrics["n_words"] == 3
+    assert metrics["unk_pct"] == pytest.approx(100 / 3)
+
+
 def test_batches_depend_on_seed_and_step_only():
     task = toy(context=2)
     a, b = task.batch(3, 4, "cpu"), toy(context=2).batch(3, 4, "cpu")

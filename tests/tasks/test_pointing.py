@@ -1,4 +1,5 @@
 import json
+import math
 
 import pytest
 import torch
@@ -118,6 +119,18 @@ def test_scoring_the_true_outputs_is_perfect():
     task, _ = task_and_model("convex_hull")
     points, truth = task.test_set(6)
     assert task.score(points, truth, truth)["accuracy"] == 100.0
+
+
+def test_tsp_gap_is_the_excess_length_over_the_optimum():
+    """Vinyals 2015's gap: 100 (L / L* - 1). On the unit square the crossing tour 0 2 1 3 runs
+    two sides and both diagonals, L = 2 + 2 sqrt 2, against the perimeter L* = 4."""
+    task, _ = task_and_model("tsp")
+    square = torch.tensor([[[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 1.0]]])
+    scores = task.score(square, [[0, 2, 1, 3]], [[0, 1, 2, 3]])
+    length = 2 + 2 * math.sqrt(2)
+    assert scores["tour_length"] == pytest.approx(length)
+    assert scores["optimal"] == pytest.approx(4.0)
+    assert scores["gap_pct"] == pytest.approx(100 * (length / 4 - 1))
 
 
 def test_reinforce_loss_is_finite_and_improves_the_baseline_when_significantly_better():

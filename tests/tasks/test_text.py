@@ -1,4 +1,5 @@
 import json
+import math
 import sys
 
 import numpy as np
@@ -151,6 +152,13 @@ def test_exact_match():
         exact_match([], [])
 
 
+def test_exact_match_needs_the_whole_sequence_not_a_prefix():
+    """A prediction that starts with its reference but goes on is no match (nor is one that
+    stops short): comparing only the reference's length of it counted the first as exact."""
+    assert exact_match([["a", "b", "extra"], ["c"]], [["a", "b"], ["c"]]) == 0.5
+    assert exact_match([["a"]], [["a", "b"]]) == 0.0
+
+
 def test_bleu_of_identical_text_is_100_and_disjoint_is_0():
     text = ["the cat sat on the mat .", "a dog barked at the moon"]
     assert bleu(text, text) == pytest.approx(100.0)
@@ -161,6 +169,23 @@ def test_bleu_matches_hand_computed_precisions():
     # Clipped n-gram precisions 5/6, 3/5, 2/4, 1/3; equal lengths, so no brevity penalty.
     expected = 100 * (5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25
     assert bleu(["the cat sat on the mat"], ["the cat sat on a mat"]) == pytest.approx(expected)
+
+
+def test_bleu_of_a_prefix_is_the_brevity_penalty():
+    """BLEU = BP * exp(mean_n ln p_n), BP = exp(1 - r / c) when the hypotheses' length c is
+    below the references' r. A 6-word prefix of a 12-word reference: every n-gram of it is in
+    the reference (p_n = 1), so BLEU = 100 exp(1 - 12 / 6). With the two swapped, the
+    12-word side is the hypothesis: BP = 1 and p_n < 1."""
+    reference = "a b c d e f g h i j k l"
+    assert bleu(["a b c d e f"], [reference]) == pytest.approx(100 * math.exp(1 - 12 / 6))
+
+
+def test_bleu_tokenizes_punctuation_apart_13a():
+    """sacrebleu's 13a tokenizer splits "e." into "e ." and "e!" into "e !": 6 tokens each,
+    5 shared, so the clipped precisions are 5/6, 4/5, 3/4, 2/3 (product 1/3), equal lengths,
+    BLEU = 100 (1/3)^(1/4). Whitespace tokens alone ("e." vs "e!") would give 4/5 ... 1/2."""
+    expected = 100 * (5 / 6 * 4 / 5 * 3 / 4 * 2 / 3) ** 0.25
+    assert bleu(["a b c d e."], ["a b c d e!"]) == pytest.approx(expected)
 
 
 def test_chrf_of_identical_text_is_100():
