@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 import torch
 from hypothesis import given
@@ -260,13 +262,58 @@ def test_no_causal_leak_by_gradient(name):
         assert (gk[0, i + 1 :] == 0).all() and (gv[0, i + 1 :] == 0).all()
 
 
-def test_dropout_zero_in_eval_and_changes_context_in_training():
-    q, k, v = torch.randn(2, 5, 4), torch.randn(2, 6, 4), torch.randn(2, 6, 3)
-    for name in ("scaled_dot", scores.Additive(4, 4, 3)):
-        a = attention(q, k, v, score=name, dropout=0.5, return_weights=True)
-        b = attention(q, k, v, score=name, dropout=0.0, return_weights=True)
-        torch.testing.assert_close(a.weights, b.weights)  # weights reported before dropout
-        assert not torch.allclose(a.context, b.context)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_large_norm_queries_and_keys_with_logits_near_minus_2e4_follow_the_reference(
+    dtype, return_weights
+):
+    """Feature 0 of the queries is -141.4 and of the keys +141.4: every dot logit is shifted
+    by -2e4, which softmax ignores. Masked logits filled with a finite -1e4 stood above the
+    allowed ones (the weights summed to 0, the context was off by 2.8); filled with the
+    dtype's minimum they stay below. Context and weights against the float64 reference,
+    under a per-query mask with a fully masked row."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, n, 8, generator=g, dtype=torch.float64) for n in (5, 7, 7))
+    q[..., 0], k[..., 0] = -(2e4**0.5), 2e4**0.5
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    mask = torch.rand(2, 5, 7, generator=g) > 0.4
+    mask[..., 1] = True
+    mask[1, 2] = False  # nothing to attend: a zero row
+    logits = ref_logits("dot", q, k)
+    assert (logits < -1.9e4).all()
+    expected, weights = ref_attention(logits, v, mask)
+    out = attention(q, k, v, score="dot", mask=mask, return_weights=return_weights)
+    tol = dict(rtol=0, atol=5e-3) if dtype == torch.float32 else {}  # logits' rounding at 2e4
+    torch.testing.assert_close(out.context.double(), expected, **tol)
+    if return_weights:
+        torch.testing.assert_close(out.weights.double(), weights, **tol)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_dropout_zero_in_eval_and_changes_context_in_training(name, return_weights):
+    """Every score, with and without weights (the additive score's fused kernel, which
+    never holds the weights, ran under dropout and dropped nothing): dropout 0 gives the
+    float64 reference; dropout 0.5 gives in each row one of the 2^3 inverted-dropout
+    contexts of the reference's weights (each weight kept and doubled, or dropped), never
+    the context without dropout, and reports the weights before dropout."""
+    score, params = make(name)
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(2, n, 6, generator=g) for n in (5, 3, 3))
+    want, want_w = ref_attention(ref_logits(name, q, k, params), v)
+    b = attention(q, k, v, score=score, dropout=0.0, return_weights=return_weights)
+    torch.testing.assert_close(b.context.double(), want, rtol=1e-4, atol=1e-5)
+    torch.manual_seed(3)
+    a = attention(q, k, v, score=score, dropout=0.5, return_weights=return_weights)
+    if return_weights:  # weights reported before dropout
+        torch.testing.assert_close(a.weights.double(), want_w, rtol=1e-4, atol=1e-6)
+    else:
+        assert a.weights is None
+    kept = torch.tensor(list(itertools.product([0.0, 2.0], repeat=3)), dtype=torch.float64)
+    candidates = (want_w.detach()[None] * kept[:, None, None]) @ v.double()  # (8, b, i, d_value)
+    nearest = (candidates - a.context.double()).abs().amax(-1).amin(0)  # (b, i)
+    assert (nearest < 1e-5).all(), nearest
+    assert not torch.allclose(a.context, b.context)
 
 
 @pytest.mark.parametrize("name", NAMES)

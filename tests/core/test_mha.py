@@ -110,6 +110,28 @@ def test_incremental_cache_with_window_equals_full():
     torch.testing.assert_close(torch.cat([first, *steps], 1), full, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [1, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_one_step_at_a_time_with_a_window_equals_float64_reference(window, causal):
+    """Decoding one position at a time through a self-attention cache with a window, with
+    or without causal (a step has no later keys to exclude): step t attends keys j <= t with
+    |j - t| <= window, the cache length its offset. Without causal the offset was dropped:
+    step t got the window of position 0 (off by 0.3 from step 2). Against a float64 einsum
+    reference of the heads, and the full pass with causal and the window."""
+    mha = MultiHeadAttention(8, 2).double().eval()
+    x = torch.randn(2, 7, 8, dtype=torch.float64)
+    cache = KVCache()
+    steps = [
+        mha(x[:, t : t + 1], causal=causal, window=window, cache=cache).context for t in range(7)
+    ]
+    q, k, v = ((x @ w.T + b).view(2, 7, 2, 4).transpose(1, 2) for w, b in mha.in_proj.block_views())
+    ctx, _ = ref_attention(ref_logits("scaled_dot", q, k), v, geometric(7, 7, True, window))
+    expected = ctx.transpose(1, 2).reshape(2, 7, 8) @ mha.out_proj.weight.T + mha.out_proj.bias
+    torch.testing.assert_close(torch.cat(steps, 1), expected)
+    full = mha(x, causal=True, window=window).context
+    torch.testing.assert_close(torch.cat(steps, 1), full)
+
+
 def test_cross_attention_cache_projects_memory_once_and_reorders():
     mha = MultiHeadAttention(8, 2).eval()
     memory, x = torch.randn(3, 5, 8), torch.randn(3, 1, 8)
@@ -535,28 +557,38 @@ def test_incremental_cache_under_padding_equals_full_for_every_score(name, windo
 
 @pytest.mark.parametrize("name", SCORE_NAMES)
 @pytest.mark.parametrize("causal", [False, True])
-def test_cross_and_causal_attention_equal_float64_reference(name, causal):
+@pytest.mark.parametrize("per_head", [False, True], ids=["padding", "per-head"])
+def test_cross_and_causal_attention_equal_float64_reference(name, causal, per_head):
     """Per head: project, score by the papers' formulas (tests/core/reference.py), a loop
     softmax over the allowed keys, concatenate, project out; d_memory != d_model, 7 queries
     over 17 keys, padding and causality (MHA was checked in float64 only for scaled_dot
-    self-attention)."""
+    self-attention). Per head: a (b, h, i, j) mask that lets memory row 3 be attended by
+    head 0 only, and padded row 12 of example 1 by head 0 only: the memory is cleared where
+    no head attends (cleared where some head did not, head 0 attended zeros)."""
     torch.manual_seed(1)
     score = scores.make_score(name, 4, 4, max_keys=17)
     mha = MultiHeadAttention(8, 2, score=score, d_memory=5).double()
     x = torch.randn(3, 7, 8, dtype=torch.float64)
     memory = torch.randn(3, 17, 5, dtype=torch.float64)
     pad = (torch.arange(17)[None] < torch.tensor([17, 9, 1])[:, None])[:, None]  # (3, 1, 17)
-    out = mha(x, memory, mask=pad, causal=causal, return_weights=True)
+    mask = pad
+    if per_head:
+        mask = pad[:, None].expand(3, 2, 7, 17).clone()  # (b, h, i, j)
+        mask[:, 1, :, 3] = False
+        mask[1, 0, :, 12] = True
 
     def heads(t, proj):
         return (t @ proj.weight.T + proj.bias).view(3, -1, 2, 4).transpose(1, 2)
 
     q, k, v = heads(x, mha.q_proj), heads(memory, mha.k_proj), heads(memory, mha.v_proj)
-    allowed = pad[:, None] & geometric(7, 17, causal, None)
+    allowed = (mask if per_head else pad[:, None]) & geometric(7, 17, causal, None)
     ctx, w = ref_attention(ref_logits(name, q, k, params_of(mha.score)), v, allowed)
     expected = ctx.transpose(1, 2).reshape(3, 7, 8) @ mha.out_proj.weight.T + mha.out_proj.bias
+    out = mha(x, memory, mask=mask, causal=causal, return_weights=True)
     torch.testing.assert_close(out.context, expected)
     torch.testing.assert_close(out.weights, w)
+    out = mha(x, memory, mask=mask, causal=causal)  # the fused kernels, without weights
+    torch.testing.assert_close(out.context, expected)
 
 
 @settings(deadline=None, max_examples=30)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from attnzoo import gumbel_softmax_st, hard_argmax, masked_softmax, sample_hard
+from tests.core.reference import ref_attention
 
 
 def test_masked_softmax_exact_and_fully_masked_row():
@@ -38,6 +39,26 @@ def test_masked_softmax_follows_float64_reference_with_gradcheck(shape):
     assert torch.equal(masked_softmax(logits, mask) == 0, want == 0)
     torch.testing.assert_close(masked_softmax(logits, mask), want)
     assert torch.autograd.gradcheck(lambda x: masked_softmax(x, mask), (logits,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shift", [2e4, 1e5])
+def test_masked_softmax_of_very_negative_logits_follows_float64_reference(dtype, shift):
+    """softmax is shift-invariant: logits around -2e4 or -1e5 (large-norm queries and keys
+    with opposite directions) give the weights of the same logits unshifted. A masked logit
+    filled with a finite constant such as -1e4 instead of the dtype's minimum stood above
+    every allowed one: the softmax went to the masked keys and the rows summed to 0. Against
+    the float64 reference's loop over rows on the same values, a fully masked row included."""
+    g = torch.Generator().manual_seed(int(shift))
+    logits = (torch.randn(2, 5, 7, generator=g, dtype=torch.float64) * 3 - shift).to(dtype)
+    mask = torch.rand(2, 5, 7, generator=g) > 0.4
+    mask[..., 0] = True
+    mask[1, 3] = False  # a fully masked row: zeros
+    _, want = ref_attention(logits, torch.eye(7, dtype=torch.float64), mask)
+    got = masked_softmax(logits, mask)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.sum(-1), mask.any(-1).to(dtype))
 
 
 def test_masked_softmax_bf16_uses_dtype_minimum():

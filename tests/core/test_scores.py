@@ -197,6 +197,24 @@ def test_registry_builds_every_score_with_the_documented_signature(name, lead):
         assert logits.shape == (*lead, 4, 9)  # (the values: against float64 references below)
 
 
+@pytest.mark.parametrize("d_hidden", [None, 5])
+def test_registry_additive_hidden_width_defaults_to_d_key(d_hidden):
+    """make_score's documented default for the additive score's tanh layer is d_key (not
+    d_query): with d_query 8 and d_key 12, W_a is (12, 8), U_a (12, 12) and v (12,); a given
+    d_hidden is kept. The logits follow the float64 reference."""
+    score = scores.make_score("additive", 8, 12, d_hidden=d_hidden)
+    hidden = 12 if d_hidden is None else d_hidden
+    assert score.v.shape == (hidden,)
+    assert score.query_proj.weight.shape == (hidden, 8)
+    assert score.key_proj.weight.shape == (hidden, 12)
+    assert score.key_proj.out_features == score.query_proj.out_features == hidden
+    params = params_of(score)
+    score = score.double()
+    q = torch.randn(2, 3, 8, dtype=torch.float64)
+    k = torch.randn(2, 4, 12, dtype=torch.float64)
+    torch.testing.assert_close(score(q, k), ref_logits("additive", q, k, params))
+
+
 @pytest.mark.parametrize("name", sorted(SAME_SIZE_ONLY))
 def test_registry_refuses_different_sizes_by_name(name):
     assert name in scores.SCORES

@@ -37,6 +37,8 @@ from attnzoo import (
 from attnzoo.core import additive
 from attnzoo.models.transformer import Transformer
 from tests.core.reference import ref_attention, ref_logits
+from tests.core.test_attention import geometric
+from tests.core.test_scores import params_of
 
 NAN, INF = float("nan"), float("inf")
 GARBAGE = {"nan": NAN, "+inf": INF, "-inf": -INF}
@@ -386,6 +388,76 @@ def test_garbage_in_keys_no_query_reaches_never_reaches_an_output(
     _assert_same_gradients(gradients, clean_gradients)
 
 
+# A key that the mask and the geometry leave to no query only together is read before the
+# geometry clears it on some paths (found with the tests below; not yet cleared there): the
+# fused additive kernel clears under the mask alone, so garbage there is NaN in every row (never
+# a wrong number); the cosine score normalises the key (its own gradient reads it) and the
+# additive score projects it (U_a's gradient reads it) first.
+FUSED_ADDITIVE = ("additive-one-block", "additive-blockwise")
+KEY_READ_FIRST = ("cosine", "additive")
+
+
+def _each_row_clean_or_nonfinite(got, clean):
+    """Each row of `got` is the clean call's row exactly or all non-finite: never a number
+    made from garbage."""
+    for row, want in zip(got.flatten(0, -2), clean.flatten(0, -2), strict=True):
+        assert torch.equal(row, want) or all_nonfinite(row)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("geometry", ["causal", "window"])
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+@pytest.mark.parametrize("prepared", [False, True], ids=["keys", "prepared"])
+def test_garbage_in_a_key_mask_and_geometry_together_leave_unattended_never_reaches_an_output(
+    monkeypatch, path, geometry, garbage, prepared
+):
+    """A (b, i, j) mask lets key 3 be attended by query 0 only, which causality (or window 1)
+    keeps from it: the mask alone allows it, the geometry alone reaches it (queries 3 and 4),
+    together they leave it to no query. Cleared first under the mask and the reach (where it
+    stays), it must be cleared again under mask and geometry: marked cleared after the first,
+    garbage there made every row non-finite (0 * NaN). Outputs equal the clean call's exactly
+    and so do the gradients of the query and value (of the key and the score's parameters
+    too where the score reads the key after clearing); the clean call follows the float64
+    reference. The fused additive kernel: each row the clean one or all non-finite."""
+    name, kwargs, block = PATHS[path]
+    if block is not None:
+        monkeypatch.setattr(additive, "BLOCK_ELEMENTS", block)
+    window = 1 if geometry == "window" else None
+    kwargs = {**kwargs, "causal": geometry == "causal", "window": window}
+    score = make_score(name)
+    q, k, v = _inputs()
+    mask = torch.ones(B, I, J, dtype=torch.bool)
+    mask[:, 1:, 3] = False
+    allowed = mask & geometric(I, J, geometry == "causal", window)
+    assert not allowed[..., 3].any()
+
+    def run(k, v):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        q_, k_, v_ = leaves
+        if prepared:
+            k_ = prepare_key(score, k_, value=v_, mask=mask)
+            v_ = k_.value
+        out = attention(q_, k_, v_, score=score, mask=mask, **kwargs)
+        wrt = [q_, v_] if name in KEY_READ_FIRST else [*leaves, *score.parameters()]
+        return out, _gradients(out, wrt)
+
+    clean, clean_gradients = run(k, v)
+    want, want_weights = ref_attention(ref_logits(name, q, k, params_of(score)), v, allowed)
+    torch.testing.assert_close(clean.context.double(), want, rtol=1e-4, atol=1e-5)
+    if kwargs.get("return_weights"):
+        torch.testing.assert_close(clean.weights.double(), want_weights, rtol=1e-4, atol=1e-6)
+    k, v = k.clone(), v.clone()
+    k[:, 3], v[:, 3] = GARBAGE[garbage], GARBAGE[garbage]
+    out, gradients = run(k, v)
+    if path in FUSED_ADDITIVE:
+        _each_row_clean_or_nonfinite(out.context, clean.context)
+        return
+    assert torch.equal(out.context, clean.context)
+    if kwargs.get("return_weights"):
+        assert torch.equal(out.weights, clean.weights)
+    _assert_same_gradients(gradients, clean_gradients)
+
+
 @pytest.mark.parametrize("path", list(PATHS))
 def test_nan_at_a_position_some_queries_attend_is_never_a_wrong_number(monkeypatch, path):
     """Causal attention with a NaN key and value at position 6: queries 6.. attend it and are
@@ -533,6 +605,48 @@ def test_garbage_in_memory_no_query_reaches_never_reaches_an_output(geometry, ga
     _assert_same_gradients(gradients, clean_gradients)
 
 
+@pytest.mark.parametrize("name", list(scores.SCORES))
+@pytest.mark.parametrize("geometry", ["causal", "window"])
+@pytest.mark.parametrize("mask_rank", [3, 4], ids=["shared", "per-head"])
+def test_garbage_in_memory_mask_and_geometry_together_leave_unattended_never_reaches_an_output(
+    name, geometry, mask_rank
+):
+    """Cross-attention of 5 queries to 6 memory rows: the mask lets row 3 be attended by
+    query 0 only (in every head), which causality (or window 1) keeps from it. Cleared under
+    the padding part of the mask before the projection, the call kept `cleared` under
+    geometry too and skipped clearing under mask and geometry: garbage there made every
+    output non-finite. Context, weights and the query's gradient (the memory's too where the
+    score reads the keys after clearing) are the clean memory's; the fused additive kernel
+    gives each row the clean one or all non-finite. (W_k and W_v project row 3 before it is
+    cleared: their gradients read it, 0 * NaN, and are not compared.)"""
+    mha = MultiHeadAttention(8, 2, score=scores.make_score(name, 4, 4, max_keys=6))
+    x, memory = torch.randn(2, 5, 8), torch.randn(2, 6, 8)
+    kwargs = {"causal": True} if geometry == "causal" else {"window": 1}
+    mask = torch.ones(2, 5, 6, dtype=torch.bool)
+    mask[:, 1:, 3] = False
+    if mask_rank == 4:
+        mask = mask[:, None].expand(2, 2, 5, 6)  # (b, h, i, j)
+    for return_weights in (False, True):
+
+        def run(memory, return_weights=return_weights):
+            leaves = [x.clone().requires_grad_(), memory.clone().requires_grad_()]
+            out = mha(*leaves, mask=mask, return_weights=return_weights, **kwargs)
+            return out, _gradients(out, leaves[:1] if name in KEY_READ_FIRST else leaves)
+
+        clean, clean_gradients = run(memory)
+        for garbage in GARBAGE.values():
+            dirty = memory.clone()
+            dirty[:, 3] = garbage
+            out, gradients = run(dirty)
+            if name == "additive" and not return_weights:  # the fused kernel
+                _each_row_clean_or_nonfinite(out.context, clean.context)
+                continue
+            assert torch.equal(out.context, clean.context)
+            if return_weights:
+                assert torch.equal(out.weights, clean.weights)
+            _assert_same_gradients(gradients, clean_gradients)
+
+
 @pytest.mark.parametrize("predictive", [False, True], ids=["local-m", "local-p"])
 @pytest.mark.parametrize("garbage", list(GARBAGE))
 @pytest.mark.parametrize("name", ["dot", "additive"])
@@ -590,6 +704,27 @@ def test_nonfinite_query_propagates_in_local_attention(predictive, garbage):
     others = torch.ones(B, I, dtype=torch.bool)
     others[1, 3] = False
     assert torch.equal(out.context[others], clean.context[others])
+
+
+@pytest.mark.parametrize("garbage", list(GARBAGE))
+@pytest.mark.parametrize("per_row", [False, True], ids=["query_len", "batch-query_len"])
+def test_nonfinite_position_of_local_m_propagates(garbage, per_row):
+    """local-m with a NaN or Inf among the given `positions`: that query's window is empty
+    (its weights would be zeros, its context a zero row: a number from garbage); the
+    centre joins the probe, so the row is non-finite. The other rows follow the float64
+    reference of attention within |j - p_t| <= 2."""
+    local = LocalAttention(scores.Dot(), window=2)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, n, d, generator=g) for n, d in ((3, D), (6, D), (6, DV)))
+    positions = torch.tensor([0.0, GARBAGE[garbage], 2.0])
+    if per_row:
+        positions = positions.expand(B, 3)
+    out = local(q, k, v, positions=positions)
+    assert all_nonfinite(out.context[:, 1]) and all_nonfinite(out.weights[:, 1])
+    inside = (torch.arange(6)[None] - torch.tensor([[0], [2]])).abs() <= 2  # rows 0 and 2
+    want, want_weights = ref_attention(ref_logits("dot", q[:, ::2], k), v, inside)
+    torch.testing.assert_close(out.context[:, ::2].double(), want)
+    torch.testing.assert_close(out.weights[:, ::2].double(), want_weights)
 
 
 def test_garbage_in_padding_of_the_public_additive_kernel(monkeypatch):
