@@ -388,22 +388,6 @@ def test_garbage_in_keys_no_query_reaches_never_reaches_an_output(
     _assert_same_gradients(gradients, clean_gradients)
 
 
-# A key that the mask and the geometry leave to no query only together is read before the
-# geometry clears it on some paths (found with the tests below; not yet cleared there): the
-# fused additive kernel clears under the mask alone, so garbage there is NaN in every row (never
-# a wrong number); the cosine score normalises the key (its own gradient reads it) and the
-# additive score projects it (U_a's gradient reads it) first.
-FUSED_ADDITIVE = ("additive-one-block", "additive-blockwise")
-KEY_READ_FIRST = ("cosine", "additive")
-
-
-def _each_row_clean_or_nonfinite(got, clean):
-    """Each row of `got` is the clean call's row exactly or all non-finite: never a number
-    made from garbage."""
-    for row, want in zip(got.flatten(0, -2), clean.flatten(0, -2), strict=True):
-        assert torch.equal(row, want) or all_nonfinite(row)
-
-
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("geometry", ["causal", "window"])
 @pytest.mark.parametrize("garbage", list(GARBAGE))
@@ -413,12 +397,13 @@ def test_garbage_in_a_key_mask_and_geometry_together_leave_unattended_never_reac
 ):
     """A (b, i, j) mask lets key 3 be attended by query 0 only, which causality (or window 1)
     keeps from it: the mask alone allows it, the geometry alone reaches it (queries 3 and 4),
-    together they leave it to no query. Cleared first under the mask and the reach (where it
-    stays), it must be cleared again under mask and geometry: marked cleared after the first,
-    garbage there made every row non-finite (0 * NaN). Outputs equal the clean call's exactly
-    and so do the gradients of the query and value (of the key and the score's parameters
-    too where the score reads the key after clearing); the clean call follows the float64
-    reference. The fused additive kernel: each row the clean one or all non-finite."""
+    together they leave it to no query, and it is cleared as padding is, before the score
+    reads it. Outputs and every gradient equal the clean call's exactly; the clean call
+    follows the float64 reference. Cleared under the mask and the reach only, garbage there
+    made every row of the fused additive kernel NaN, and the gradients of a cosine's key and
+    of the additive score's U_a NaN (each reads the key first). Keys given prepared were read
+    by `prepare_key` (which knows no geometry): there the score's parameters and the key's
+    gradient are not compared."""
     name, kwargs, block = PATHS[path]
     if block is not None:
         monkeypatch.setattr(additive, "BLOCK_ELEMENTS", block)
@@ -438,7 +423,7 @@ def test_garbage_in_a_key_mask_and_geometry_together_leave_unattended_never_reac
             k_ = prepare_key(score, k_, value=v_, mask=mask)
             v_ = k_.value
         out = attention(q_, k_, v_, score=score, mask=mask, **kwargs)
-        wrt = [q_, v_] if name in KEY_READ_FIRST else [*leaves, *score.parameters()]
+        wrt = [q_, v_] if prepared else [*leaves, *score.parameters()]
         return out, _gradients(out, wrt)
 
     clean, clean_gradients = run(k, v)
@@ -449,9 +434,6 @@ def test_garbage_in_a_key_mask_and_geometry_together_leave_unattended_never_reac
     k, v = k.clone(), v.clone()
     k[:, 3], v[:, 3] = GARBAGE[garbage], GARBAGE[garbage]
     out, gradients = run(k, v)
-    if path in FUSED_ADDITIVE:
-        _each_row_clean_or_nonfinite(out.context, clean.context)
-        return
     assert torch.equal(out.context, clean.context)
     if kwargs.get("return_weights"):
         assert torch.equal(out.weights, clean.weights)
@@ -612,13 +594,11 @@ def test_garbage_in_memory_mask_and_geometry_together_leave_unattended_never_rea
     name, geometry, mask_rank
 ):
     """Cross-attention of 5 queries to 6 memory rows: the mask lets row 3 be attended by
-    query 0 only (in every head), which causality (or window 1) keeps from it. Cleared under
-    the padding part of the mask before the projection, the call kept `cleared` under
-    geometry too and skipped clearing under mask and geometry: garbage there made every
-    output non-finite. Context, weights and the query's gradient (the memory's too where the
-    score reads the keys after clearing) are the clean memory's; the fused additive kernel
-    gives each row the clean one or all non-finite. (W_k and W_v project row 3 before it is
-    cleared: their gradients read it, 0 * NaN, and are not compared.)"""
+    query 0 only (in every head), which causality (or window 1) keeps from it: it is cleared
+    as padding is, before the projection. Context, weights and every gradient (the query's,
+    the memory's, every parameter's) are the clean memory's. Cleared under the padding part
+    of the mask alone, garbage there made W_k's and W_v's gradients NaN, and every output of
+    the fused additive kernel."""
     mha = MultiHeadAttention(8, 2, score=scores.make_score(name, 4, 4, max_keys=6))
     x, memory = torch.randn(2, 5, 8), torch.randn(2, 6, 8)
     kwargs = {"causal": True} if geometry == "causal" else {"window": 1}
@@ -631,16 +611,13 @@ def test_garbage_in_memory_mask_and_geometry_together_leave_unattended_never_rea
         def run(memory, return_weights=return_weights):
             leaves = [x.clone().requires_grad_(), memory.clone().requires_grad_()]
             out = mha(*leaves, mask=mask, return_weights=return_weights, **kwargs)
-            return out, _gradients(out, leaves[:1] if name in KEY_READ_FIRST else leaves)
+            return out, _gradients(out, [*leaves, *mha.parameters()])
 
         clean, clean_gradients = run(memory)
         for garbage in GARBAGE.values():
             dirty = memory.clone()
             dirty[:, 3] = garbage
             out, gradients = run(dirty)
-            if name == "additive" and not return_weights:  # the fused kernel
-                _each_row_clean_or_nonfinite(out.context, clean.context)
-                continue
             assert torch.equal(out.context, clean.context)
             if return_weights:
                 assert torch.equal(out.weights, clean.weights)
@@ -768,6 +745,33 @@ def test_garbage_past_every_query_in_the_public_additive_kernel(monkeypatch, geo
             results.append(
                 (out, [g if g.dim() < 3 or g.shape[1] == 20 else g[:, :reach] for g in grads])
             )
+        (out0, grads0), (out1, grads1) = results
+        assert torch.equal(out0, out1)
+        for g0, g1 in zip(grads0, grads1, strict=True):
+            assert torch.equal(g0, g1)
+
+
+@pytest.mark.parametrize("geometry", [{"causal": True}, {"window": 2}], ids=["causal", "window"])
+def test_garbage_a_per_query_mask_and_geometry_leave_in_the_public_additive_kernel(
+    monkeypatch, geometry
+):
+    """additive_attention itself, 20 queries over 48 keys: a (b, i, j) mask lets key 5 be
+    attended by query 0 only, which the geometry keeps from it; key 5 holds NaN. The context
+    and every gradient are those of a clean key 5, blockwise and in one block (cleared under
+    the mask alone, it made every row NaN)."""
+    a, b, v, value = _additive_problem(0)
+    a = a[:, :20]
+    mask = torch.ones(2, 20, 48, dtype=torch.bool)
+    mask[:, 1:, 5] = False
+    for block in (additive.BLOCK_ELEMENTS, 4096):
+        monkeypatch.setattr(additive, "BLOCK_ELEMENTS", block)
+        results = []
+        for garbage in (0.0, NAN):
+            b2, value2 = b.clone(), value.clone()
+            b2[:, 5], value2[:, 5] = garbage, garbage
+            leaves = [t.clone().requires_grad_() for t in (a, b2, v, value2)]
+            out = additive_attention(*leaves, mask=mask, **geometry)
+            results.append((out, torch.autograd.grad(out.square().sum(), leaves)))
         (out0, grads0), (out1, grads1) = results
         assert torch.equal(out0, out1)
         for g0, g1 in zip(grads0, grads1, strict=True):

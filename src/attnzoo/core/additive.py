@@ -36,7 +36,12 @@ from attnzoo.core.checks import (
     check_window,
     fail,
 )
-from attnzoo.core.masks import clear_unattended, combine_masks, geometry_mask, reached_keys
+from attnzoo.core.masks import (
+    clear_unattended,
+    combine_masks,
+    geometry_mask,
+    unreached_clearing,
+)
 from attnzoo.core.normalisers import (
     all_finite,
     masked_softmax,
@@ -392,9 +397,10 @@ def additive_attention(
         check_flag("additive_attention", "causal", causal)
     if causal or window is not None:
         i, j = query.shape[-2], key.shape[-2]
-        reached = reached_keys(i, j, causal=causal, window=window, device=query.device)
-        if reached is not None:  # keys no query reaches: cleared as padding is
-            key, value = clear_unattended(reached, key, value)
+        clearing = unreached_clearing(mask, i, j, causal=causal, window=window, device=query.device)
+        if clearing is not None:  # keys no query reaches: cleared as padding is
+            key, value = clear_unattended(clearing, key, value)
+            cleared = True
     clean = all_finite(query, key, v)  # as `Additive.fused` probes them (tanh saturates)
     if not clean:  # a non-finite key row makes its value row so (padding's is cleared)
         value = propagate_nonfinite(value, key, read=False)

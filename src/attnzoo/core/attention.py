@@ -18,11 +18,12 @@ Non-finite values (DESIGN.md: nothing silently wrong), by construction, with no 
   (`normalisers.propagate_nonfinite`; on the CPU one read of each sum skips it all when the
   inputs are finite). A non-finite query row is non-finite also when it has no allowed key;
   a finite one with no allowed key gets zeros;
-- a key or value position that the mask excludes for every query (padding), or that no
+- a key or value position that the mask excludes for every query (padding), that no
   query reaches under causal or window when there are fewer queries than keys
-  (`masks.reached_keys`), is set to 0 by selection before use on every path, before the score
-  projects the keys (`masks.clear_unattended`), so what it holds never reaches an output or a
-  gradient;
+  (`masks.reached_keys`), or that a per-query mask and causal or window leave to no query
+  together (`masks.unreached_clearing`), is set to 0 by selection before use on every path,
+  before the score reads the keys (`masks.clear_unattended`), so what it holds never reaches
+  an output or a gradient (keys given prepared were read by `prepare_key` already);
 - a position excluded for some queries only (causal, window, a per-query mask) is attended
   input: its key never reaches an excluded query's logits on the plain paths (filled, not
   added), but a non-finite value there can reach an excluded query of the same row through
@@ -51,8 +52,8 @@ from attnzoo.core.masks import (
     clear_unattended,
     combine_masks,
     geometry_mask,
-    reached_keys,
     same_mask,
+    unreached_clearing,
 )
 from attnzoo.core.normalisers import (
     masked_softmax,
@@ -191,20 +192,19 @@ def attention(
         check_flag("attention", "return_weights", return_weights)
     if window is not None:
         check_window("attention", window)
-    reached = None  # the keys within some query's causal or window reach
+    clearing = mask  # the keys some query attends (under causal or window, those it reaches)
     if causal or window is not None:
         i, j = query.shape[-2], value.shape[-2]
-        reached = reached_keys(i, j, causal=causal, window=window, device=query.device)
+        clearing = unreached_clearing(mask, i, j, causal=causal, window=window, device=query.device)
     if not prepared:
-        if (clearing := combine_masks(mask, reached)) is not None:
-            # cleared before the score's projection (U_a k), whose weight's gradient would
-            # otherwise read the padding (0 * NaN); once here for the paths below unless a
-            # causal or window mask leaves more keys to clear there
+        if clearing is not None:
+            # cleared before the score reads the keys (U_a k, a cosine's norm), whose
+            # gradient would otherwise read the padding (0 * NaN); once here for every path
             key, value = clear_unattended(clearing, key, value)
-            cleared = not causal and window is None
+            cleared = True
         key = score.prepare_key(key)
-    elif reached is not None:  # the prepared keys no query reaches (not cleared by the kernels)
-        key, value = clear_unattended(reached, key, value)
+    elif clearing is not mask:  # the prepared keys no query reaches (not cleared by the kernels)
+        key, value = clear_unattended(clearing, key, value)
     return _attend(query, key, value, score, mask, causal, window, dropout, return_weights, cleared)
 
 

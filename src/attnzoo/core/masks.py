@@ -148,6 +148,29 @@ def reached_keys(
     return torch.arange(key_len, device=device) < reach
 
 
+def unreached_clearing(
+    mask: torch.Tensor | None,
+    query_len: int,
+    key_len: int,
+    *,
+    causal: bool = False,
+    window: int | None = None,
+    device: torch.device | None = None,
+) -> torch.Tensor | None:
+    """The mask to clear keys and values under (`clear_unattended`) before a score reads
+    them, with `causal` or `window`: `mask` and the keys some query reaches
+    (`reached_keys`). A per-query mask (query dim > 1) is combined with the whole geometry
+    instead: it and the geometry may leave a key to no query together though each alone
+    leaves it to some (the mask to query 0 only, causality to the later queries), and that
+    key must be cleared as padding is. That mask is (..., query_len, key_len) already: the
+    combination takes memory of the mask's own size."""
+    if mask is not None and mask.dim() > 1 and mask.shape[-2] > 1:
+        geometry = geometry_mask(query_len, key_len, causal=causal, window=window, device=device)
+    else:
+        geometry = reached_keys(query_len, key_len, causal=causal, window=window, device=device)
+    return combine_masks(mask, geometry)
+
+
 def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
     """Logical AND of broadcastable masks; None entries mean "no constraint"."""
     present = [m for m in masks if m is not None]

@@ -33,6 +33,7 @@ from attnzoo.core.masks import (
     geometry_mask,
     reached_keys,
     same_mask,
+    unreached_clearing,
 )
 from attnzoo.core.scores import Score, make_score, resolve_score
 from attnzoo.core.types import AttentionOutput, mask_version
@@ -446,11 +447,15 @@ class MultiHeadAttention(nn.Module):
             if causal or window is not None:
                 i, j = query.shape[1], memory.shape[1]
                 reached = reached_keys(i, j, causal=causal, window=window, device=query.device)
-            # a cache this call fills serves later calls, which may reach the rows this one
-            # does not: those are projected as they are, and cleared after (below)
-            before = None if cache is not None else reached
             padding = None if mask is None else _per_batch(mask)
-            if (clearing := combine_masks(padding, before)) is not None and not static:
+            clearing = padding
+            if cache is None and (causal or window is not None):  # the mask and the geometry
+                clearing = unreached_clearing(
+                    padding, i, j, causal=causal, window=window, device=query.device
+                )
+            # (a cache this call fills serves later calls, which may reach the rows this one
+            # does not: those are projected as they are, and cleared after, below)
+            if clearing is not None and not static:
                 # padding cleared before the projection (W_k and W_v's gradients read it);
                 # the projected rows there are finite and get weight 0: not cleared again
                 (memory,) = clear_unattended(clearing, memory)
