@@ -79,6 +79,31 @@ def test_head_grid_figure_rejects_mismatched_labels():
         head_grid_figure(torch.zeros(1, 2, 3, 4), ["a"] * 4, ["x", "y"])
 
 
+def _token_axes(kind: str):
+    """(Axes, x labels, y labels) of the token map of each figure that labels its cells."""
+    source, target = ["a", "b", "c", "d", "e"], ["x", "y", "z"]
+    if kind == "alignment":
+        return alignment_figure(torch.rand(3, 5), source, target).axes[0], source, target
+    if kind == "head_grid":  # the bottom-left map: the only one labelled on both axes
+        fig = head_grid_figure(torch.rand(2, 2, 3, 5), source, target)
+        return fig.axes[2], source, target
+    fig = pointer_figure(torch.rand(4, 2), torch.rand(3, 5), [0, 1], None, source)
+    return fig.axes[0], source, ["1", "2", "3"]  # output steps numbered from 1
+
+
+@pytest.mark.parametrize("kind", ["alignment", "head_grid", "pointer"])
+def test_token_ticks_sit_on_their_own_cells(kind):
+    """The label of token i is at the centre of the map's cell i (imshow puts cell i's centre
+    at i): labels shifted one cell along read the right texts against the wrong cells."""
+    ax, xlabels, ylabels = _token_axes(kind)
+    rows, cols = len(ylabels), len(xlabels)
+    assert ax.images[0].get_extent() == [-0.5, cols - 0.5, rows - 0.5, -0.5]
+    assert ax.get_xticks().tolist() == list(range(cols))
+    assert ax.get_yticks().tolist() == list(range(rows))
+    assert [t.get_text() for t in ax.get_xticklabels()] == xlabels
+    assert [t.get_text() for t in ax.get_yticklabels()] == ylabels
+
+
 DOLLARS = ["$", "$\\frac$", "a$b$c"]
 
 
@@ -138,6 +163,28 @@ def test_pointer_figure_shows_a_correct_output_inside_the_true_band(closed, dim)
     assert true.get_zorder() < output.get_zorder()
     assert true.get_color() != output.get_color()
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["true", "output"]
+
+
+@pytest.mark.parametrize("closed", [True, False], ids=["tour", "open"])
+def test_pointer_figure_draws_the_output_and_the_truth_through_their_own_points(closed):
+    """Each path goes through the points in its own order, back to its first point for a
+    closed tour (and only then); output and truth differ here, so neither stands in for the
+    other. Every vertex is one of the scattered points, (x, y) = (points[:, 0], points[:, 1])."""
+    points = torch.tensor([[0.1, 0.9], [0.4, 0.2], [0.8, 0.6], [0.3, 0.5]])
+    output, truth = [0, 2, 1, 3], [0, 1, 2, 3]
+    weights = torch.rand(5, 5)  # 5 steps over ["end", "0", ..., "3"]
+    fig = pointer_figure(points, weights, output, truth, ["end", "0", "1", "2", "3"], closed=closed)
+    heat, ax = fig.axes
+    assert [t.get_text() for t in heat.get_yticklabels()] == ["1", "2", "3", "4", "5"]
+    lines = {line.get_label(): line.get_xydata() for line in ax.lines}
+    scattered = ax.collections[0].get_offsets().tolist()
+    assert scattered == points.double().tolist()
+    for name, order in (("output", output), ("true", truth)):
+        drawn = lines[name]
+        expected = points.double()[order + order[:1] if closed else order].numpy()
+        np.testing.assert_array_equal(drawn, expected, err_msg=name)
+        assert (drawn[-1] == drawn[0]).all() == closed, name
+        assert all(vertex in scattered for vertex in drawn.tolist()), name
 
 
 def _memory_example(length: int):
@@ -203,6 +250,40 @@ def test_memory_figure_wraps_long_sequences_at_a_bounded_width(length, pieces):
     fig.savefig(io.BytesIO())
 
 
+def test_memory_figure_shows_each_weighting_and_the_memory_on_the_rows_the_heads_used():
+    """A write head on rows 10-12 and a read head on rows 14-16 of 20: the panels show rows
+    8-18 (the used ones and 2 either side), each weighting in its own panel, the memory on
+    those rows, every row tick labelled with its true row number, not its place in the crop."""
+    from attnzoo.viz.figures import memory_figure
+
+    t, n = 6, 20
+    write, read = torch.zeros(t, n), torch.zeros(t, n)
+    for step in range(t):
+        write[step, 10 + step % 3] = 1.0
+        read[step, 16 - step % 3] = 0.8
+    memory = torch.arange(n)[:, None] + torch.arange(4)[None] / 10  # row r, column c: r + c/10
+    fig = memory_figure(
+        torch.zeros(t, 3), torch.zeros(t, 2), torch.zeros(t, 2),
+        write_weights=write, read_weights=read, memory=memory,
+    )  # fmt: skip
+    rows = np.arange(8, 19)
+    panels = {ax.get_title(): ax for ax in fig.axes}
+    drawn = {name: np.asarray(ax.images[0].get_array()) for name, ax in panels.items()}
+    np.testing.assert_array_equal(drawn["write weightings"], write[:, rows].T.double())
+    np.testing.assert_array_equal(drawn["read weightings"], read[:, rows].T.double())
+    mem = drawn["memory after the last step (location across)"]  # (columns, rows shown)
+    np.testing.assert_allclose(mem, memory[rows].T.double().numpy(), rtol=1e-6)
+    for name, axis in (
+        ("write weightings", "y"), ("read weightings", "y"),
+        ("memory after the last step (location across)", "x"),
+    ):  # fmt: skip
+        ax = panels[name]
+        at = getattr(ax, f"get_{axis}ticks")()
+        labels = [x.get_text() for x in getattr(ax, f"get_{axis}ticklabels")()]
+        assert len(at) >= 3, name
+        assert labels == [str(rows[int(a)]) for a in at], name
+
+
 def test_glimpse_figure_one_row_per_image_and_a_column_per_glimpse(tmp_path):
     from attnzoo.viz import glimpse_figure
 
@@ -219,6 +300,37 @@ def test_glimpse_figure_one_row_per_image_and_a_column_per_glimpse(tmp_path):
         glimpse_figure(images, paths, torch.rand(2, 3, 2, 5, 5), patch=4)
 
 
+def test_glimpse_figure_marks_the_start_and_each_glimpse_where_the_sensor_read():
+    """Three glimpses whose x and y differ, the retina of glimpse t a constant (t + 1) / 4:
+    the start marker on the first glimpse's centre, each glimpse's squares at the sensor's
+    own corners (row down, column across), and panel t showing glimpse t's retina."""
+    from attnzoo.models.ram import patch_corners
+    from attnzoo.viz import glimpse_figure
+
+    patch, scales, side = 4, 2, 40
+    paths = torch.tensor([[-0.6, -0.2], [0.1, 0.5], [0.6, -0.7]])  # (x, y)
+    retinas = torch.stack([torch.full((scales, patch, patch), (t + 1) / 4) for t in range(3)])
+    fig = glimpse_figure(torch.zeros(1, side, side), paths[None], retinas[None], patch=patch)
+    ax = fig.axes[0]
+    (start,) = [line for line in ax.lines if line.get_marker() == "s"]
+    x, y = (paths[0].double() + 1) * side / 2  # the first centre, pixels from the corner
+    np.testing.assert_allclose(start.get_xydata(), [[x - 0.5, y - 0.5]], rtol=1e-6)
+    squares = [line.get_xydata().tolist() for line in ax.lines if line.get_color() == "red"]
+    corners = patch_corners(paths, side, side, patch, scales)  # (glimpses, scales, 2)
+    expected = []
+    for t in range(3):
+        for s in range(scales):
+            top, left = (corners[t, s] - 0.5).tolist()
+            size = patch * 2**s
+            xs = [left, left + size, left + size, left, left]
+            ys = [top, top, top + size, top + size, top]
+            expected.append([list(v) for v in zip(xs, ys, strict=True)])
+    assert squares == expected
+    for t in range(3):
+        panel = np.asarray(fig.axes[1 + t].images[0].get_array())
+        assert panel.shape == (8, 8) and (panel == (t + 1) / 4).all(), t
+
+
 @pytest.mark.parametrize("patch", [5, 8])
 def test_glimpse_figure_pastes_each_patch_where_the_sensor_read_it(patch):
     """The glimpse panel pasted the finer patches at the coarser one's centre; the sensor
@@ -228,12 +340,13 @@ def test_glimpse_figure_pastes_each_patch_where_the_sensor_read_it(patch):
     from attnzoo.models.ram import patch_corners
     from attnzoo.viz import glimpse_figure
 
-    scales, location = 3, torch.tensor([[0.0, 0.0], [0.13, -0.31]])
+    # the last location's row and column offsets differ ((7, 8) with patch 5)
+    scales, location = 3, torch.tensor([[0.0, 0.0], [0.13, -0.31], [0.0, 0.02]])
     retinas = torch.stack([torch.full((patch, patch), (s + 1) / 4) for s in range(scales)])
-    retinas = retinas.expand(1, 2, scales, patch, patch)
+    retinas = retinas.expand(1, 3, scales, patch, patch)
     fig = glimpse_figure(torch.zeros(1, 60, 60), location[None], retinas, patch=patch)
     corners = patch_corners(location, 60, 60, patch, scales)  # (glimpses, scales, 2)
-    for t in range(2):
+    for t in range(3):
         shown = fig.axes[1 + t].images[0].get_array()
         rows, cols = np.nonzero(np.asarray(shown) == 0.25)  # the finest patch's pixels
         top, left = (corners[t, 0] - corners[t, -1]).tolist()
@@ -333,6 +446,28 @@ def test_caption_figure_draws_every_word_of_a_long_caption():
     assert fig.get_size_inches()[0] * fig.dpi == 800
 
 
+@pytest.mark.parametrize("grid", [(4, 4), (2, 4)], ids=["4x4", "2x4"])
+def test_caption_figure_shows_each_word_its_own_cell(grid):
+    """Each word attends one cell (row, column) of the (h, w) grid, off the diagonal: the
+    panel titled with the word lights that cell's pixels of the 32 x 32 image, and only them."""
+    from attnzoo.viz.captions import caption_attention_figure, upsample
+
+    gh, gw = grid
+    cells = {"top-right": (0, gw - 1), "bottom-left": (gh - 1, 0), "inner": (1, 2)}
+    weights = torch.zeros(len(cells), gh * gw)
+    expected = np.zeros((len(cells), 32, 32))
+    ph, pw = 32 // gh, 32 // gw  # a cell's pixels
+    for k, (r, c) in enumerate(cells.values()):
+        weights[k, r * gw + c] = 1.0
+        expected[k, r * ph : (r + 1) * ph, c * pw : (c + 1) * pw] = 1.0
+    np.testing.assert_array_equal(upsample(weights, grid, (32, 32)).numpy(), expected)
+    fig = caption_attention_figure([(torch.zeros(32, 32), list(cells), weights, grid, "")])
+    panels = {ax.get_title(): ax for ax in fig.axes if ax.images}
+    for k, word in enumerate(cells):
+        overlay = np.asarray(panels[word].images[-1].get_array())
+        np.testing.assert_array_equal(overlay, expected[k], err_msg=word)
+
+
 def test_caption_and_gan_attention_maps_mark_non_finite_weights():
     """The overlays of Show-Attend-Tell and SAGAN: a NaN weight is counted at the figure's
     foot and drawn bright green, where the overlay left it blank."""
@@ -391,6 +526,24 @@ def test_intra_attention_figure_shades_against_the_current_words_weight_too():
     assert all(face != darkest and min(face[:3]) > 0.8 for face in faces)  # 2 / 94: pale
 
 
+def test_intra_attention_figure_writes_the_current_word_in_red():
+    """On line i the one word in red is words[i], the word being read."""
+    from matplotlib.colors import to_hex
+
+    from attnzoo.viz.figures import intra_attention_figure
+
+    words = ["in", "the", "beginning", "god", "created"]
+    w = torch.tril(torch.ones(5, 5), -1)
+    w = w / w.sum(-1, keepdim=True).clamp_min(1)
+    texts = intra_attention_figure(words, w).axes[0].texts
+    lines = sorted({x.get_position()[1] for x in texts})
+    assert len(lines) == len(words)
+    for i, y in enumerate(lines):
+        on_line = [x for x in texts if x.get_position()[1] == y]
+        red = [x.get_text() for x in on_line if to_hex(x.get_color()) == "#c00000"]
+        assert red == [words[i]], i
+
+
 def test_gan_attention_map_draws_a_nearly_flat_map_flat():
     """Each map is scaled to its peak; its colours ran from the map's own minimum to that
     peak, so a flat map with one cell 0.6 % higher was drawn black against bright yellow."""
@@ -402,6 +555,28 @@ def test_gan_attention_map_draws_a_nearly_flat_map_flat():
     overlay = fig.axes[1].images[-1]
     colours = overlay.to_rgba(overlay.get_array())[..., :3]
     assert np.abs(colours[3, 3] - colours[0, 0]).max() < 0.02
+
+
+def test_gan_attention_map_marks_each_query_and_its_map_where_they_are():
+    """Queries are (row, column) on the 8 x 8 map, off the diagonal, each attending a cell off
+    it: the marker is at x = column, y = row (on the image, that cell's centre in pixels),
+    and the overlay is the map itself, row down, column across, scaled to its peak."""
+    from attnzoo.viz.gan import attention_map_figure
+
+    queries = torch.tensor([[1, 5], [7, 0]])
+    maps = torch.full((1, 2, 8, 8), 0.01)
+    maps[0, 0, 6, 2] = 0.5
+    maps[0, 1, 0, 3] = 0.25
+    fig = attention_map_figure(torch.zeros(1, 16, 16), maps, queries)
+    image, *panels = fig.axes
+    markers = [line.get_xydata().tolist() for line in image.lines]
+    # on the 16 x 16 image a map cell is 2 x 2 pixels: cell (r, c)'s centre is (2c + 0.5, 2r + 0.5)
+    assert markers == [[[10.5, 2.5]], [[0.5, 14.5]]]
+    for j, ((row, col), ax) in enumerate(zip(queries.tolist(), panels, strict=True)):
+        assert ax.lines[0].get_xydata().tolist() == [[col, row]], j
+        overlay = np.asarray(ax.images[-1].get_array())
+        np.testing.assert_allclose(overlay, (maps[0, j] / maps[0, j].max()).numpy(), rtol=1e-6)
+        assert np.unravel_index(overlay.argmax(), overlay.shape) == ((6, 2), (0, 3))[j]
 
 
 def test_a_figure_that_fails_to_save_leaves_the_earlier_one(tmp_path, monkeypatch):
