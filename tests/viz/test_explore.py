@@ -41,8 +41,13 @@ def test_valid_data_passes_and_each_mistake_names_its_field():
     data["layout"] = "image?"
     with pytest.raises(ValueError, match="'layout' expected one of"):
         validate(data)
-    with pytest.raises(ValueError, match=r"'examples\[0\].attention\[0\].weights' expected shape"):
-        validate(tokens_data(weights=torch.full((1, 1, 2, 2), 0.5)))
+    # a map of another size, or the (2, 3) map transposed: its rows would be read as columns
+    for shape in ((1, 1, 2, 2), (1, 1, 3, 2)):
+        with pytest.raises(
+            ValueError,
+            match=r"'examples\[0\].attention\[0\].weights' expected shape \(layers, heads, 2, 3\)",
+        ):
+            validate(tokens_data(weights=torch.full(shape, 0.5)))
     with pytest.raises(ValueError, match=r"weights' expected finite values in \[0, 1\]"):
         validate(tokens_data(weights=torch.full((1, 1, 2, 3), 1.5)))
     with pytest.raises(ValueError, match=r"weights' expected finite values"):

@@ -95,6 +95,16 @@ def open_page(browser, page: Path) -> dict:
     return data
 
 
+def write_page(path: Path, layout: str, example: dict) -> Path:
+    """A page of one hand-made example, its fields those of `layout`."""
+    from attnzoo.viz.explore import explorer_html
+
+    example = {"input": "i", "reference": "r", "prediction": "p", "correct": None, **example}
+    data = {"layout": layout, "title": "t", "note": "", "examples": [example]}
+    path.write_text(explorer_html(data, heading=layout))
+    return path
+
+
 def highlighted(browser) -> tuple[int, list[float]]:
     """The step view's highlighted (argmax) column and every cell's level."""
     cells = browser.find_elements("css selector", "#cells .cell")
@@ -340,4 +350,70 @@ def test_a_signal_below_zero_is_drawn_on_a_signed_scale(browser, tmp_path):
     # on one scale of +-1.57, the signal's largest size: +1 light red, -1.57 full blue
     assert colour[0] == ["rgba(255, 93, 93, 1)", "rgba(0, 0, 255, 1)"]
     assert colour[1] == ["rgba(0, 0, 0, 1)", "rgba(255, 255, 255, 1)"]  # 0-1 grey as before
+    assert severe(browser) == []
+
+
+def test_every_layer_and_head_shows_its_own_map(browser, tmp_path):
+    """The levels are (layers, heads, rows, columns): layer l's head h is map l * heads + h.
+    With 2 layers of 3 heads, each map one constant of its own, every choice (and each
+    layer's mean of heads) shows its map. The trained pages' choices are all ones where
+    reading map h * layers + l gives the same map (1 layer, or as many layers as heads)."""
+    layers, heads = 2, 3
+    value = (np.arange(layers * heads).reshape(layers, heads, 1, 1) + 1) / 8
+    kind = {"name": "self", "rows": ["a", "b"], "columns": ["x", "y", "z"]}
+    kind["weights"] = np.broadcast_to(value, (layers, heads, 2, 3)).copy()
+    data = open_page(
+        browser, write_page(tmp_path / "explore.html", "tokens", {"attention": [kind]})
+    )
+    levels = data["examples"][0]["attention"][0]["levels"]
+    assert len(np.unique(levels)) == layers * heads  # no two maps alike
+    shown = "return [...document.querySelectorAll('#cells .cell')].map(c => c.dataset.level)"
+    at = (0, 0)  # the page opens on layer 1, head 1; each choice below changes one control
+    for layer, head in [(0, 0), (1, 0), (1, 1), (0, 1), (0, 2), (1, 2), (1, 3), (0, 3)]:
+        if layer != at[0]:
+            choose(browser, "layer", layer)
+        if head != at[1]:
+            choose(browser, "head", head)  # head 3 (= heads): the mean of the layer's heads
+        at = (layer, head)
+        want = levels[layer, head, 0] if head < heads else levels[layer, :, 0].mean(0)
+        np.testing.assert_allclose(np.float64(browser.execute_script(shown)), want)
+    assert severe(browser) == []
+
+
+def test_each_point_is_drawn_with_its_own_columns_weight(browser, tmp_path):
+    """In the points layout a point's circle grows with the weight of the column that names
+    it (column_points): the "end" column comes first, so column j is point j - 1."""
+    kind = {"name": "pointer", "rows": ["1: 1"], "columns": ["end", "0", "1", "2"]}
+    kind["weights"] = np.array([0.1, 0.2, 0.6, 0.1]).reshape(1, 1, 1, 4)
+    example = {"attention": [kind], "points": [[0.1, 0.1], [0.5, 0.9], [0.9, 0.2]]}
+    example |= {"column_points": [None, 0, 1, 2], "output": [2], "truth": None, "closed": False}
+    data = open_page(browser, write_page(tmp_path / "explore.html", "points", example))
+    row = data["examples"][0]["attention"][0]["levels"][0, 0, 0]
+    circles = browser.find_elements("css selector", "#points-view circle")
+    radius = [float(c.get_attribute("r")) for c in circles]
+    # point i is column i + 1's; a circle's radius is 4 px + 10 px at weight 1
+    np.testing.assert_allclose(radius, 4 + 10 * row[1:].astype(float) / 255)
+    assert int(np.argmax(radius)) == 1  # the step's argmax column, "1", is point 1
+    assert severe(browser) == []
+
+
+@pytest.mark.parametrize(("grid", "cells"), [([2, 2], [1]), ([2, 4], [1, 6])])
+def test_a_grid_cell_is_drawn_at_its_row_and_column(browser, tmp_path, grid, cells):
+    """Grid columns are the cells row by row ([rows, columns]): cell j lies in row
+    j // columns, column j % columns, drawn over the image at (x, y) = (column, row) cell
+    sizes."""
+    gh, gw = grid
+    kind = {"name": "grid", "rows": ["q"], "columns": [str(j) for j in range(gh * gw)]}
+    kind["weights"] = np.zeros((1, 1, 1, gh * gw))
+    kind["weights"][..., cells] = 1 / len(cells)
+    example = {"attention": [kind], "image": np.zeros((8, 8)), "glimpses": [[2.0, 2.0]]}
+    example |= {"sizes": [], "grid": grid, "path": False}
+    open_page(browser, write_page(tmp_path / "explore.html", "image", example))
+    svg = browser.find_element("css selector", "#layout-view svg")
+    width, height = (float(svg.get_attribute(a)) for a in ("width", "height"))
+    drawn = [
+        (float(r.get_attribute("x")) / width, float(r.get_attribute("y")) / height)
+        for r in browser.find_elements("css selector", "#layout-view rect.grid-cell")
+    ]
+    assert drawn == [((j % gw) / gw, (j // gw) / gh) for j in cells]
     assert severe(browser) == []
