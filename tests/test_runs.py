@@ -40,6 +40,8 @@ def test_sequence_task_defaults_follow_the_task_name():
         ("model.nope=1", "'model.nope'.*model.hidden"),
         ("nope.hidden=1", "'nope.hidden'"),
         ("model.hidden=big", "'model.hidden'.*int"),
+        ("train.steps=2.7", "'train.steps' expected a value of type int, got '2.7'"),
+        ("train.steps=1e3", "'train.steps' expected a value of type int, got '1e3'"),
         ("model.bidirectional=maybe", "'model.bidirectional'"),
         ("train.schedule=linear", "'schedule'"),
     ],

@@ -127,6 +127,24 @@ def test_thompson_sampling_finds_the_better_arm():
     assert np.array_equal(got, B.thompson(payoff, seed=0))  # deterministic per seed
 
 
+def test_thompson_sampling_against_a_loop():
+    """Each step, one draw over all episodes' Beta(1 + wins, 1 + losses) posteriors (the
+    uniform Beta(1, 1) prior) from numpy's generator of `seed`; the arm of the largest sample
+    (ties to the lowest index) is pulled and its draw counted as a win or a loss."""
+    rng = np.random.default_rng(0)
+    payoff = (rng.random((40, 12, 3)) < rng.random((40, 1, 3))).astype(float)
+    got = B.thompson(payoff, seed=5)
+    draws = np.random.default_rng(5)
+    wins, losses = [[0] * 3 for _ in range(40)], [[0] * 3 for _ in range(40)]
+    for t in range(12):
+        samples = draws.beta(1 + np.array(wins), 1 + np.array(losses))  # (40, 3)
+        for e in range(40):
+            a = max(range(3), key=lambda k: (samples[e, k], -k))
+            assert got[e, t] == payoff[e, t, a], (e, t)
+            wins[e][a] += int(payoff[e, t, a])
+            losses[e][a] += 1 - int(payoff[e, t, a])
+
+
 def test_the_policy_is_causal():
     model = tiny_policy().double()
     x = torch.randn(2, 6, CONFIG.arms + 2, dtype=torch.float64)

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tests.tasks.test_mnist import with_blank_part
 from tests.train.test_distributed_loss import Wrapper
 
 from attnzoo.models.show_attend_tell import CREDITS, ShowAttendTell, hard, soft
@@ -29,7 +30,7 @@ from attnzoo.tasks.captions import (
     detokenize,
     grown,
 )
-from attnzoo.tasks.mnist import MC_CHUNK
+from attnzoo.tasks.mnist import DIGIT, MC_CHUNK
 
 NP = r"a (small|large) (" + "|".join(NUMBERS) + ")"
 PAIR = rf"{NP}( (above|left of) {NP})?"
@@ -58,6 +59,10 @@ def test_captions_follow_the_grammar_and_name_every_digit(task):
         named = [w for w in text.split() if w in NUMBERS]
         assert named == [NUMBERS[int(d)] for d in scene.labels[k] if d >= 0]
         assert int(batch.has_box[k].sum()) == int(counts[k])
+        # the words with a box are the digit words, each with its own digit's box
+        boxed = batch.has_box[k]
+        assert [WORDS[i] for i in batch.tokens_out[k, boxed].tolist()] == named
+        assert torch.equal(batch.boxes[k, boxed], scene.boxes[k, scene.labels[k] >= 0])
         assert detokenize(batch.tokens_out[k].tolist()) == text
         assert (
             batch.tokens_in[k, 0] == BOS and batch.tokens_out[k, int(batch.lengths[k]) - 1] == END
@@ -100,6 +105,42 @@ def test_each_box_holds_its_digits_ink(task):
         assert side <= limit + 1e-4
 
 
+def _ink_height(image: torch.Tensor) -> int:
+    rows = (image >= 0.5).any(-1).nonzero()
+    return int(rows.max() - rows.min()) + 1
+
+
+def one_digit_scenes(task, pool=slice(None), **fields):
+    """64 canvases of one digit each, drawn from the official test digits `pool`."""
+    config = DigitCaptionsConfig(min_digits=1, max_digits=1, n_valid=40, **fields)
+    images, labels = task.digits.test_images[pool], task.digits.test_labels[pool]
+    return config, compose(config, images, labels, 64, torch.Generator().manual_seed(0))
+
+
+def test_a_digit_is_drawn_in_the_quadrant_of_its_slot(task):
+    """Slots are the quadrants in reading order: slot s is row s // 2, column s % 2. With one
+    digit per image and no jitter, its ink lies in its slot's quadrant (every slot seen)."""
+    config, scene = one_digit_scenes(task, jitter=0)
+    half = config.canvas // 2
+    assert set(scene.slots[:, 0].tolist()) == set(range(captions.SLOTS))
+    for image, slot in zip(scene.images[:, 0], scene.slots[:, 0].tolist(), strict=True):
+        top, left = slot // 2 * half, slot % 2 * half
+        quadrant = image[top : top + half, left : left + half]
+        assert image.sum() > 0 and quadrant.sum() >= 0.99 * image.sum(), slot
+
+
+def test_the_size_word_says_how_large_the_digit_is_drawn(task):
+    """A pool of one digit, so its ink's height at 28 x 28 is known: drawn small (a side of
+    at most small[1] pixels) its ink is at most small[1] / 28 of that height, large at least
+    large[0] / 28; the caption says "small" exactly where it is below their midpoint."""
+    config, scene = one_digit_scenes(task, pool=slice(0, 1))
+    native = _ink_height(task.digits.test_images[0].float() / 255)
+    midpoint = (config.small[1] + config.large[0]) / 2 / DIGIT
+    drawn = ["small" if _ink_height(x) / native < midpoint else "large" for x in scene.images[:, 0]]
+    said = [text.split()[1] for text in collate(scene)[1]]
+    assert said == drawn and set(said) == {"small", "large"}
+
+
 def test_batches_are_a_pure_function_of_seed_and_step(task):
     a, b = task.batch(3, 8, "cpu"), task.batch(3, 8, "cpu")
     assert torch.equal(a.images, b.images) and torch.equal(a.tokens_out, b.tokens_out)
@@ -109,15 +150,23 @@ def test_batches_are_a_pure_function_of_seed_and_step(task):
     assert torch.equal(half.images, a.images[1::2])
 
 
-def test_held_out_split_draws_the_official_test_digits(task, monkeypatch):
-    """Test images are composed from `test_images` only: with those all blank, every test
-    image is blank while the training batches are not."""
-    blank = task.digits._replace(test_images=torch.zeros_like(task.digits.test_images))
-    other = DigitCaptionsTask(task.config, seed=0)
-    other.digits = blank
-    batch, _ = other.held_out("test")
-    assert batch.images.abs().sum() == 0
-    assert other.batch(0, 4, "cpu").images.sum() > 0
+@pytest.mark.parametrize("split", ["train", "valid", "test"])
+def test_each_split_draws_only_its_official_digits(task, split):
+    """With the split's official digits blank (training: all but the last n_valid training
+    digits; validation: those last n_valid; test: the official test digits), every image of
+    the split is blank while those of another split are not. For the training batches half
+    the training set is validation, so a draw from it would show within the batch."""
+    n_valid = 30_000 if split == "train" else task.config.n_valid
+    other = DigitCaptionsTask(dataclasses.replace(task.config, n_valid=n_valid), seed=0)
+    other.digits = with_blank_part(task.digits, split, n_valid)
+
+    def images(name):
+        if name == "train":
+            return other.batch(0, 64, "cpu").images
+        return other.held_out(name)[0].images
+
+    assert images(split).abs().sum() == 0
+    assert images("test" if split == "train" else "train").sum() > 0
 
 
 def test_box_cover_against_a_pixel_level_reference():

@@ -41,6 +41,29 @@ def test_no_two_classes_look_alike_and_no_test_class_repeats_a_training_one(task
     assert d2.min().sqrt() >= CONFIG.min_distance - 1e-6
 
 
+def test_a_look_alike_is_dropped_from_the_evaluation_set_not_the_background(task):
+    """Look-alikes are deduplicated background scripts first: a background character missing
+    from the classes (its script kept) that looks like a kept evaluation class (RMS under
+    min_distance, first face, 28 x 28) was dropped for a kept background class it looks
+    like, never for the evaluation class."""
+    inv, cover = task.inventory, G.coverage()
+    kept = set(inv.points)
+    scripts = {inv.scripts[c] for c in inv.background}
+    lost = [p for p in sorted(cover) if p not in kept and G.group_of(p) in scripts]
+
+    def small(points):
+        images = torch.stack([G.render(p, cover[p][0]) for p in points]).float() / 255
+        return F.avg_pool2d(images.unsqueeze(1), 2).flatten(1).double()
+
+    def near(a, b):  # (len(a),): whether each of a is within min_distance of one of b
+        return (torch.cdist(a, b).pow(2) / a.shape[1] < CONFIG.min_distance**2).any(1)
+
+    lost = small(lost)
+    like_evaluation = lost[near(lost, small([inv.points[c] for c in inv.evaluation]))]
+    assert len(like_evaluation) > 0  # the case arises
+    assert near(like_evaluation, small([inv.points[c] for c in inv.background])).all()
+
+
 def test_a_warp_of_nothing_averages_two_by_two():
     flat = G.GlyphsConfig(rotation=0, scale=0, shear=0, shift=0, elastic=0, stroke=0)
     canvas = torch.randint(256, (3, G.CANVAS, G.CANVAS), dtype=torch.uint8)
@@ -97,6 +120,37 @@ def test_episodes_are_well_formed_and_deterministic(task):
     assert a.query_labels.min() >= 0 and a.query_labels.max() < n
     assert all(len(set(c.tolist())) == n for c in a.classes)
     assert set(a.classes.flatten().tolist()) <= set(task.inventory.background)
+
+
+def drawn_episodes(task, monkeypatch, count):
+    """`count` training episodes and the class of each image `draw` was asked for (b, N K + q),
+    by a spy that draws blank images."""
+    asked = []
+
+    def spy(config, inv, classes, generator):
+        asked.append(classes.clone())
+        return torch.zeros(len(classes), 1, G.SIDE, G.SIDE)
+
+    monkeypatch.setattr(G, "draw", spy)
+    batch = task.batch(0, count, "cpu")
+    return batch, torch.cat(asked).view(count, -1)
+
+
+def test_each_image_shows_the_class_of_its_label(task, monkeypatch):
+    """Support image j shows classes[support_labels[j]], query q classes[query_labels[q]]."""
+    batch, shown = drawn_episodes(task, monkeypatch, 50)
+    support = CONFIG.ways * CONFIG.shots
+    assert torch.equal(shown[:, :support], batch.classes.gather(1, batch.support_labels))
+    assert torch.equal(shown[:, support:], batch.classes.gather(1, batch.query_labels))
+
+
+def test_query_labels_are_uniform_over_the_ways(task, monkeypatch):
+    """Over 400 episodes every label is queried about as often (each count more than half
+    its expectation, n / N: 10 standard deviations below it)."""
+    batch, _ = drawn_episodes(task, monkeypatch, 400)
+    counts = torch.bincount(batch.query_labels.flatten(), minlength=CONFIG.ways)
+    assert len(counts) == CONFIG.ways
+    assert counts.min() > 0.5 * batch.query_labels.numel() / CONFIG.ways, counts
 
 
 def test_shards_partition_the_global_batch(task):

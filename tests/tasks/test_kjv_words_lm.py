@@ -87,6 +87,48 @@ def test_unk_pct_is_the_share_of_predicted_tokens_outside_the_vocabulary():
     assert metrics["unk_pct"] == pytest.approx(100 / 3)
 
 
+@pytest.mark.parametrize("split", ["valid", "test"])
+def test_the_vocabulary_is_built_from_the_training_tokens_only(split):
+    """A word only in a held-out split, the most frequent token there, stays out of the
+    vocabulary of 6 (the specials, then the training tokens "a" 3 times and "b" twice)."""
+    held_out = {"valid": ["a", "b"], "test": ["c", "a", "b", "a"]}
+    held_out[split] = [*held_out[split], *["secret"] * 5]
+    task = WordLmTask(
+        ["a", "b", "a", "c", "a", "b"],
+        held_out,
+        {"valid": [["a", "b"]], "test": [["a", "b"]]},
+        vocab_size=6,
+        context=3,
+        seed=0,
+        eval_config=EvalConfig(),
+    )
+    assert task.vocab.tokens == (*Vocab.SPECIALS, "a", "b")
+
+
+@pytest.mark.parametrize(
+    ("split", "expected"),
+    [
+        ("valid", [["now", "in", "esther"], ["joel's", "word", "."]]),
+        ("test", [["ruth", ",", "first"], ["mark", "."]]),
+    ],
+)
+def test_held_out_verses_are_the_words_of_the_splits_books_verses(split, expected, monkeypatch):
+    """By book (verse id // 10^6), in canonical order: validation Esther (17) and Joel (29),
+    test Ruth (8) and Mark (41), whatever the books around them."""
+    toy = {
+        1_001_001: "In the beginning",
+        8_001_001: "Ruth, first",
+        17_001_001: "Now in Esther",
+        21_001_001: "Ecclesiastes",
+        29_001_001: "Joel's word.",
+        40_001_001: "Matthew",
+        41_001_001: "Mark.",
+    }
+    monkeypatch.setattr(kjv_words_lm, "verses", lambda: toy)
+    config = KjvWordsLmConfig(test_books=(8, 41), valid_books=(17, 29))
+    assert kjv_words_lm.held_out_verses(config, split) == expected
+
+
 def test_batches_depend_on_seed_and_step_only():
     task = toy(context=2)
     a, b = task.batch(3, 4, "cpu"), toy(context=2).batch(3, 4, "cpu")

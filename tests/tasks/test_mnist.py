@@ -61,6 +61,26 @@ def test_validation_is_carved_from_training_and_test_is_official(digits):
     assert t.n_train == 60_000 - 100
 
 
+def with_blank_part(digits, part: str, n_valid: int):
+    """A copy of `digits` whose official `part` is blank (all 0): "train", the training
+    digits but the last `n_valid`; "valid", those last `n_valid`; "test", the official test
+    digits. A split that draws only from its own part is then blank too."""
+    n_train = len(digits.train_images) - n_valid
+    train, test = digits.train_images.clone(), digits.test_images.clone()
+    {"train": train[:n_train], "valid": train[n_train:], "test": test}[part].zero_()
+    return digits._replace(train_images=train, test_images=test)
+
+
+def test_training_batches_draw_only_the_training_digits(digits):
+    """With the training digits blank, a batch is blank, its clutter too: nothing comes from
+    the validation or test digits (half the training set is validation here, so a draw
+    from it would show within the batch)."""
+    t = task(digits, kind="cluttered", n_valid=30_000)
+    assert t.batch(0, 64, "cpu").images.sum() > 0
+    t.digits = with_blank_part(digits, "train", 30_000)
+    assert t.batch(0, 64, "cpu").images.abs().sum() == 0
+
+
 def test_batches_are_a_function_of_seed_and_step(digits):
     t = task(digits, kind="cluttered")
     a, b = t.batch(3, 16, "cpu"), t.batch(3, 16, "cpu")

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from tests.tasks.test_mnist import with_blank_part
 
 from attnzoo.core.hard import hybrid_loss, reinforce_loss, rewards_to_go
 from attnzoo.models.dram import DRAM, dram
@@ -40,6 +41,22 @@ def test_model_dims_and_batches(digits):
     assert a.targets[:, -1].tolist() == [10] * 8
     test_images, test_labels = t.held_out("test")
     assert test_images.shape == (32, 1, 64, 64) and test_labels.shape == (32, 3)
+
+
+@pytest.mark.parametrize("split", ["train", "valid", "test"])
+def test_each_split_is_composed_from_its_own_digits_only(digits, split):
+    """With the split's official digits blank (training: all but the last n_valid training
+    digits; validation: those last n_valid; test: the official test digits), its images are
+    blank: nothing is drawn from another part. For the training batches half the training
+    set is validation, so a draw from it would show within the batch."""
+    n_valid = 30_000 if split == "train" else 50
+    t = task(n_valid=n_valid)
+    t.digits = with_blank_part(digits, split, n_valid)
+    if split == "train":
+        images = t.batch(0, 64, "cpu").images
+    else:
+        images, _ = t.held_out(split)
+    assert images.shape[0] > 0 and images.abs().sum() == 0
 
 
 def test_dram_loss_is_the_hybrid_loss(digits):

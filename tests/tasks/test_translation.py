@@ -1,7 +1,9 @@
 import pytest
 import torch
 
-from attnzoo.tasks.translation import MIN_BUCKET, length_buckets
+from attnzoo.tasks.base import EvalConfig
+from attnzoo.tasks.text import Example, Splits, Vocab
+from attnzoo.tasks.translation import MIN_BUCKET, TranslationTask, length_buckets
 
 
 def test_length_buckets_merge_a_short_bucket_into_the_next():
@@ -104,3 +106,29 @@ def test_the_alignment_figure_shows_the_attention_of_the_models_own_output(
             note = "\n(last layer's cross-attention, mean over heads)"
             wanted = f"reference: {task.detokenize(e.target)}"
             assert title == wanted + (note if model_name == "transformer" else "")
+
+
+@pytest.mark.parametrize("max_vocab", [None, len(Vocab.SPECIALS) + 2])
+@pytest.mark.parametrize("side", ["source", "target"])
+def test_each_vocabulary_holds_only_training_tokens(side, max_vocab):
+    """Per side, the training tokens by frequency (a 3, b 2, c 1), cut to max_vocab: a token
+    seen only in validation or test, however frequent there, maps to <unk>."""
+
+    def example(tokens):
+        return Example(tuple(tokens), tuple(tokens.upper()))
+
+    train = [example("ab"), example("abc"), example("a")]
+    held_out = [example("vvvvv"), example("ttttttt")]
+    splits = Splits(train, held_out[:1], held_out[1:])
+    task = TranslationTask(
+        splits,
+        " ".join,
+        metric="exact_match",
+        seed=0,
+        eval_config=EvalConfig(),
+        max_vocab=max_vocab,
+    )
+    vocab = {"source": task.source_vocab, "target": task.target_vocab}[side]
+    words = ("a", "b", "c") if max_vocab is None else ("a", "b")
+    case = str.upper if side == "target" else str
+    assert vocab.tokens == (*Vocab.SPECIALS, *map(case, words))
