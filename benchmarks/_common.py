@@ -632,12 +632,16 @@ def _child(script: str, threads: int, kind: str, payload: str, log: Path, out: P
 
 def _bench_of(script: str) -> Bench:
     """The `BENCH` of `script`: its main module's (multiprocessing runs the parent's main
-    script in a child), else the script loaded by path."""
+    script in a child), else the script loaded by path, its folder first on the path as when
+    it runs (its `import _common` failed in a child of a process that had not put it there)."""
     import importlib.util
 
     main = sys.modules.get("__main__")
     if Path(getattr(main, "__file__", "") or "").resolve() == Path(script).resolve():
         return main.BENCH
+    folder = str(Path(script).resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(Path(script).stem, script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

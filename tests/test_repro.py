@@ -281,3 +281,26 @@ def test_a_verdict_over_stale_rows_says_so(tmp_path):
     assert "† over stale rows of bit_copy-ntm (its params changed)" in line
     clean = report.Page("ntm", report.RESULTS).target("ntm", target["name"])
     assert "stale" not in clean
+
+
+@pytest.mark.parametrize("seeds", [None, 3])
+def test_a_page_runs_each_of_its_benchmarks_with_the_seeds_asked_for(seeds, tmp_path, monkeypatch):
+    """Every script behind the page runs once (two benches of one script: once), each with
+    `--seeds` where asked, then the page renders; the scripts' runs are recorded, not made."""
+    from attnzoo import repro
+
+    scripts = {"a": "benchmarks/bench_a.py", "b": "benchmarks/bench_b.py"}
+    known = {"page": {**scripts, "a2": scripts["a"]}, "other": {"c": "benchmarks/bench_c.py"}}
+    calls = []
+    monkeypatch.setattr(repro, "pages", lambda root: known)
+    monkeypatch.setattr(repro, "_python", lambda root, *args, capture=False: calls.append(args))
+    out = tmp_path / "out"
+    written = repro.repro("page", budget="smoke", seeds=seeds, root=ROOT, out=out)
+    assert written == out.resolve() / "page.md"
+    results = ("--results", str(out.resolve()))
+    extra = ("--seeds", "3") if seeds else ()
+    assert calls == [
+        (scripts["a"], "--budget", "smoke", *results, *extra),
+        (scripts["b"], "--budget", "smoke", *results, *extra),
+        ("benchmarks/report.py", "page", *results, "--out", str(out.resolve())),
+    ]

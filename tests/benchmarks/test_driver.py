@@ -4,6 +4,8 @@ process of its own, killed part-way, or two calls of one bench at once."""
 import importlib.util
 import json
 import os
+import platform
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -339,3 +341,51 @@ def test_a_row_made_on_earlier_task_data_has_its_run_trained_again(tmp_path):
     assert again.returncode == 0, again.stderr
     assert "1 runs to do" in again.stdout
     assert (tmp_path / "retrained.log").read_text() == "d 1\n"
+
+
+def test_a_row_records_the_load_average_over_the_last_minute(tmp_path):
+    """The docs' machine line reads each row's load average as the 1-minute figure."""
+    script = _script(tmp_path)
+    pinned = "os.getloadavg = lambda: (1.0, 2.0, 3.0)  # 1, 5 and 15 minutes"
+    script.write_text(script.read_text().replace("C._PRELOAD = ()", f"C._PRELOAD = ()\n{pinned}"))
+    done = subprocess.run(_command(script, "b"), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "results" / "toy.json").read_text())
+    (row,) = data["rows"]
+    assert row["load_average"] == 1.0
+    assert data["machine"]["load_average"] == [1.0, 2.0, 3.0]
+
+
+def test_a_save_summarises_its_budgets_rows_on_the_machine_of_its_runs(tmp_path):
+    """A results file holding a smoke row and the machine of an earlier call (9 threads): a
+    full-budget call of a 2-thread bench keeps that machine while it has run nothing, and once
+    it has, the summary holds the full-budget rows only, and the machine is this call's."""
+    e = _common.Experiment("e", "g", {}, seeds=2)
+    bench = _common.Bench("toy", __file__, lambda budget: [e], lambda p, c: {}, threads=2)
+    row = {"id": "e", "group": "g", "status": "ok", "params": {}}
+    earlier = [
+        {**row, "seed": 0, "budget": "full", "metrics": {"x": 0.0}},
+        {**row, "seed": 1, "budget": "full", "metrics": {"x": 5.0}},
+        {**row, "seed": 2, "budget": "smoke", "metrics": {"x": 100.0}},
+    ]
+    machine = {"threads_per_run": 9, "cpu": "an earlier machine", "python": "2.7"}
+    path = tmp_path / "toy.json"
+    path.write_text(json.dumps({"budget": "full", "machine": machine, "rows": earlier}))
+
+    def saver():
+        return _common._Saver(bench, [e], "full", path, tmp_path, {}, earlier[:2])
+
+    assert saver()([])["machine"] == machine  # nothing run: the rows kept are that machine's
+    data = saver()([{**row, "seed": 0, "budget": "full", "metrics": {"x": 3.0}}])
+    assert data == json.loads(path.read_text())
+    assert [(r["seed"], r["budget"], r["metrics"]["x"]) for r in data["rows"]] == [
+        (0, "full", 3.0),  # this call's run replaces the earlier one
+        (1, "full", 5.0),
+    ]
+    entry = data["summary"]["e"]
+    assert entry["seeds"] == [0, 1]
+    x = entry["metrics"]["x"]
+    assert (x["n"], x["mean"]) == (2, statistics.mean([3.0, 5.0]))
+    assert data["machine"]["threads_per_run"] == 2
+    assert data["machine"]["cpu"] == _common.cpu_model()
+    assert data["machine"]["python"] == platform.python_version()

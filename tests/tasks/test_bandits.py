@@ -2,6 +2,7 @@
 sampling against loops written here, the policy-gradient loss and the evaluation."""
 
 import math
+import statistics
 from dataclasses import replace
 
 import numpy as np
@@ -288,6 +289,20 @@ def test_evaluation_scores_every_policy_on_the_same_draws(task):
     assert metrics["agent_over_thompson"] == pytest.approx(
         metrics["reward_agent"] / metrics["reward_thompson"]
     )
+
+
+def test_each_policys_interval_is_1_96_standard_errors_over_episodes(task):
+    """`ci95_NAME` (docs/snail.md's "± ci95"): 1.96 sample standard deviations of the
+    episodes' total rewards over the square root of their count."""
+    metrics = task.evaluate(tiny_policy())
+    found = task.scores(tiny_policy(), 40)
+    assert "agent" in found and {f"ci95_{name}" for name in found} <= set(metrics)
+    for name, rewards in found.items():
+        totals = [float(t) for t in rewards.sum(1)]
+        assert metrics[f"reward_{name}"] == pytest.approx(statistics.mean(totals))  # same draws
+        assert metrics[f"ci95_{name}"] == pytest.approx(
+            1.96 * statistics.stdev(totals) / math.sqrt(40)
+        )
 
 
 def test_figures_and_explore(task, tmp_path):
