@@ -11,7 +11,7 @@ import torch
 
 from attnzoo.models.snail import SnailPolicy, snail_bandit
 from attnzoo.tasks import bandits as B
-from attnzoo.tasks.base import EvalConfig, held_out_generator
+from attnzoo.tasks.base import EvalConfig, held_out_generator, sampling_generator, sampling_seed
 
 CONFIG = B.BanditsConfig(arms=3, pulls=6, test_episodes=40)
 
@@ -249,6 +249,46 @@ def test_the_loss_is_reinforce_with_the_value_baseline(task):
     assert count == 8 * 6 and loss.isfinite()
     loss.backward()
     assert model.value.weight.grad.abs().sum() > 0 and model.policy.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize(("entropy_weight", "discount", "lam"), [(0.1, 0.9, 0.8), (0.3, 1.0, 0.5)])
+def test_the_loss_is_the_a2c_loss_written_out(entropy_weight, discount, lam):
+    """A2C (Mnih 2016; Duan 2016's RL^2): -sum_t (G_t - V_t) log pi(a_t | s_t)
+    + sum_t (V_t - G_t)^2 - beta sum_t H(pi_t) over the episodes the loss plays from its own
+    seeded generator, with G_t the TD(lambda) returns by a backward loop, a_t the arm pulled
+    at step t and H = -sum_a p log p; the loss and the policy head's gradient against that
+    float64 reference."""
+    config = replace(CONFIG, entropy_weight=entropy_weight, discount=discount, gae_lambda=lam)
+    task = B.BanditsTask(config, seed=1, eval_config=EvalConfig(limit=0))
+    model, reference = tiny_policy().double(), tiny_policy().double()
+    batch = task.batch(0, 8, "cpu")
+    batch = batch._replace(payoff=batch.payoff.double(), probs=batch.probs.double())
+    loss, _ = task.loss(model, batch)
+    loss.backward()
+    g = sampling_generator(torch.device("cpu")).manual_seed(
+        sampling_seed(task.seed * 7 + batch.step, batch.rank)
+    )  # the loss's own draws
+    actions, rewards = task._rollout(reference, batch, g)
+    out = reference(B.inputs_of(actions[:, :-1], rewards[:, :-1], CONFIG.arms))
+    log_p = torch.log_softmax(out.logits, -1)  # (b, K, N)
+    pulls = CONFIG.pulls
+    log_pi = torch.stack([log_p[torch.arange(8), t, actions[:, t]] for t in range(pulls)], 1)
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    value, v = out.value, out.value.detach()
+    returns, gae = torch.zeros_like(rewards), torch.zeros(8, dtype=torch.float64)
+    for t in reversed(range(pulls)):
+        following = v[:, t + 1] if t + 1 < pulls else torch.zeros_like(gae)
+        gae = rewards[:, t] + discount * following - v[:, t] + discount * lam * gae
+        returns[:, t] = v[:, t] + gae
+    expected = (
+        -((returns - v) * log_pi).sum()
+        + ((value - returns) ** 2).sum()
+        - entropy_weight * entropy.sum()
+    )
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-9)
+    torch.testing.assert_close(model.policy.weight.grad, reference.policy.weight.grad)
+    torch.testing.assert_close(model.policy.bias.grad, reference.policy.bias.grad)
 
 
 @pytest.mark.parametrize(("lam", "discount"), [(0.0, 1.0), (1.0, 1.0), (0.0, 0.9)])

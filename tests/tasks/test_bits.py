@@ -144,6 +144,45 @@ def test_loss_sums_bce_over_the_output_phase_per_sequence():
     assert float(t.loss(Oracle(), batch)[0]) < 1e-6
 
 
+class Ramp(torch.nn.Module):
+    """Logits that differ from step to step: -3 at the first, rising evenly to 3 at the last."""
+
+    def __init__(self, outputs: int):
+        super().__init__()
+        self.outputs = outputs
+
+    def forward(self, inputs, return_weights=False):
+        b, steps, _ = inputs.shape
+        return LSTMOutput(
+            torch.linspace(-3, 3, steps)[None, :, None].expand(b, steps, self.outputs)
+        )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_loss_is_the_bce_of_the_output_steps_by_hand(kind):
+    """Graves 2014: the sigmoid cross-entropy summed over the output phase only, by hand for a
+    model whose logits change with the step. Copy and repeat copy answer after the delimiter
+    (channel 8) at step L, from step L + 1 to the end; associative recall answers in the last
+    item_len steps."""
+    t = task(kind=kind, min_len=2, max_len=6)
+    batch = t.batch(0, 4, "cpu")
+    steps, outputs = batch.targets.shape[1:]
+    if kind == "associative_recall":
+        first = steps - t.config.item_len
+    else:
+        first = int(batch.inputs[0, :, 8].argmax()) + 1
+    z = torch.linspace(-3, 3, steps).tolist()
+    expected = 0.0
+    for k in range(4):
+        for step in range(first, steps):
+            p = 1 / (1 + math.exp(-z[step]))
+            for y in batch.targets[k, step].tolist():
+                expected -= y * math.log(p) + (1 - y) * math.log(1 - p)
+    loss, count = t.loss(Ramp(outputs), batch)
+    assert count == 4
+    assert float(loss) == pytest.approx(expected, rel=1e-5)
+
+
 def test_evaluate_counts_bit_errors_per_sequence():
     t = task(min_len=1, max_len=4, test_lengths=(7,), n_test_per_length=5)
     perfect = t.evaluate(Oracle())

@@ -308,15 +308,26 @@ def test_to_go_credit_is_the_words_from_each_step_on_against_reading_by_expectat
     assert advantage.abs().max() > 1e-3  # the samples did change the words' likelihood
 
 
-def test_caption_credit_baseline_is_the_first_batch_mean_then_the_moving_average(task):
+@pytest.mark.parametrize(("reinforce_weight", "entropy_weight"), [(1.0, 0.0), (0.3, 0.05)])
+def test_caption_credit_baseline_is_the_first_batch_mean_then_the_moving_average(
+    task, reinforce_weight, entropy_weight
+):
     """credit="caption" (Xu 2015 eq. 12): every step of a sampled caption is credited with the
     caption's log-likelihood minus a baseline. At the first step the baseline is that batch's
     mean (the tracker holds no log-likelihood yet); from then on it is the moving average as it
     stood before the step, which the step then moves by (1 - momentum) toward its own mean
-    (a float64 reference of each step's loss and of the tracker)."""
+    (a float64 reference of each step's loss and of the tracker). The policy term is weighted
+    by lambda_r (reinforce_weight) and the entropy bonus lambda_e sum_t H_t over the real steps,
+    H_t = -sum_l alpha_tl log alpha_tl, is subtracted (entropy_weight)."""
     torch.manual_seed(0)
     small = dict(channels=(4, 8, 8), embed_dim=8, hidden=8, attn_hidden=8, dropout=0.0)
-    config = hard(**small, expectation_rate=0.0, entropy_weight=0.0, baseline_momentum=0.75)
+    config = hard(
+        **small,
+        expectation_rate=0.0,
+        entropy_weight=entropy_weight,
+        reinforce_weight=reinforce_weight,
+        baseline_momentum=0.75,
+    )
     model = ShowAttendTell(config, **task.model_dims()).double()
     tracker = model.reward_baseline
     for step in (3, 4):
@@ -330,7 +341,12 @@ def test_caption_credit_baseline_is_the_first_batch_mean_then_the_moving_average
         words = out.log_probs.gather(-1, batch.tokens_out.unsqueeze(-1)).squeeze(-1) * real
         reward = words.sum(-1).detach()  # (b,) log p(y | s, a)
         baseline = before if started else reward.mean().item()
-        expected = -words.sum() - ((reward - baseline)[:, None] * out.log_pi * real).sum()
+        policy = -((reward - baseline)[:, None] * out.log_pi * real).sum()
+        alpha = out.weights  # (b, steps, locations)
+        entropy = -(alpha * alpha.clamp_min(1e-300).log()).sum(-1)  # (b, steps)
+        expected = (
+            -words.sum() + reinforce_weight * policy - entropy_weight * (entropy * real).sum()
+        )
         assert out.expected is None  # expectation_rate 0: every image samples
         assert loss.item() == pytest.approx(expected.item(), rel=1e-9)
         moved = 0.75 * before + 0.25 * reward.mean().item() if started else reward.mean().item()

@@ -94,6 +94,36 @@ def test_loss_sums_over_every_next_character_with_and_without_smoothing():
     assert float(loss) == pytest.approx((1 - eps) * bits * math.log(2) + 6 * eps * spread)
 
 
+class Echo(torch.nn.Module):
+    """A causal model that reads its input: at position i, logit `strength` on token i (the
+    last one it read), 0 elsewhere."""
+
+    def __init__(self, vocab: int, strength: float = 5.0):
+        super().__init__()
+        self.vocab, self.strength = vocab, strength
+
+    def forward(self, tokens: torch.Tensor) -> LMOutput:
+        one_hot = torch.nn.functional.one_hot(tokens, self.vocab).double()
+        return LMOutput(self.strength * one_hot)  # (b, t, V)
+
+
+@pytest.mark.parametrize("context", [2, 3])
+def test_the_model_reads_the_characters_before_each_one_it_predicts(context):
+    """sum_i -log p(x_{i+1} | x_0..x_i) by hand for a model that reads its input (`Echo`): fed
+    the characters it is to predict, it would put its mass on each target."""
+    task = toy(context=context)
+    vocab = len(task.vocab)
+    batch = task.batch(0, 6, "cpu")
+    loss, count = task.loss(Echo(vocab), batch)
+    expected = 0.0
+    for row in batch.tolist():
+        for i in range(len(row) - 1):
+            logits = [5.0 if v == row[i] else 0.0 for v in range(vocab)]
+            expected -= logits[row[i + 1]] - math.log(sum(math.exp(z) for z in logits))
+    assert count == 6 * context
+    assert float(loss) == pytest.approx(expected, rel=1e-12)
+
+
 def test_batches_are_a_pure_function_of_seed_and_step_and_shard_by_rank():
     task = toy(context=2)
     a, b = task.batch(5, 6, "cpu"), task.batch(5, 6, "cpu")

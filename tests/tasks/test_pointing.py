@@ -1,3 +1,4 @@
+import copy
 import json
 import math
 
@@ -7,7 +8,7 @@ import torch
 from attnzoo import runs
 from attnzoo.models.pointer_net import PointerNet, PointerNetConfig
 from attnzoo.tasks import geometry
-from attnzoo.tasks.base import EvalConfig
+from attnzoo.tasks.base import EvalConfig, sampling_generator, sampling_seed
 from attnzoo.tasks.pointing import KINDS, PointingConfig, PointingTask
 from attnzoo.train.loop import TrainConfig, train
 from attnzoo.viz.explore import validate
@@ -153,6 +154,47 @@ def test_reinforce_loss_is_finite_and_improves_the_baseline_when_significantly_b
     assert task._update_baseline(better, 0)
     for k, v in better.state_dict().items():
         assert torch.equal(task.state_dict()[k], v)
+
+
+@pytest.mark.parametrize("step", [0, 3])
+def test_reinforce_loss_is_the_advantage_over_the_greedy_rollout_times_the_log_likelihood(step):
+    """Kool et al. 2019, eq. 9: sum_b (L(pi_b) - L(greedy_b)) log p(pi_b), pi_b the tour sampled
+    from the loss's own seeded generator, greedy_b the frozen baseline's (a copy of the policy
+    at its first step) and L the closed tour's length summed here edge by edge; the loss and
+    its gradient against that float64 reference."""
+    task, model = task_and_model("tsp", objective="reinforce", n_min=5, n_max=5)
+    model = model.double()
+    reference = copy.deepcopy(model)
+    batch = task.batch(step, 8, "cpu")
+    batch = batch._replace(points=batch.points.double())
+    loss, count = task.loss(model, batch)
+    loss.backward()
+    assert count == 8
+
+    def length(points, tour):  # the closed tour, edge by edge
+        edges = zip(tour, [*tour[1:], tour[0]], strict=True)
+        return sum(math.dist(points[a], points[b]) for a, b in edges)
+
+    seed = sampling_seed(task.seed * 1_000_003 + batch.step + 7, batch.rank)
+    g = sampling_generator(batch.points.device).manual_seed(seed)
+    sample = reference(batch.points, sample=True, generator=g)
+    with torch.no_grad():
+        greedy = reference.decode(batch.points)
+    points = batch.points.tolist()
+    advantage = torch.tensor(
+        [
+            length(points[k], sample.positions[k].tolist()) - length(points[k], greedy[k].tolist())
+            for k in range(8)
+        ],
+        dtype=torch.float64,
+    )
+    assert advantage.abs().max() > 0.1  # some sampled tours are not the greedy ones
+    expected = (advantage * sample.log_prob).sum()
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-9)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=name)
 
 
 def test_reinforce_resume_restores_the_baseline(tmp_path):

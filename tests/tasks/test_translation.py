@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -132,3 +134,54 @@ def test_each_vocabulary_holds_only_training_tokens(side, max_vocab):
     words = ("a", "b", "c") if max_vocab is None else ("a", "b")
     case = str.upper if side == "target" else str
     assert vocab.tokens == (*Vocab.SPECIALS, *map(case, words))
+
+
+class TableDecoder(torch.nn.Module):
+    """A causal stub: the logits at each step are a fixed row of `table` chosen by the token
+    the decoder reads there (logits = table[target_in])."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = table
+
+    def forward(self, source, lengths, target_in):
+        return SimpleNamespace(logits=self.table[target_in])
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_the_loss_scores_each_target_and_its_eos_given_bos_and_the_target_so_far(
+    label_smoothing,
+):
+    """Teacher forcing (Bahdanau 2015, Luong 2015, Vaswani 2017): the decoder reads [BOS, y]
+    and is scored on [y, EOS], the padding of the shorter targets not scored nor counted,
+    with label smoothing eps: (1 - eps) (-log p_y) + eps mean_k (-log p_k); the float64 sum
+    written out here, and the count sum(len(y) + 1)."""
+
+    def example(source, target):
+        return Example(tuple(source), tuple(target))
+
+    train = [example("ab", "A"), example("abc", "BCAB"), example("ca", "CA"), example("b", "")]
+    splits = Splits(train, train[:1], train[:1])
+    task = TranslationTask(
+        splits,
+        " ".join,
+        metric="exact_match",
+        seed=0,
+        eval_config=EvalConfig(label_smoothing=label_smoothing),
+    )
+    vocab = task.target_vocab
+    table = torch.randn(len(vocab), len(vocab), generator=torch.Generator().manual_seed(0))
+    table = table.double()
+    pairs = [
+        (task.source_vocab.encode(e.source, add_eos=True), vocab.encode(e.target)) for e in train
+    ]
+    assert len({len(y) for _, y in pairs}) > 1  # the batch holds padding
+    loss, count = task.loss(TableDecoder(table), task.collate(pairs))
+    eps, expected, tokens = label_smoothing, 0.0, 0
+    for _, y in pairs:
+        for read, target in zip([Vocab.BOS, *y], [*y, Vocab.EOS], strict=True):
+            log_p = torch.log_softmax(table[read], -1).tolist()
+            expected += (1 - eps) * -log_p[target] + eps * -sum(log_p) / len(log_p)
+            tokens += 1
+    assert count == tokens == sum(len(e.target) + 1 for e in train)
+    assert float(loss) == pytest.approx(expected, rel=1e-12)
