@@ -1,5 +1,6 @@
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -196,6 +197,44 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]  # no temp files left
 
 
+def test_atomic_write_syncs_the_file_before_the_rename_and_the_folder_after(tmp_path, monkeypatch):
+    """Durable on a power cut: the data reach the disk (fsync of the temporary file) before the
+    rename makes them the file, and the rename reaches it (fsync of the folder) after."""
+    import attnzoo.core.files as files
+
+    events, fsync, replace = [], os.fsync, os.replace
+
+    def spy_fsync(fd):
+        events.append(("fsync", "folder" if os.path.isdir(f"/proc/self/fd/{fd}") else "file"))
+        return fsync(fd)
+
+    def spy_replace(src, dst):
+        events.append(("replace", Path(dst).name))
+        return replace(src, dst)
+
+    monkeypatch.setattr(files.os, "fsync", spy_fsync)
+    monkeypatch.setattr(files.os, "replace", spy_replace)
+    atomic_write(tmp_path / "a.json", b"one")
+    assert events == [("fsync", "file"), ("replace", "a.json"), ("fsync", "folder")]
+
+
+def test_weights_missing_a_layer_are_refused(tmp_path):
+    """A checkpoint without one of the model's layers is a CheckpointError, never a model whose
+    missing layer keeps its random initial weights (a non-strict load)."""
+    from attnzoo.train.checkpoint import CheckpointError, load_model_weights, save_checkpoint
+
+    small = torch.nn.Sequential(torch.nn.Linear(3, 3))
+    opt = torch.optim.AdamW(small.parameters())
+    save_checkpoint(tmp_path, 0, small, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1))
+    folder = latest_checkpoint(tmp_path)
+    large = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+    with pytest.raises(CheckpointError, match="weights that fit"):
+        load_model_weights(folder, large)
+    opt2 = torch.optim.AdamW(large.parameters())
+    with pytest.raises(CheckpointError, match="weights that fit"):
+        load_checkpoint(folder, large, opt2, torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1))
+
+
 def test_checkpoint_round_trip_restores_everything(tmp_path):
     from attnzoo.train.checkpoint import save_checkpoint
 
@@ -207,7 +246,8 @@ def test_checkpoint_round_trip_restores_everything(tmp_path):
         opt.step()
         sched.step()
     save_checkpoint(tmp_path, 2, model, opt, sched)
-    expected_next = torch.rand(3)
+    expected_next, python_next = torch.rand(3), random.random()
+    random.seed(123)  # a state the load must replace
     folder = latest_checkpoint(tmp_path)
     assert sorted(p.name for p in folder.iterdir()) == ["state.json", "tensors.safetensors"]
     model2 = torch.nn.Sequential(
@@ -217,6 +257,7 @@ def test_checkpoint_round_trip_restores_everything(tmp_path):
     sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1 / (s + 1))
     assert load_checkpoint(folder, model2, opt2, sched2) == 2
     assert torch.equal(torch.rand(3), expected_next)  # RNG restored
+    assert random.random() == python_next  # Python's too: saved as it was, restored
     for a, b in zip(model.parameters(), model2.parameters(), strict=True):
         assert torch.equal(a, b)
     assert sched2.get_last_lr() == sched.get_last_lr()
