@@ -362,8 +362,7 @@ def test_ddp_two_processes_match_one_process(tmp_path):
             torchrun,
             "--nproc-per-node",
             "2",
-            "--master-port",
-            "29517",
+            "--standalone",  # a free port of its own: no clash with another job on the machine
             "-m",
             "attnzoo.cli",
             "train",
@@ -416,8 +415,8 @@ def test_a_resumed_two_process_run_with_dropout_equals_an_uninterrupted_one(tmp_
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
-    def launch(out, *extra, port):
-        command = [torchrun, "--nproc-per-node", "2", "--master-port", str(port), "-m"]
+    def launch(out, *extra):
+        command = [torchrun, "--nproc-per-node", "2", "--standalone", "-m"]  # a free port
         command += ["attnzoo.cli", "train", "luong", "--task", "reverse", "--out", str(out)]
         r = subprocess.run(
             [*command, "--no-progress", *extra],
@@ -429,9 +428,9 @@ def test_a_resumed_two_process_run_with_dropout_equals_an_uninterrupted_one(tmp_
         assert r.returncode == 0, r.stderr[-2000:]
 
     full, cut = tmp_path / "full", tmp_path / "cut"
-    launch(full, *[x for s in [*DDP_RUN, "train.steps=8"] for x in ("--set", s)], port=29531)
-    launch(cut, *[x for s in [*DDP_RUN, "train.steps=5"] for x in ("--set", s)], port=29532)
-    launch(cut, "--resume", "--set", "train.steps=8", port=29533)
+    launch(full, *[x for s in [*DDP_RUN, "train.steps=8"] for x in ("--set", s)])
+    launch(cut, *[x for s in [*DDP_RUN, "train.steps=5"] for x in ("--set", s)])
+    launch(cut, "--resume", "--set", "train.steps=8")
     last = "checkpoints/step_00000007/tensors.safetensors"
     want, got = load_file(full / last), load_file(cut / last)
     differing = [k for k in want if k.startswith("model.") and not torch.equal(want[k], got[k])]
