@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from attnzoo.cli import main
+from attnzoo.train.checkpoint import latest_checkpoint
 from tests.reliability.test_cli_faults import copy_run, one_error_line, same_weights, train
 
 STEP4, STEP9 = "step_00000004", "step_00000009"
@@ -149,8 +151,16 @@ def test_an_interrupted_save_is_skipped(run, trained, capsys):
     assert f"continuing from checkpoints/{STEP9}, step 10" in err
 
 
-def test_a_broken_latest_json_is_not_fatal(run, capsys):
-    (run / "checkpoints" / "latest.json").write_text("{")
+@pytest.mark.parametrize("partial", [None, "tensors.safetensors", "state.json"])
+def test_a_broken_latest_json_is_not_fatal(run, partial, capsys):
+    """Without a usable latest.json the newest folder holding both files is taken: a newer
+    one an interrupted save left with only one of them is passed over."""
+    checkpoints = run / "checkpoints"
+    (checkpoints / "latest.json").write_text("{")
+    if partial is not None:
+        (checkpoints / "step_00000014").mkdir()
+        shutil.copy(checkpoints / STEP9 / partial, checkpoints / "step_00000014" / partial)
+    assert latest_checkpoint(checkpoints).name == STEP9
     assert main(["eval", str(run)]) == 0
 
 
