@@ -311,6 +311,19 @@ def test_a_killed_process_releases_its_run_directory(tmp_path):
     assert _checked_out(run, resume=True) == []
 
 
+@pytest.mark.skipif(rundir.fcntl is None, reason="no fcntl.flock on this platform")
+def test_the_lock_file_names_the_process_holding_it_not_a_killed_one(tmp_path):
+    """A killed run leaves its pid in the lock file: the next process claiming the directory
+    replaces it with its own (a third is told who holds it), not appended to it."""
+    import os
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / rundir.LOCK).write_text("99999999")
+    with runs.check_out(run, resume=True):
+        assert (run / rundir.LOCK).read_text() == str(os.getpid())
+
+
 def test_read_config_fills_a_field_an_older_config_lacks(tmp_path):
     saved = _tiny()
     del saved["train"]["autocast"], saved["eval"]["batch_size"]

