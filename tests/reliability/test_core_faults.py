@@ -305,6 +305,19 @@ def _gradients(outputs, leaves):
     return torch.autograd.grad(loss, leaves, allow_unused=True)
 
 
+def _attend_and_differentiate(score, q, k, v, mask, prepared, kwargs, every_gradient=True):
+    """attention() on fresh leaves (the keys prepared under `mask` first when `prepared`) and
+    the gradients of the query, key, value and score's parameters (with `every_gradient`
+    False, of the query and the value attended only)."""
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    q_, k_, v_ = leaves
+    if prepared:
+        k_ = prepare_key(score, k_, value=v_, mask=mask)
+        v_ = k_.value
+    out = attention(q_, k_, v_, score=score, mask=mask, **kwargs)
+    return out, _gradients(out, [*leaves, *score.parameters()] if every_gradient else [q_, v_])
+
+
 def _assert_same_gradients(got, want):
     for a, b in zip(got, want, strict=True):
         assert (a is None) == (b is None)
@@ -330,13 +343,7 @@ def test_garbage_in_masked_keys_and_values_never_reaches_an_output(
         mask = mask[0, 0]  # (key_len,)
 
     def run(k, v):
-        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        q_, k_, v_ = leaves
-        if prepared:
-            k_ = prepare_key(score, k_, value=v_, mask=mask)
-            v_ = k_.value
-        out = attention(q_, k_, v_, score=score, mask=mask, **kwargs)
-        return out, _gradients(out, [*leaves, *score.parameters()])
+        return _attend_and_differentiate(score, q, k, v, mask, prepared, kwargs)
 
     clean, clean_gradients = run(k, v)
     out, gradients = run(*_garbage_in_padding([k, v], lengths, GARBAGE[garbage]))
@@ -417,14 +424,7 @@ def test_garbage_in_a_key_mask_and_geometry_together_leave_unattended_never_reac
     assert not allowed[..., 3].any()
 
     def run(k, v):
-        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        q_, k_, v_ = leaves
-        if prepared:
-            k_ = prepare_key(score, k_, value=v_, mask=mask)
-            v_ = k_.value
-        out = attention(q_, k_, v_, score=score, mask=mask, **kwargs)
-        wrt = [q_, v_] if prepared else [*leaves, *score.parameters()]
-        return out, _gradients(out, wrt)
+        return _attend_and_differentiate(score, q, k, v, mask, prepared, kwargs, not prepared)
 
     clean, clean_gradients = run(k, v)
     want, want_weights = ref_attention(ref_logits(name, q, k, params_of(score)), v, allowed)
