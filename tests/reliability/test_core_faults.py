@@ -377,13 +377,7 @@ def test_garbage_in_keys_no_query_reaches_never_reaches_an_output(
     q, k, v = _inputs()
 
     def run(k, v):
-        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        q_, k_, v_ = leaves
-        if prepared:
-            k_ = prepare_key(score, k_)
-        out = attention(q_, k_, v_, score=score, **kwargs)
-        wrt = [q_, v_] if prepared else [*leaves, *score.parameters()]
-        return out, _gradients(out, wrt)
+        return _attend_and_differentiate(score, q, k, v, None, prepared, kwargs, not prepared)
 
     clean, clean_gradients = run(k, v)
     k, v = k.clone(), v.clone()
