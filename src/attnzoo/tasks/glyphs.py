@@ -6,11 +6,13 @@ DejaVu Sans, Serif and Sans Mono faces and STIX General, each in four styles) ca
 (Unicode category L) grouped by their Unicode script (Latin, Greek, Cyrillic, Arabic, Canadian
 syllabics, ...), and symbols (categories So, Sm) grouped by their Unicode block (Braille,
 arrows, dingbats, Yijing hexagrams, ...), which stand in for Omniglot's invented alphabets.
-Characters that look alike once drawn are one class: every candidate is drawn in its first
-face at 28 x 28, fitted to the box, and a candidate within `GlyphsConfig.min_distance` (root
-mean square over the pixels) of a kept one is dropped, background scripts first, so an
-evaluation class never repeats a background class (Latin A, Greek Alpha and Cyrillic A are one
-class, in the background). A group with fewer than `min_classes` kept classes is dropped.
+Characters that look alike once drawn are one class: every candidate is drawn at 28 x 28, fitted
+to the box, in its first face and in every other face that covers it, and a candidate within
+`GlyphsConfig.min_distance` (root mean square over the pixels) of a kept one, in their first
+faces or in any face that draws both, is dropped, background scripts first, so an evaluation
+class never repeats a background class in any face its instances are drawn in (Latin A, Greek
+Alpha and Cyrillic A are one class, in the background). A group with fewer than `min_classes`
+kept classes is dropped.
 `inventory(config)` gives the classes; `inventory(config).counts()` the counts per script.
 
 Split. As Omniglot splits its 50 alphabets into 30 background and 20 evaluation ones, whole
@@ -245,10 +247,10 @@ def _render(point: int, face: int) -> torch.Tensor:
     factor = FIT / max(width, height)
     size = (max(1, round(height * factor)), max(1, round(width * factor)))
     glyph = F.interpolate(glyph[None, None], size=size, mode="bilinear", antialias=True)[0, 0]
-    canvas = torch.zeros(CANVAS, CANVAS)
+    glyph = glyph.clamp_(0, 255).round_().to(torch.uint8)
     top_row, left_col = (CANVAS - size[0]) // 2, (CANVAS - size[1]) // 2
-    canvas[top_row : top_row + size[0], left_col : left_col + size[1]] = glyph
-    return canvas.clamp(0, 255).round().to(torch.uint8)
+    right_col, bottom_row = CANVAS - left_col - size[1], CANVAS - top_row - size[0]
+    return F.pad(glyph, (left_col, right_col, top_row, bottom_row))  # on a blank canvas
 
 
 class Inventory(NamedTuple):
@@ -269,30 +271,28 @@ class Inventory(NamedTuple):
 
 @lru_cache(maxsize=4)
 def inventory(test_scripts: tuple[str, ...], min_distance: float, min_classes: int) -> Inventory:
-    """The classes (module docstring): candidates drawn once in their first face, look-alikes
-    dropped (background scripts first), small scripts dropped."""
+    """The classes (module docstring): candidates compared in their first faces and in every face
+    that draws two of them, look-alikes dropped (background scripts first), small scripts
+    dropped."""
     cover = coverage()
     candidates = [(p, g) for p in sorted(cover) if (g := group_of(p)) is not None]
     held_out = set(test_scripts)
     # 1. background scripts first, so that a look-alike is dropped from the evaluation set
     candidates.sort(key=lambda pg: (pg[1] in held_out, pg[1], pg[0]))
-    # 2. each candidate at 28 x 28 in its first face, as the distance sees it
-    images = torch.stack([_render(p, cover[p][0]) for p, _ in candidates]).float() / 255
-    small = F.avg_pool2d(images.unsqueeze(1), 2).flatten(1)  # (n, SIDE SIDE)
-    inked = small.sum(-1) > 4.0  # a glyph with next to no ink (a space-like mark) is no class
+    # 2. which candidates look alike: at 28 x 28 in their first faces (characters of different
+    # faces), and in each face among the candidates it covers (instances are drawn in every
+    # face: U+2300 and U+2205 are one drawing in DejaVu Sans Mono, not in their first faces)
+    first = _small([(p, cover[p][0]) for p, _ in candidates])
+    inked = first.sum(-1) > 4.0  # a glyph with next to no ink (a space-like mark) is no class
+    close = _close(first, min_distance)  # (n, n) bool
+    for face in range(len(FACES)):
+        members = torch.tensor([i for i, (p, _) in enumerate(candidates) if face in cover[p]])
+        if len(members) > 1:
+            drawn = _small([(candidates[i][0], face) for i in members.tolist()])
+            rows, cols = members[:, None], members[None]
+            close[rows, cols] |= _close(drawn, min_distance)
     # 3. greedy: keep a candidate unless it is within min_distance of a kept earlier one
-    squared = (small * small).sum(-1)  # (n,)
-    limit = min_distance**2 * small.shape[1]
-    close = torch.cat(
-        [
-            squared[i : i + 512, None]
-            - 2 * small[i : i + 512] @ small.T
-            + squared[None]  # (512, n)
-            < limit
-            for i in range(0, len(small), 512)
-        ]
-    ).numpy()  # (n, n) bool
-    keep = inked.numpy().copy()
+    close, keep = close.numpy(), inked.numpy().copy()
     for i in range(len(candidates)):
         if keep[i] and (close[i, :i] & keep[:i]).any():
             keep[i] = False
@@ -307,6 +307,24 @@ def inventory(test_scripts: tuple[str, ...], min_distance: float, min_classes: i
     background = tuple(c for c, s in enumerate(scripts) if s not in held_out)
     evaluation = tuple(c for c, s in enumerate(scripts) if s in held_out)
     return Inventory(points, scripts, tuple(cover[p] for p in points), background, evaluation)
+
+
+def _small(drawings: list[tuple[int, int]]) -> torch.Tensor:
+    """(point, face) pairs -> their drawings at 28 x 28 in [0, 1], flattened: (n, SIDE SIDE)."""
+    images = torch.stack([_render(p, f) for p, f in drawings]).float() / 255
+    return F.avg_pool2d(images.unsqueeze(1), 2).flatten(1)
+
+
+def _close(small: torch.Tensor, min_distance: float) -> torch.Tensor:
+    """(n, n) bool: whether two drawings (`_small`) are within `min_distance` (RMS)."""
+    squared = (small * small).sum(-1)  # (n,)
+    limit = min_distance**2 * small.shape[1]
+    return torch.cat(
+        [
+            squared[i : i + 512, None] - 2 * small[i : i + 512] @ small.T + squared[None] < limit
+            for i in range(0, len(small), 512)
+        ]
+    )
 
 
 # 2. Instances ---------------------------------------------------------------------------------
