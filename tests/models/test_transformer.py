@@ -560,6 +560,29 @@ def test_a_reordered_decoding_state_keeps_its_caches_owned():
         model.decoder[1].self_attention(x, causal=True, cache=moved.self_caches[0])
 
 
+@pytest.mark.parametrize("kind", ["translation", "language model"])
+def test_a_state_stepped_from_before_is_refused_and_a_copy_branches(kind):
+    """decode_step grows a state's caches in place: stepping from a state a second time would
+    read the first step's extra position at the wrong place (different log-probabilities for
+    the same token, without a word). It is refused, naming the argument; a copy made with
+    reorder before the first step branches to exactly the first step's result."""
+    if kind == "translation":
+        model = make().eval()
+        source, lengths, _, _ = batch()
+        start = model.start(model.encode(source, lengths))
+    else:
+        model = TransformerLM(TransformerConfig(**SMALL), V_TGT, 12).eval()
+        start = model.start()
+    tokens = torch.tensor([1, 4, 5])
+    _, state = model.decode_step(tokens, start)
+    copy = state.reorder(torch.arange(3))
+    first, _ = model.decode_step(tokens, state)
+    with pytest.raises(ValueError, match="'state' expected a state whose caches hold its 1 "):
+        model.decode_step(tokens, state)
+    again, _ = model.decode_step(tokens, copy)
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("eps", [0, -1e-5, float("inf"), float("nan"), True])
 def test_layer_norm_eps_must_be_positive_and_finite(eps):
     with pytest.raises(ValueError, match="'layer_norm_eps'"):

@@ -437,7 +437,9 @@ class TransformerState:
     (`start(memory, cache=False)`), `prefix` keeps the tokens fed so far and every step
     recomputes the whole prefix (the reference that caching must match).
 
-    `decode_step` extends the caches in place: keep using the state it returns.
+    `decode_step` extends the caches in place: keep using the state it returns (a state
+    stepped from before is refused; to step from one twice, copy it first with
+    `reorder(torch.arange(batch))`).
     """
 
     memory: torch.Tensor  # (b, j, d_model)
@@ -616,6 +618,7 @@ class Transformer(nn.Module):
     ) -> tuple[torch.Tensor, TransformerState]:
         """The decoding engine's step: tokens (b,) -> log-probabilities (b, V), new state."""
         check_tokens("Transformer.decode_step", "tokens", tokens, 1, "(batch,)")
+        _check_current("Transformer.decode_step", state.self_caches or [], state.step)
         if state.prefix is not None:
             prefix = torch.cat([state.prefix, tokens[:, None]], 1)  # (b, step + 1)
             memory = TransformerMemory(state.memory, state.memory_mask, state.memory_mask)
@@ -789,6 +792,19 @@ class LMState:
         return LMState([_reorder_cache(c, index) for c in self.caches], self.step)
 
 
+def _check_current(function: str, caches: list[KVCache], step: int) -> None:
+    """A state's self-attention caches hold its `step` positions. `decode_step` grows them in
+    place, so a state it was given is left behind holding one position more: stepping from it
+    again would attend to that extra position and read the wrong one's position encoding
+    (log-probabilities off by ~0.4 in a tiny model, without a word)."""
+    for cache in caches:
+        held = 0 if cache.key is None else cache.key.shape[-2]
+        if held != step:
+            expected = f"a state whose caches hold its {step} positions (step from the state "
+            expected += "decode_step returned last; to branch, copy one with reorder first)"
+            fail(function, "state", expected, f"caches holding {held} (stepped from before)")
+
+
 class TransformerLM(nn.Module):
     """The Transformer's decoder alone as a language model: the decoder layers of sec. 3.1
     without cross-attention (the decoder-only form of Liu et al. 2018 and GPT, Radford 2018).
@@ -840,6 +856,7 @@ class TransformerLM(nn.Module):
     def decode_step(self, tokens: torch.Tensor, state: LMState) -> tuple[torch.Tensor, LMState]:
         """The decoding engine's step: tokens (b,) -> log-probabilities (b, V), new state."""
         check_tokens("TransformerLM.decode_step", "tokens", tokens, 1, "(batch,)")
+        _check_current("TransformerLM.decode_step", state.caches, state.step)
         x = self.embed(tokens[:, None], state.step)  # (b, 1, d_model)
         logits, _ = self._run(x, state.caches, False)
         log_probs = torch.log_softmax(at_least_float32(logits[:, -1]), -1)  # (b, V)
