@@ -113,6 +113,24 @@ def test_no_training_batch_of_the_bandits_is_a_held_out_batch():
                 assert not torch.equal(task.batch(step, 8, "cpu").probs, held), (run_seed, step)
 
 
+def test_no_glyphs_held_out_chunk_is_a_training_batch():
+    """The glyph task seeded its held-out chunks by hand: the valid split's first chunk at data
+    seed 0, (0 * 7919 + 1) * 100_003, was the whole training batch of step 100_003 at run seed 0
+    (same background classes, same draws). Held-out chunks now come from the split's
+    held_out_generator stream."""
+    from attnzoo.tasks.glyphs import EVAL_CHUNK
+
+    spec = TASKS["glyphs"]
+    config = dataclasses.replace(spec.default_config(), queries=2, eval_queries=2)
+    for split in SPLITS:
+        eval_config = dataclasses.replace(spec.eval_config(), split=split)
+        task = spec.build(config, seed=0, eval_config=eval_config)
+        held = task.held_out(split, EVAL_CHUNK)[0]
+        for step in (100_003, 2 * 100_003, 0, 1):
+            batch = task.batch(step, EVAL_CHUNK, "cpu")
+            assert not torch.equal(batch.classes, held.classes), (split, step)
+
+
 def test_held_out_streams_are_none_a_training_step_draws_from():
     """torch's CPU generator reads the low 32 bits of a seed (the bit tasks' held-out seed
     2**40 + seed was the seed of training step `seed` at run seed 0): the held-out generators'

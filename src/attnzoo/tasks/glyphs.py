@@ -30,8 +30,9 @@ renders are cached per process.
 Episodes. An N-way K-shot episode draws N classes, K support instances of each (shuffled) with
 labels 0..N-1 in a random order, and `queries` query instances whose classes are uniform over
 the N. Training episodes come from a generator seeded by the run's seed and the step; held-out
-episodes in chunks of `EVAL_CHUNK` from `GlyphsConfig.seed`, so the first n episodes are the
-same whatever the limit.
+episodes in chunks of `EVAL_CHUNK`, one after another from the split's stream of
+`GlyphsConfig.seed` (`base.held_out_generator`, where no training batch draws), so the first n
+episodes are the same whatever the limit.
 
 "fewshot" interface (`attnzoo.models.registry`): a model is built with `(config, image_size,
 channels, ways, shots)` and called as `model(support (batch, ways * shots, channels, H, W),
@@ -57,7 +58,14 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.core.checks import check_fields, fail
-from attnzoo.tasks.base import EvalConfig, check_counts, model_device, require, training_generator
+from attnzoo.tasks.base import (
+    EvalConfig,
+    check_counts,
+    held_out_generator,
+    model_device,
+    require,
+    training_generator,
+)
 
 # config keys this task never reads: `attnzoo --set` refuses them (rundir.unread_keys)
 UNREAD = ("eval.batch_size", "eval.beam_size", "eval.label_smoothing")
@@ -443,6 +451,7 @@ class GlyphsTask:
         self.config, self.seed = config, seed
         self.eval_config = eval_config or EvalConfig()
         self._chunks: dict[tuple[str, int], EpisodeBatch] = {}  # `held_out`'s, drawn once
+        self._streams: dict[str, torch.Generator] = {}  # per split, the chunks' draws in order
         named = {group_of(p) for p in coverage()} - {None}
         if not set(config.test_scripts) <= named:  # before the classes are drawn
             fail(
@@ -499,14 +508,16 @@ class GlyphsTask:
 
     # ----- evaluation -----
     def held_out(self, split: str, count: int) -> list[EpisodeBatch]:
-        """The first `count` episodes of `split` in chunks of EVAL_CHUNK (on the CPU). Each
-        chunk is drawn once per task (warping its images was ~a sixth of an evaluation)."""
+        """The first `count` episodes of `split` in chunks of EVAL_CHUNK (on the CPU), drawn
+        one after another from the split's `held_out_generator` stream, where no training batch
+        draws (a seed made here by hand, (seed * 7919 + 1) * 100_003 + k, was the one of
+        training step 100_003 at run seed 0: the valid split's first chunk was that batch).
+        Each chunk is drawn once per task (warping its images was ~a sixth of an evaluation)."""
         pool = self.inventory.evaluation if split == "test" else self.inventory.background
-        salt = 2 if split == "test" else 1
         chunks = []
         for k in range(math.ceil(count / EVAL_CHUNK)):
-            if (split, k) not in self._chunks:
-                g = torch.Generator().manual_seed((self.config.seed * 7919 + salt) * 100_003 + k)
+            if (split, k) not in self._chunks:  # chunks 0 .. k - 1 are drawn: the stream is at k
+                g = self._streams.setdefault(split, held_out_generator(self.config.seed, split))
                 self._chunks[split, k] = episodes(
                     self.config, self.inventory, pool, EVAL_CHUNK, self.config.eval_queries, g
                 )

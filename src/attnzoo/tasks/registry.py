@@ -292,7 +292,9 @@ TASKS = {
             train=dict(steps=3000, batch_size=32, lr=1e-3, warmup=100, checkpoint_every=500),
             eval=dict(limit=0),
             defaults={"ways": ways, "shots": shots},
-            data=1,  # 1: look-alikes found in every face that draws both, not first faces only
+            # 1: look-alikes found in every face that draws both (not first faces only), and
+            # held-out episodes from held_out_generator (a valid chunk was a training batch)
+            data=1,
         )
         for suffix, ways, shots in (("", 5, 1), ("_5shot", 5, 5), ("_20way", 20, 1))
     },
