@@ -517,7 +517,9 @@ class GlyphsTask:
         chunks = []
         for k in range(math.ceil(count / EVAL_CHUNK)):
             if (split, k) not in self._chunks:  # chunks 0 .. k - 1 are drawn: the stream is at k
-                g = self._streams.setdefault(split, held_out_generator(self.config.seed, split))
+                if split not in self._streams:
+                    self._streams[split] = held_out_generator(self.config.seed, split)
+                g = self._streams[split]
                 self._chunks[split, k] = episodes(
                     self.config, self.inventory, pool, EVAL_CHUNK, self.config.eval_queries, g
                 )
