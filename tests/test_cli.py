@@ -228,6 +228,9 @@ def test_eval_set_changes_only_the_evaluation(tmp_path, capsys):
     for item, said in (
         ("task.max_len=5", ("'task.max_len'", "task.n_test_per_length")),
         ("eval.label_smoothing=0.1", ("'eval.label_smoothing'", "ntm on bit_copy never reads")),
+        # keys a resumed run may change, which an evaluation would record and never use
+        ("train.steps=99", ("'train.steps'", "a key that changes only the evaluation")),
+        ("train.log_every=1", ("'train.log_every'", "a key that changes only the evaluation")),
     ):
         assert main(["eval", str(out), "--set", item]) == 2
         err = capsys.readouterr().err

@@ -202,16 +202,19 @@ def test_check_resumable_allows_only_the_resumable_keys():
         runs.check_resumable(saved, given)
 
 
+@pytest.mark.parametrize("steps", [20, 8])
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_extending_steps_on_resume_depends_on_the_schedule(schedule):
+def test_extending_steps_on_resume_depends_on_the_schedule(schedule, steps):
+    """Another step count (more, or fewer for a run stopped before its last step) is refused
+    under the cosine schedule alone (`runs.run_train` refuses fewer than trained)."""
     saved = _tiny(extra=[f"train.schedule={schedule}"])
     given = json.loads(json.dumps(saved))
-    given["train"]["steps"] = 20
+    given["train"]["steps"] = steps
     if schedule == "cosine":
-        with pytest.raises(ValueError, match="'train.steps'.*cosine.*train.steps: 10 -> 20"):
+        with pytest.raises(ValueError, match=f"'train.steps'.*cosine.*train.steps: 10 -> {steps}"):
             runs.check_resumable(saved, given)
     else:
-        assert runs.check_resumable(saved, given) == [("train.steps", 10, 20)]
+        assert runs.check_resumable(saved, given) == [("train.steps", 10, steps)]
 
 
 def test_resume_config_takes_the_saved_config(tmp_path):
@@ -375,6 +378,12 @@ def test_init_from_fails_naming_it_before_any_work(tmp_path):
         _tiny_run("show-attend-tell", "digit_captions", tmp_path / "cap2",
                   *CAPTION_SETS, f"train.init_from={tmp_path / 'enc'}")  # fmt: skip
     assert not (tmp_path / "cap2").exists()  # (the weights are read after --out is claimed)
+    mine = tmp_path / "mine"  # an empty folder the user made: left as it was, not removed
+    mine.mkdir()
+    with pytest.raises(ValueError, match=r"train.init_from.*encoder.net.0.bias of shape"):
+        _tiny_run("show-attend-tell", "digit_captions", mine,
+                  *CAPTION_SETS, f"train.init_from={tmp_path / 'enc'}")  # fmt: skip
+    assert mine.is_dir() and not any(mine.iterdir())
     _tiny_run("luong", "reverse", tmp_path / "other", "task.n_train=8", "task.n_test=2",
               "task.n_valid=2", "model.hidden=8", "eval.limit=2")  # fmt: skip
     with pytest.raises(ValueError, match="train.init_from.*weights named as this model's"):

@@ -291,6 +291,19 @@ def _check_train_args(args) -> None:
         raise UsageError("attnzoo train: needs MODEL and --task TASK (see `attnzoo list`)")
 
 
+def _check_sets(args) -> None:
+    """A --set key given twice is refused: the last value would win, the earlier ignored."""
+    given: dict[str, str] = {}
+    for item in getattr(args, "set", ()):
+        key = item.split("=", 1)[0].strip()
+        if key in given:
+            raise UsageError(
+                f"attnzoo {args.command}: --set {key} expected once, got {given[key]!r} and "
+                f"{item!r}"
+            )
+        given[key] = item
+
+
 def _check_repro_args(args) -> None:
     """PAGE or --list; --list lists every page at its full budget, so PAGE, --budget and
     --out beside it would be ignored: refused instead."""
@@ -311,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = parser().parse_args(argv)
+        _check_sets(args)
         if args.command == "train":
             _check_train_args(args)
         if args.command == "repro":

@@ -351,10 +351,11 @@ def check_out(out: Path, *, resume: bool = False, overwrite: bool = False) -> It
             yield _replaceable(out, resume, overwrite)
         except BaseException:
             # a check that failed before any work (init_from's weights, a task's needs) leaves
-            # no empty run directory behind it
-            if made and [p.name for p in out.iterdir()] == [LOCK]:
+            # no empty run directory behind it, and a user's empty folder as it was
+            if [p.name for p in out.iterdir()] == [LOCK]:
                 (out / LOCK).unlink()
-                out.rmdir()
+                if made:
+                    out.rmdir()
             raise
 
 

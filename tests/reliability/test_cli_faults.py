@@ -43,7 +43,10 @@ def sets(items) -> list[str]:
 
 
 def train(out: Path, *extra: str) -> int:
-    return main([*TRAIN, "--out", str(out), *sets([*TINY, *extra])])
+    """TINY with `extra`'s keys replaced (the CLI refuses a key given twice)."""
+    keys = {item.split("=")[0] for item in extra}
+    tiny = [item for item in TINY if item.split("=")[0] not in keys]
+    return main([*TRAIN, "--out", str(out), *sets([*tiny, *extra])])
 
 
 def copy_run(source: Path, target: Path) -> Path:
@@ -118,6 +121,17 @@ TRAIN_MISTAKES = [
     (["train", "luong", "--task", "reverse", "--set", "model.bidirectional=maybe"], "bidir"),
     (["train", "luong", "--task", "reverse", "--set", "train.device=tpu"], "'device'"),
     (["train", "luong"], "needs MODEL and --task TASK"),
+    # a key given twice: the last value won, the earlier ignored without a word
+    (
+        ["train", "luong", "--task", "reverse", *sets(["train.steps=5", " train.steps=6"])],
+        "--set train.steps expected once, got 'train.steps=5' and ' train.steps=6'",
+    ),
+    (
+        ["train", "--resume", "--out", "/nonexistent/run", *sets(["eval.limit=2", "eval.limit=2"])],
+        "attnzoo train: --set eval.limit expected once",
+    ),
+    (["eval", "/nonexistent/run", *sets(["eval.split=test"] * 2)], "--set eval.split expected"),
+    (["demo", *sets(["model.hidden=8", "model.hidden=9"])], "--set model.hidden expected once"),
     (["train", "--resume"], "--resume needs --out DIR"),
     (["train", "--resume", "--overwrite", "--out", "x"], "not both"),
     (["train", "luong", "--task", "reverse", "--bogus"], "unrecognized arguments: --bogus"),
@@ -612,6 +626,83 @@ def test_resume_with_the_same_values_changes_nothing(trained, tmp_path, capsys):
     assert (run / "config.json").read_bytes() == saved
 
 
+def test_resume_naming_model_and_task_still_applies_its_sets(trained, tmp_path, capsys):
+    """MODEL and --task given with --resume (the saved ones) leave the --set items in force:
+    dropping them when MODEL was named would continue a 10-step run as it was saved, the
+    asked-for train.steps=20 ignored without a word."""
+    run = copy_run(trained, tmp_path / "run")
+    argv = ["train", "luong", "--task", "reverse", "--resume", "--out", str(run), "--no-progress"]
+    assert main([*argv, "--set", "train.steps=20"]) == 0
+    assert "--resume: train.steps: 10 -> 20 (recorded in" in capsys.readouterr().err
+    assert config(run)["train"]["steps"] == 20
+    assert (run / "checkpoints" / "step_00000019").is_dir()
+
+
+def test_every_resumable_key_leaves_the_training_as_it_was(trained, tmp_path):
+    """Each key a resumed run may change (`rundir.RESUMABLE`) changes how often it logs,
+    evaluates and saves, and how it is evaluated, never what it trains: extended from 10 to 20
+    steps with every one of them changed at once, the weights equal a straight 20-step run's.
+    (A key that entered the training, e.g. the batch size, would fail here if it were added
+    to the list.) train.device is left out: another device changes the arithmetic."""
+    import typing
+
+    from attnzoo import rundir
+    from attnzoo.tasks.base import SPLITS
+    from attnzoo.tasks.registry import EvalConfig
+    from attnzoo.train.loop import TrainConfig
+
+    run = copy_run(trained, tmp_path / "run")
+    saved = config(run)
+    classes = {"train": TrainConfig, "eval": EvalConfig}
+    changed = ["train.steps=20"]
+    for key in rundir.RESUMABLE:
+        section, name = key.split(".")
+        if key in ("train.steps", "train.device"):
+            continue
+        value, kind = saved[section][name], typing.get_type_hints(classes[section])[name]
+        choices = [a for a in typing.get_args(kind) if isinstance(a, str)]
+        if isinstance(value, str):  # the split (any other name fails EvalConfig's check)
+            choices = SPLITS
+        if choices:  # another of the choices
+            other = next(c for c in choices if c != value)
+        else:  # a count (None where unset): another one
+            other = 3 if value is None else value + 1
+        changed.append(f"{key}={other}")
+    assert len(changed) == len(rundir.RESUMABLE) - 1
+    argv = ["train", "--resume", "--out", str(run), "--no-progress", *sets(changed)]
+    assert main(argv) == 0
+    after = config(run)
+    assert all(after[k.split(".")[0]][k.split(".")[1]] != saved[k.split(".")[0]][k.split(".")[1]]
+               for k in (c.split("=")[0] for c in changed))  # fmt: skip
+    straight = tmp_path / "straight"
+    assert train(straight, "train.schedule=constant", "train.steps=20") == 0
+    last = sorted((run / "checkpoints").glob("step_*"))[-1]
+    assert last.name == "step_00000019"
+    assert same_weights(last, straight / "checkpoints" / "step_00000019")
+
+
+def test_a_resume_drops_the_log_rows_after_its_checkpoint_once(trained, tmp_path):
+    """A run killed after its step-4 checkpoint had logged steps 5 to 9: resumed from that
+    checkpoint, its log holds each step once, and equals an uninterrupted run's."""
+    every = ("train.schedule=constant", "train.log_every=1")
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert train(whole, *every) == 0
+    copy_run(whole, cut)
+    shutil.rmtree(cut / "checkpoints" / "step_00000009")
+    (cut / "checkpoints" / "latest.json").write_text(
+        json.dumps({"step": 4, "path": "step_00000004"})
+    )
+    (cut / "final.json").unlink()
+    assert main(["train", "--resume", "--out", str(cut), "--no-progress"]) == 0
+
+    def log(run):
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k != "items_per_s"} for r in rows]
+
+    assert [r["step"] for r in log(cut)] == list(range(10))
+    assert log(cut) == log(whole)
+
+
 def test_resume_records_allowed_evaluation_changes(trained, tmp_path, capsys):
     run = copy_run(trained, tmp_path / "run")
     argv = ["train", "--resume", "--out", str(run), "--no-progress"]
@@ -645,19 +736,29 @@ def test_resume_refuses_other_keys_listing_every_difference(trained, tmp_path, c
     assert config(run)["train"]["steps"] == 10
 
 
-def test_resume_refuses_to_change_the_steps_of_a_cosine_schedule(cosine, tmp_path, capsys):
+@pytest.mark.parametrize("steps", [20, 8])
+def test_resume_refuses_to_change_the_steps_of_a_cosine_schedule(steps, cosine, tmp_path, capsys):
+    """More steps than the 10 saved, or fewer (a run stopped at its step-4 checkpoint and
+    resumed to 8 would train to neither the old run nor a new one)."""
     run = copy_run(cosine, tmp_path / "run")
-    error = _error(["train", "--resume", "--out", str(run), "--set", "train.steps=20"], capsys)
+    shutil.rmtree(run / "checkpoints" / "step_00000009")
+    (run / "checkpoints" / "latest.json").write_text(
+        json.dumps({"step": 4, "path": "step_00000004"})
+    )
+    argv = ["train", "--resume", "--out", str(run), "--set", f"train.steps={steps}"]
+    error = _error(argv, capsys)
     assert "argument 'train.steps'" in error and "cosine schedule decays over train.steps" in error
-    assert "train.steps: 10 -> 20" in error
+    assert f"train.steps: 10 -> {steps}" in error
     assert config(run)["train"]["steps"] == 10
 
 
-def test_resume_refuses_fewer_steps_than_trained(trained, tmp_path, capsys):
+@pytest.mark.parametrize("steps", [6, 9])
+def test_resume_refuses_fewer_steps_than_trained(steps, trained, tmp_path, capsys):
     run = copy_run(trained, tmp_path / "run")
-    error = _error(["train", "--resume", "--out", str(run), "--set", "train.steps=6"], capsys)
+    argv = ["train", "--resume", "--out", str(run), "--set", f"train.steps={steps}"]
+    error = _error(argv, capsys)
     assert "argument 'train.steps' expected at least the 10 steps this run has trained" in error
-    assert "got 6" in error
+    assert f"got {steps}" in error
     assert config(run)["train"]["steps"] == 10
 
 
