@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -49,6 +50,24 @@ def test_sequence_task_defaults_follow_the_task_name():
 def test_bad_overrides(item, pattern):
     with pytest.raises(ValueError, match=pattern):
         runs.apply_overrides(runs.default_config("bahdanau", "dates"), [item])
+
+
+@pytest.mark.parametrize("items", ["[40.5,80]", "[40,true]", '["40",80]', "[[40],80]"])
+def test_a_json_list_item_of_another_type_is_refused_not_converted(items):
+    """int(40.5) and int(True) read `[40.5,80]` as (40, 80) and `[40,true]` as (40, 1)."""
+    config = runs.default_config("ntm", "bit_copy")
+    pattern = re.escape(
+        f"'task.test_lengths' expected a value of type tuple[int, ...], got '{items}'"
+    )
+    with pytest.raises(ValueError, match=pattern):
+        runs.apply_overrides(config, [f"task.test_lengths={items}"])
+    for ok, parsed in (("[40,80]", (40, 80)), ("40,80", (40, 80))):
+        assert (
+            runs.apply_overrides(config, [f"task.test_lengths={ok}"])["task"]["test_lengths"]
+            == parsed
+        )
+    betas = runs.apply_overrides(config, ["train.betas=[0,0.9]"])["train"]["betas"]
+    assert betas == (0.0, 0.9) and isinstance(betas[0], float)  # an int is a float
 
 
 @pytest.mark.parametrize("lacks", ["model_name", "task_name", *rundir.SECTIONS])
