@@ -37,8 +37,8 @@ def parse_value(value: str, annotation, key: str):
                 item = (args or (str,))[0]
                 if not text.startswith("["):
                     return tuple(item(x) for x in text.split(","))
-                items = json.loads(text)  # each of the item's JSON type: 8.5 or true for an
-                if all(_json_is(x, item) for x in items):  # int was read as 8 or 1
+                items = json.loads(text)  # of the field's JSON types: 8.5 or true for an
+                if matches(items, kind):  # int were read as 8 or 1
                     return tuple(item(x) for x in items)
                 continue
             if base is typing.Literal and text in args:
@@ -46,13 +46,6 @@ def parse_value(value: str, annotation, key: str):
         except (KeyError, ValueError, TypeError, json.JSONDecodeError):
             continue
     fail("attnzoo --set", key, f"a value of type {type_name(annotation)}", repr(value))
-
-
-def _json_is(value, kind: type) -> bool:
-    """Whether a JSON `value` is of the type `kind` (an int is a float; a bool is neither)."""
-    if isinstance(value, bool) or kind is bool:
-        return isinstance(value, bool) and kind is bool
-    return isinstance(value, (int, float) if kind is float else kind)
 
 
 def apply(config: dict, classes: dict[str, type], sets: list[str]) -> dict:
