@@ -166,3 +166,24 @@ def test_a_key_left_unread_by_another_setting_is_refused_with_it():
         torch.manual_seed(0)
         built.append(MODELS["transformer"].build(model_config, task).state_dict())
     assert _same(built[0], built[1])
+
+
+def test_the_mnist_seed_is_refused_only_where_nothing_reads_it():
+    """On plain MNIST at zoom (1, 1) the task's seed draws nothing for a model that samples
+    no glimpse path (its held-out images are the official digits as they are): `--set
+    task.seed=1` for such a model was recorded and changed nothing. Where something draws
+    from it (placement, zoom, sampled paths), it is taken."""
+    no_paths = [m for m, t in PAIRS if t == "mnist" and "task.mc_samples" in MODELS[m].unread]
+    paths = [m for m, t in PAIRS if t == "mnist" and "task.mc_samples" not in MODELS[m].unread]
+    assert no_paths and paths
+    for model in no_paths:
+        with pytest.raises(ValueError, match="'task.seed' expected its value 0: .* never reads"):
+            runs.apply_overrides(runs.default_config(model, "mnist"), ["task.seed=1"])
+        zoomed = runs.apply_overrides(runs.default_config(model, "mnist"), ["task.zoom=0.8,1.2"])
+        runs.apply_overrides(zoomed, ["task.seed=1"])
+        runs.apply_overrides(runs.default_config(model, "translated_mnist"), ["task.seed=1"])
+    for model in paths:
+        runs.apply_overrides(runs.default_config(model, "mnist"), ["task.seed=1"])
+        with pytest.raises(ValueError, match="'task.seed' expected its value 0: .* never reads"):
+            config = runs.default_config(model, "mnist")
+            runs.apply_overrides(config, ["task.mc_samples=0", "task.seed=1"])

@@ -135,13 +135,18 @@ def unread_keys(model: str, task: str, config: dict | None = None) -> dict[str, 
     """The config keys a run of `model` on `task` never reads -> why ("" when it never does):
     the model's and the task's declared `unread`, and the fields a model or task section
     leaves unread at the values of `config` (default: the pair's defaults), by its
-    `unread()` (a bits task's repeat counts on kind 'copy'). Every section is checked first."""
+    `unread()` (a bits task's repeat counts on kind 'copy'), and a task's fields left unread
+    by what the model leaves unread, by its `unread_given(keys)` (the MNIST seed of a model
+    that samples no glimpse path). Every section is checked first."""
     built = configs(default_config(model, task) if config is None else config)
     keys = dict.fromkeys([*MODELS[model].unread, *TASKS[task].unread()], "")
     for section in ("model", "task"):
         unread = getattr(built[section], "unread", None)
         for name, why in (unread() if unread else {}).items():
             keys[f"{section}.{name}"] = why
+    given = getattr(built["task"], "unread_given", None)  # a task's, by the model's (mnist)
+    for name, why in (given(frozenset(keys)) if given else {}).items():
+        keys[f"task.{name}"] = why
     return keys
 
 

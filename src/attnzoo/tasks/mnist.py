@@ -125,6 +125,15 @@ class MnistConfig:
         names = [] if self.kind == "cluttered" else ["clutter", "clutter_size"]
         return dict.fromkeys(names, f"kind {self.kind!r}")
 
+    def unread_given(self, declared: frozenset[str]) -> dict[str, str]:
+        """The fields left unread by what the model leaves unread (`declared`, keys): the seed,
+        which draws only the held-out images' placement and zoom and the sampled glimpse
+        paths, on plain MNIST at zoom (1, 1) when no path is sampled."""
+        plain = self.kind == "mnist" and tuple(self.zoom) == (1.0, 1.0)
+        if plain and ("task.mc_samples" in declared or self.mc_samples == 0):
+            return {"seed": "kind 'mnist' at zoom (1, 1) without sampled glimpse paths"}
+        return {}
+
     @property
     def side(self) -> int:
         if self.kind == "mnist":
