@@ -42,11 +42,14 @@ def sets(items) -> list[str]:
     return [x for s in items for x in ("--set", s)]
 
 
-def train(out: Path, *extra: str) -> int:
+def tiny(*extra: str) -> list[str]:
     """TINY with `extra`'s keys replaced (the CLI refuses a key given twice)."""
     keys = {item.split("=")[0] for item in extra}
-    tiny = [item for item in TINY if item.split("=")[0] not in keys]
-    return main([*TRAIN, "--out", str(out), *sets([*tiny, *extra])])
+    return [*(item for item in TINY if item.split("=")[0] not in keys), *extra]
+
+
+def train(out: Path, *extra: str) -> int:
+    return main([*TRAIN, "--out", str(out), *sets(tiny(*extra))])
 
 
 def copy_run(source: Path, target: Path) -> Path:
@@ -348,7 +351,7 @@ def test_training_into_a_run_directory_is_refused(trained, tmp_path, capsys):
 def test_overwrite_clears_the_run_and_says_so(trained, tmp_path, capsys):
     run = copy_run(trained, tmp_path / "run")
     (run / "checkpoints" / "step_00000099").mkdir()  # from the old run: must not survive
-    assert main([*TRAIN, "--out", str(run), "--overwrite", *sets([*TINY, "train.steps=5"])]) == 0
+    assert main([*TRAIN, "--out", str(run), "--overwrite", *sets(tiny("train.steps=5"))]) == 0
     err = capsys.readouterr().err
     assert f"attnzoo: replacing the run in {run}: cleared checkpoints, config.json" in err
     assert config(run)["train"]["steps"] == 5
