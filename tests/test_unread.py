@@ -184,6 +184,6 @@ def test_the_mnist_seed_is_refused_only_where_nothing_reads_it():
         runs.apply_overrides(runs.default_config(model, "translated_mnist"), ["task.seed=1"])
     for model in paths:
         runs.apply_overrides(runs.default_config(model, "mnist"), ["task.seed=1"])
+        config = runs.default_config(model, "mnist")
         with pytest.raises(ValueError, match="'task.seed' expected its value 0: .* never reads"):
-            config = runs.default_config(model, "mnist")
             runs.apply_overrides(config, ["task.mc_samples=0", "task.seed=1"])

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from attnzoo import runs
 from attnzoo.cli import main
 from attnzoo.tasks.base import MissingDataDependency
+from tests.train.test_loop import replacing
 
 # luong on reverse, 10 steps, a checkpoint every 5 (step_00000004 and step_00000009 are kept)
 TINY = [
@@ -42,14 +43,8 @@ def sets(items) -> list[str]:
     return [x for s in items for x in ("--set", s)]
 
 
-def tiny(*extra: str) -> list[str]:
-    """TINY with `extra`'s keys replaced (the CLI refuses a key given twice)."""
-    keys = {item.split("=")[0] for item in extra}
-    return [*(item for item in TINY if item.split("=")[0] not in keys), *extra]
-
-
 def train(out: Path, *extra: str) -> int:
-    return main([*TRAIN, "--out", str(out), *sets(tiny(*extra))])
+    return main([*TRAIN, "--out", str(out), *sets(replacing(TINY, extra))])
 
 
 def copy_run(source: Path, target: Path) -> Path:
@@ -351,7 +346,8 @@ def test_training_into_a_run_directory_is_refused(trained, tmp_path, capsys):
 def test_overwrite_clears_the_run_and_says_so(trained, tmp_path, capsys):
     run = copy_run(trained, tmp_path / "run")
     (run / "checkpoints" / "step_00000099").mkdir()  # from the old run: must not survive
-    assert main([*TRAIN, "--out", str(run), "--overwrite", *sets(tiny("train.steps=5"))]) == 0
+    items = sets(replacing(TINY, ["train.steps=5"]))
+    assert main([*TRAIN, "--out", str(run), "--overwrite", *items]) == 0
     err = capsys.readouterr().err
     assert f"attnzoo: replacing the run in {run}: cleared checkpoints, config.json" in err
     assert config(run)["train"]["steps"] == 5
@@ -671,12 +667,12 @@ def test_every_resumable_key_leaves_the_training_as_it_was(trained, tmp_path):
         else:  # a count (None where unset): another one
             other = 3 if value is None else value + 1
         changed.append(f"{key}={other}")
-    assert len(changed) == len(rundir.RESUMABLE) - 1
     argv = ["train", "--resume", "--out", str(run), "--no-progress", *sets(changed)]
     assert main(argv) == 0
     after = config(run)
-    assert all(after[k.split(".")[0]][k.split(".")[1]] != saved[k.split(".")[0]][k.split(".")[1]]
-               for k in (c.split("=")[0] for c in changed))  # fmt: skip
+    for key in (item.split("=")[0] for item in changed):  # each change recorded
+        section, name = key.split(".")
+        assert after[section][name] != saved[section][name], key
     straight = tmp_path / "straight"
     assert train(straight, "train.schedule=constant", "train.steps=20") == 0
     last = sorted((run / "checkpoints").glob("step_*"))[-1]

@@ -45,11 +45,15 @@ def cli(*args, timeout: float = 300, **kw):
     )
 
 
-def sets(extra=()):
-    """TINY with `extra`'s keys replaced, as --set items (the CLI refuses a key given twice)."""
+def replacing(base, extra) -> list[str]:
+    """`base`'s key=value items with `extra`'s keys replaced (the CLI refuses a key given
+    twice)."""
     keys = {item.split("=")[0] for item in extra}
-    items = [item for item in TINY if item.split("=")[0] not in keys]
-    return [x for s in [*items, *extra] for x in ("--set", s)]
+    return [*(item for item in base if item.split("=")[0] not in keys), *extra]
+
+
+def sets(extra=()):
+    return [x for s in replacing(TINY, extra) for x in ("--set", s)]
 
 
 def test_train_refuses_to_resume_without_a_run_dir():
