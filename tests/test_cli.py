@@ -50,7 +50,7 @@ def test_bad_value_and_bad_names_one_line(capsys):
     assert main(["train", "bahdanau", "--task", "dates", "--set", "train.steps=many"]) == 2
     assert "'train.steps'" in capsys.readouterr().err
     assert main(["train", "bahdanau", "--task", "dates", "--set", "model.cell=tree"]) == 2
-    assert "'cell'" in capsys.readouterr().err
+    assert "'model.cell'" in capsys.readouterr().err
     assert main(["train", "nosuch", "--task", "dates"]) == 2
     assert "'MODEL'" in capsys.readouterr().err
     assert main(["train", "bahdanau", "--task", "nosuch"]) == 2

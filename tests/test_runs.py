@@ -5,8 +5,9 @@ import re
 import pytest
 import torch
 
-from attnzoo import rundir, runs
-from attnzoo.train.loop import SCHEDULES
+from attnzoo import config, rundir, runs
+from attnzoo.tasks.base import EvalConfig
+from attnzoo.train.loop import SCHEDULES, TrainConfig
 
 
 def test_overrides_parse_each_field_type():
@@ -44,12 +45,24 @@ def test_sequence_task_defaults_follow_the_task_name():
         ("train.steps=2.7", "'train.steps' expected a value of type int, got '2.7'"),
         ("train.steps=1e3", "'train.steps' expected a value of type int, got '1e3'"),
         ("model.bidirectional=maybe", "'model.bidirectional'"),
-        ("train.schedule=linear", "'schedule'"),
+        ("train.schedule=linear", "'train.schedule' expected one of"),
     ],
 )
 def test_bad_overrides(item, pattern):
     with pytest.raises(ValueError, match=pattern):
         runs.apply_overrides(runs.default_config("bahdanau", "dates"), [item])
+
+
+def test_qualified_names_only_its_sections_fields():
+    """A section's class error is re-raised naming `section.field`, of the same type; another
+    function's error, or one of a class not among the sections, passes unchanged."""
+    classes = {"train": TrainConfig, "eval": EvalConfig}
+    named = r"^attnzoo: argument 'eval.limit' expected x, got 1$"
+    with pytest.raises(TypeError, match=named), config.qualified(classes):
+        raise TypeError("EvalConfig: argument 'limit' expected x, got 1")
+    for text in ("NTMConfig: argument 'limit' expected x", "attention: argument 'x' expected y"):
+        with pytest.raises(ValueError, match=f"^{re.escape(text)}$"), config.qualified(classes):
+            raise ValueError(text)
 
 
 @pytest.mark.parametrize("items", ["[40.5,80]", "[40,true]", '["40",80]', "[[40],80]"])

@@ -3,6 +3,7 @@ its dataclass field's type; an unknown key lists the valid ones."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import typing
@@ -72,7 +73,7 @@ def build(cls: type, values: dict, section: str = "config"):
     """The dataclass `cls` from `section` of a config (JSON lists back to tuples): a key `cls`
     lacks or a value not of its field's type is an error naming `section.key`; a field left out
     takes its default (a config written before the field existed); `cls`'s own checks run
-    here."""
+    here, their errors naming `section.field` (`train.steps`, not TrainConfig's `steps`)."""
     if not isinstance(values, dict):
         fail("attnzoo", section, f"a mapping of {cls.__name__} fields", repr(values), TypeError)
     hints = typing.get_type_hints(cls)
@@ -89,4 +90,21 @@ def build(cls: type, values: dict, section: str = "config"):
                 repr(value),
                 TypeError,
             )
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    with qualified({section: cls}):
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+@contextlib.contextmanager
+def qualified(classes: dict[str, type]):
+    """An error of a section's class (section -> class) naming its field as the class knows it,
+    `TrainConfig: argument 'steps' ...`, re-raised naming it as the run's config and `--set`
+    do: `attnzoo: argument 'train.steps' ...`; any other error as it was."""
+    try:
+        yield
+    except (ValueError, TypeError) as error:
+        text = str(error)
+        for section, cls in classes.items():
+            own = f"{cls.__name__}: argument '"
+            if text.startswith(own):
+                raise type(error)(f"attnzoo: argument '{section}.{text[len(own) :]}") from error
+        raise

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from attnzoo.config import qualified
 from attnzoo.core.checks import fail
 from attnzoo.core.files import atomic_write, atomic_write_json
 from attnzoo.models.registry import MODELS
@@ -160,13 +161,15 @@ def init_checkpoint(run_dir: str) -> Path | None:
 
 def build(config: dict):
     """(task, model) from a resolved config, on the CPU: a seed gives the same weights
-    whatever device the run then moves them to."""
+    whatever device the run then moves them to. A section's check that fails only once the
+    data is made (a dates `n_train` more than its years can write) names `task.n_train`."""
     c = configs(config)
     spec = TASKS[config["task_name"]]
-    task = spec.build(c["task"], seed=c["train"].seed, eval_config=c["eval"])
-    attach_runs(task)
-    torch.manual_seed(c["train"].seed)
-    return task, MODELS[config["model_name"]].build(c["model"], task)
+    with qualified({section: type(built) for section, built in c.items()}):
+        task = spec.build(c["task"], seed=c["train"].seed, eval_config=c["eval"])
+        attach_runs(task)
+        torch.manual_seed(c["train"].seed)
+        return task, MODELS[config["model_name"]].build(c["model"], task)
 
 
 def attach_runs(task) -> None:

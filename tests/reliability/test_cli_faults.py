@@ -117,7 +117,7 @@ TRAIN_MISTAKES = [
     (["train", "luong", "--task", "reverse", "--set", "train.steps=many"], "'train.steps'"),
     (["train", "luong", "--task", "reverse", "--set", "train.lr=fast"], "'train.lr'"),
     (["train", "luong", "--task", "reverse", "--set", "model.bidirectional=maybe"], "bidir"),
-    (["train", "luong", "--task", "reverse", "--set", "train.device=tpu"], "'device'"),
+    (["train", "luong", "--task", "reverse", "--set", "train.device=tpu"], "'train.device'"),
     (["train", "luong"], "needs MODEL and --task TASK"),
     # a key given twice: the last value won, the earlier ignored without a word
     (
@@ -151,39 +151,39 @@ def test_a_gan_run_without_its_classifier_is_refused_before_training(tmp_path, c
     out = tmp_path / "gan"
     argv = ["train", "sagan", "--task", "gan_mnist", "--out", str(out), "--no-progress"]
     error = _error([*argv, "--set", "train.steps=2"], capsys)
-    assert "GanMnistConfig: argument 'classifier' expected the run directory of an MNIST" in error
+    assert "attnzoo: argument 'task.classifier' expected the run directory of an MNIST" in error
     assert "got '' (none given)" in error
     assert not out.exists()  # nor an empty run directory holding the lock
 
 
 # Every field of TrainConfig and EvalConfig that can be invalid: (--set item, what names it)
 BAD_VALUES = [
-    ("train.steps=0", "'steps' expected a positive int"),
-    ("train.batch_size=0", "'batch_size' expected a positive int"),
-    ("train.checkpoint_every=0", "'checkpoint_every' expected a positive int"),
-    ("train.log_every=0", "'log_every' expected a positive int"),
-    ("train.eval_every=-1", "'eval_every' expected a non-negative int"),
-    ("train.threads=-1", "'threads' expected a non-negative int"),
-    ("train.warmup=-1", "'warmup' expected a non-negative int"),
-    ("train.seed=-1", "'seed' expected a non-negative int"),
-    ("train.lr=0", "'lr' expected a positive, finite learning rate"),
-    ("train.lr=nan", "'lr' expected a positive, finite learning rate"),
-    ("train.lr=inf", "'lr' expected a positive, finite learning rate"),
-    ("train.clip=-1", "'clip' expected a finite number >= 0"),
-    ("train.clip=nan", "'clip' expected a finite number >= 0"),
-    ("train.weight_decay=-0.1", "'weight_decay' expected a finite number >= 0"),
-    ("train.betas=0.9,1.0", "'betas' expected two numbers in [0, 1)"),
-    ("train.betas=-0.1,0.9", "'betas' expected two numbers in [0, 1)"),
+    ("train.steps=0", "'train.steps' expected a positive int"),
+    ("train.batch_size=0", "'train.batch_size' expected a positive int"),
+    ("train.checkpoint_every=0", "'train.checkpoint_every' expected a positive int"),
+    ("train.log_every=0", "'train.log_every' expected a positive int"),
+    ("train.eval_every=-1", "'train.eval_every' expected a non-negative int"),
+    ("train.threads=-1", "'train.threads' expected a non-negative int"),
+    ("train.warmup=-1", "'train.warmup' expected a non-negative int"),
+    ("train.seed=-1", "'train.seed' expected a non-negative int"),
+    ("train.lr=0", "'train.lr' expected a positive, finite learning rate"),
+    ("train.lr=nan", "'train.lr' expected a positive, finite learning rate"),
+    ("train.lr=inf", "'train.lr' expected a positive, finite learning rate"),
+    ("train.clip=-1", "'train.clip' expected a finite number >= 0"),
+    ("train.clip=nan", "'train.clip' expected a finite number >= 0"),
+    ("train.weight_decay=-0.1", "'train.weight_decay' expected a finite number >= 0"),
+    ("train.betas=0.9,1.0", "'train.betas' expected two numbers in [0, 1)"),
+    ("train.betas=-0.1,0.9", "'train.betas' expected two numbers in [0, 1)"),
     ("train.betas=0.9", "'train.betas' expected a value of type tuple[float, float]"),
     ("train.steps=abc", "'train.steps' expected a value of type int, got 'abc'"),
-    ("train.schedule=linear", "'schedule' expected one of"),
-    ("train.autocast=fp16", "'autocast' expected one of"),
-    ("eval.batch_size=0", "'batch_size' expected a positive int"),
-    ("eval.limit=-1", "'limit' expected a non-negative int"),
-    ("eval.beam_size=0", "'beam_size' expected a positive int"),
-    ("eval.split=foo", "'split' expected one of ['valid', 'test'], got 'foo'"),
-    ("eval.label_smoothing=1.0", "'label_smoothing' expected a number in [0, 1)"),
-    ("eval.label_smoothing=-0.1", "'label_smoothing' expected a number in [0, 1)"),
+    ("train.schedule=linear", "'train.schedule' expected one of"),
+    ("train.autocast=fp16", "'train.autocast' expected one of"),
+    ("eval.batch_size=0", "'eval.batch_size' expected a positive int"),
+    ("eval.limit=-1", "'eval.limit' expected a non-negative int"),
+    ("eval.beam_size=0", "'eval.beam_size' expected a positive int"),
+    ("eval.split=foo", "'eval.split' expected one of ['valid', 'test'], got 'foo'"),
+    ("eval.label_smoothing=1.0", "'eval.label_smoothing' expected a number in [0, 1)"),
+    ("eval.label_smoothing=-0.1", "'eval.label_smoothing' expected a number in [0, 1)"),
 ]
 
 
@@ -764,7 +764,7 @@ def test_resume_refuses_fewer_steps_than_trained(steps, trained, tmp_path, capsy
 def test_resume_validates_a_set_value(trained, tmp_path, capsys):
     run = copy_run(trained, tmp_path / "run")
     error = _error(["train", "--resume", "--out", str(run), "--set", "train.steps=0"], capsys)
-    assert "'steps' expected a positive int" in error
+    assert "'train.steps' expected a positive int" in error
 
 
 @pytest.mark.parametrize(
@@ -772,14 +772,20 @@ def test_resume_validates_a_set_value(trained, tmp_path, capsys):
     [
         (
             ["bahdanau", "--task", "dates", "--set", "task.n_train=0"],
-            "'n_train' expected a positive",
+            "'task.n_train' expected a positive",
         ),
-        (["bahdanau", "--task", "dates", "--set", "task.seed=-1"], "'seed' expected an int >= 0"),
-        (["bahdanau", "--task", "dates", "--set", "task.locales="], "'locales' expected one or"),
-        (["luong", "--task", "numbers", "--set", "task.max_value=-1"], "'max_value' expected"),
+        (
+            ["bahdanau", "--task", "dates", "--set", "task.seed=-1"],
+            "'task.seed' expected an int >= 0",
+        ),
+        (
+            ["bahdanau", "--task", "dates", "--set", "task.locales="],
+            "'task.locales' expected one or",
+        ),
+        (["luong", "--task", "numbers", "--set", "task.max_value=-1"], "'task.max_value' expected"),
         (
             ["luong", "--task", "numbers", "--set", "task.n_test=-1"],
-            "'n_test' expected an int >= 0",
+            "'task.n_test' expected an int >= 0",
         ),
     ],
 )
@@ -789,6 +795,18 @@ def test_task_sizes_are_checked_before_any_data(argv, expected, tmp_path, capsys
 
     monkeypatch.setattr(runs, "build", no_work)
     assert expected in _error(["train", *argv, "--out", str(tmp_path / "run")], capsys)
+
+
+def test_a_task_check_made_with_its_data_names_the_config_key(tmp_path, capsys):
+    """A check that fails only once the data is made (more dates than one year can write)
+    named the field as DatesConfig knows it ('n_train'); the user wrote task.n_train."""
+    one_year = ["task.locales=en_US", "task.patterns=short", "task.first_year=2000"]
+    items = [*one_year, "task.last_year=2000", "task.n_train=400"]
+    out = tmp_path / "run"
+    argv = ["train", "bahdanau", "--task", "dates", "--out", str(out), *sets(items)]
+    error = _error(argv, capsys)
+    assert "attnzoo: argument 'task.n_train' expected n_train + n_valid + n_test within" in error
+    assert not out.exists()
 
 
 def test_an_interrupted_run_in_its_default_folder_names_it(monkeypatch, tmp_path, capsys):

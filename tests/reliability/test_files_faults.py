@@ -216,8 +216,8 @@ def test_a_config_json_that_is_not_a_runs_is_named(run, content, expected, capsy
             ("train", "steps", "10"),
             "'train.steps' expected a value of type int, got '10'",
         ),
-        (("model", "cell", "tree"), "'cell'"),
-        (("train", "log_every", 0), "'log_every' expected a positive int"),
+        (("model", "cell", "tree"), "'model.cell'"),
+        (("train", "log_every", 0), "'train.log_every' expected a positive int"),
     ],
 )
 def test_a_config_json_with_a_bad_field_is_named(run, edit, expected, capsys):

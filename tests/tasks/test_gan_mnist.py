@@ -113,12 +113,12 @@ def test_the_phase_losses_are_the_hinge_losses_of_seeded_latents(digits, model):
 
 
 def test_a_missing_or_bad_classifier_is_an_error_naming_task_classifier(digits, model, tmp_path):
-    with pytest.raises(ValueError, match="'classifier'.*task.classifier=DIR"):
+    with pytest.raises(ValueError, match="'task.classifier'.*task.classifier=DIR"):
         task().evaluate(model)
     with pytest.raises(ValueError, match="'task.classifier'.*no config.json"):
         task(str(tmp_path / "nowhere"))
     unloaded = G.GanMnistTask(G.GanMnistConfig(classifier="x"), seed=0, eval_config=None)
-    with pytest.raises(ValueError, match="'classifier'.*not loaded"):
+    with pytest.raises(ValueError, match="'task.classifier'.*not loaded"):
         unloaded.evaluate(model)
 
 
@@ -132,9 +132,9 @@ def test_a_classifier_of_another_task_is_refused(digits, model, mnist_classifier
     with pytest.raises(ValueError, match="'task.classifier'.*weights that fit"):
         task(str(other))  # its model is built for 60 x 60 canvases
     mnist_config = {"model_name": "convnet", "task_name": "mnist", "task": {"kind": "mnist"}}
-    with pytest.raises(ValueError, match="'classifier'.*convnet on translated_mnist"):
+    with pytest.raises(ValueError, match="'task.classifier'.*convnet on translated_mnist"):
         G.check_classifier(config, runs.load_run(mnist_classifier, device="cpu")[2])
-    with pytest.raises(ValueError, match="'classifier'.*features layer"):
+    with pytest.raises(ValueError, match="'task.classifier'.*features layer"):
         G.check_classifier({**mnist_config, "model_name": "fc"}, torch.nn.Linear(2, 2))
     config["task_name"], config["task"]["kind"] = "mnist", "mnist"
     (other / "config.json").write_text(json.dumps(config))

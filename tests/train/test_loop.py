@@ -697,7 +697,7 @@ def test_bad_autocast_is_a_one_line_error(capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
-    assert "'autocast'" in err and "['none', 'bf16']" in err and "'fp16'" in err
+    assert "'train.autocast'" in err and "['none', 'bf16']" in err and "'fp16'" in err
     with pytest.raises(ValueError, match="'autocast'"):
         TrainConfig(autocast="float16")
 
