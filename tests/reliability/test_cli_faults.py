@@ -5,6 +5,7 @@ work; a resumed run never ignores an argument; a run directory is never overwrit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -17,7 +18,8 @@ from safetensors.torch import load_file
 
 from attnzoo import runs
 from attnzoo.cli import main
-from attnzoo.tasks.base import MissingDataDependency
+from attnzoo.tasks.base import EvalConfig, MissingDataDependency
+from attnzoo.train.loop import TrainConfig
 from tests.train.test_loop import replacing
 
 # luong on reverse, 10 steps, a checkpoint every 5 (step_00000004 and step_00000009 are kept)
@@ -185,6 +187,20 @@ BAD_VALUES = [
     ("eval.label_smoothing=1.0", "'eval.label_smoothing' expected a number in [0, 1)"),
     ("eval.label_smoothing=-0.1", "'eval.label_smoothing' expected a number in [0, 1)"),
 ]
+
+
+# fields whose bad values other tests give: the device (TRAIN_MISTAKES), the run to start
+# from (tests/test_runs.py's init_from tests)
+ELSEWHERE = {"train.device", "train.init_from"}
+
+
+def test_every_train_and_eval_field_has_a_bad_value_named():
+    """BAD_VALUES is typed by hand: a field added to TrainConfig or EvalConfig without a bad
+    value here (or a reason in ELSEWHERE) fails, instead of going unchecked."""
+    fields = {f"train.{f.name}" for f in dataclasses.fields(TrainConfig)}
+    fields |= {f"eval.{f.name}" for f in dataclasses.fields(EvalConfig)}
+    given = {item.split("=")[0] for item, _ in BAD_VALUES}
+    assert fields - ELSEWHERE == given
 
 
 @pytest.mark.parametrize(("item", "expected"), BAD_VALUES, ids=[b[0] for b in BAD_VALUES])
