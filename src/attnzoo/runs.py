@@ -73,9 +73,11 @@ def run_train(
     run with `train.init_from` starts from that run's newest weights wherever they fit
     (`init_checkpoint`); a resumed one from its own checkpoint. `demo`: the run is `attnzoo
     demo`'s, marked so (`mark_demo`) before the loop."""
-    out, train_config = Path(out), configs(config)["train"]
-    resolve_device(train_config.device)  # a device this machine lacks fails before any work
-    check_world(train_config, MODELS[config["model_name"]].model_class, launched_world())
+    built = configs(config)
+    out, train_config = Path(out), built["train"]
+    with _qualified(built):  # 'train.device', not TrainConfig's 'device'
+        resolve_device(train_config.device)  # a device this machine lacks: before any work
+        check_world(train_config, MODELS[config["model_name"]].model_class, launched_world())
     start = init_checkpoint(train_config.init_from) if not resume else None
     main = main_process()
     saved = read_config(out, "--out") if resume else None  # before check_out makes `out`
@@ -165,11 +167,16 @@ def build(config: dict):
     data is made (a dates `n_train` more than its years can write) names `task.n_train`."""
     c = configs(config)
     spec = TASKS[config["task_name"]]
-    with qualified({section: type(built) for section, built in c.items()}):
+    with _qualified(c):
         task = spec.build(c["task"], seed=c["train"].seed, eval_config=c["eval"])
         attach_runs(task)
         torch.manual_seed(c["train"].seed)
         return task, MODELS[config["model_name"]].build(c["model"], task)
+
+
+def _qualified(built: dict):
+    """`config.qualified` for the sections `configs` built (section -> dataclass)."""
+    return qualified({section: type(value) for section, value in built.items()})
 
 
 def attach_runs(task) -> None:

@@ -813,6 +813,15 @@ def test_task_sizes_are_checked_before_any_data(argv, expected, tmp_path, capsys
     assert expected in _error(["train", *argv, "--out", str(tmp_path / "run")], capsys)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="names a device this machine lacks")
+def test_a_device_this_machine_lacks_names_train_device(tmp_path, capsys):
+    """Checked by the runs layer (not TrainConfig), it named TrainConfig's 'device'."""
+    out = tmp_path / "run"
+    error = _error([*TRAIN, "--out", str(out), "--set", "train.device=cuda"], capsys)
+    assert "attnzoo: argument 'train.device' expected a device this machine has" in error
+    assert not out.exists()
+
+
 def test_a_task_check_made_with_its_data_names_the_config_key(tmp_path, capsys):
     """A check that fails only once the data is made (more dates than one year can write)
     named the field as DatesConfig knows it ('n_train'); the user wrote task.n_train."""
