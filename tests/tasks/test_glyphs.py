@@ -278,6 +278,7 @@ def test_figures_and_explore(task, tmp_path):
         ({"ways": 1}, "'ways'"),
         ({"shots": 0}, "'shots'"),
         ({"test_scripts": "Latin"}, "'test_scripts'"),
+        ({"test_scripts": ()}, "'test_scripts' expected a non-empty tuple of script names"),
         ({"rotation": 200}, "'rotation'"),
         ({"min_distance": -1}, "'min_distance'"),
     ],

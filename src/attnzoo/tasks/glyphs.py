@@ -165,10 +165,13 @@ class GlyphsConfig:
         )
         if self.ways < 2:
             fail("GlyphsConfig", "ways", "an int >= 2", repr(self.ways))
-        if not isinstance(self.test_scripts, tuple | list) or not all(
-            isinstance(s, str) for s in self.test_scripts
+        if (
+            not isinstance(self.test_scripts, tuple | list)
+            or not self.test_scripts  # no evaluation set (was refused after the inventory)
+            or not all(isinstance(s, str) for s in self.test_scripts)
         ):
-            fail("GlyphsConfig", "test_scripts", "a tuple of script names", self.test_scripts)
+            wanted = "a non-empty tuple of script names"
+            fail("GlyphsConfig", "test_scripts", wanted, repr(self.test_scripts))
         limits = (
             ("min_distance", 0, 1),
             ("rotation", 0, 180),
