@@ -474,7 +474,10 @@ def test_a_torchrun_worker_of_the_demo_writes_and_prints_nothing(monkeypatch, tm
     "argv, named",
     [
         # a share of an empty batch failed inside the task, after config.json was written
-        (["bahdanau", "--task", "dates", "--set", "train.batch_size=1"], "'batch_size' expected"),
+        (
+            ["bahdanau", "--task", "dates", "--set", "train.batch_size=1"],
+            "'train.batch_size' expected",
+        ),
         # a GAN's several optimisers: refused after config.json was written, so the same
         # command in one process was then refused for the folder
         (["sagan", "--task", "gan_mnist"], "'world' expected 1 process"),
