@@ -10,15 +10,16 @@ import json
 import shutil
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from attnzoo import runs
+from attnzoo import rundir, runs
 from attnzoo.cli import main
-from attnzoo.tasks.base import EvalConfig, MissingDataDependency
+from attnzoo.tasks.base import SPLITS, EvalConfig, MissingDataDependency
 from attnzoo.train.loop import TrainConfig
 from tests.train.test_loop import replacing
 
@@ -662,13 +663,6 @@ def test_every_resumable_key_leaves_the_training_as_it_was(trained, tmp_path):
     steps with every one of them changed at once, the weights equal a straight 20-step run's.
     (A key that entered the training, e.g. the batch size, would fail here if it were added
     to the list.) train.device is left out: another device changes the arithmetic."""
-    import typing
-
-    from attnzoo import rundir
-    from attnzoo.tasks.base import SPLITS
-    from attnzoo.tasks.registry import EvalConfig
-    from attnzoo.train.loop import TrainConfig
-
     run = copy_run(trained, tmp_path / "run")
     saved = config(run)
     classes = {"train": TrainConfig, "eval": EvalConfig}

@@ -62,6 +62,7 @@ UNREAD = ("eval.beam_size", "eval.label_smoothing")
 PHASES = ("discriminator", "generator")  # the loss phases, in the order the loop steps them
 CLASSES = 10
 QUERIES = ((0.25, 0.5), (0.5, 0.5), (0.5, 0.3), (0.75, 0.6))  # query pixels (row, col) / side
+CLASSIFIER = ("attnzoo", "task.classifier")  # what its errors name: the run's config key
 CLASSIFIER_HINT = (
     "the run directory of an MNIST classifier trained by attnzoo "
     "(attnzoo train convnet --task mnist --out DIR), as task.classifier=DIR"
@@ -163,13 +164,13 @@ def check_classifier(config: dict, model: nn.Module, n_valid: int = 0) -> None:
     got = f"a run of {config.get('model_name')} on {config.get('task_name')}"
     kind = config.get("task", {}).get("kind")
     if config.get("task_name") != "mnist" or kind != "mnist":
-        fail("attnzoo", "task.classifier", CLASSIFIER_HINT, got)
+        fail(*CLASSIFIER, CLASSIFIER_HINT, got)
     if not hasattr(model, "features") or not hasattr(model, "feature_size"):
-        fail("attnzoo", "task.classifier", "a classifier with a features layer (convnet)", got)
+        fail(*CLASSIFIER, "a classifier with a features layer (convnet)", got)
     held = config["task"].get("n_valid", 0)
     if held < n_valid:  # its training digits would include some of this task's valid ones
         wanted = f"a classifier held out at least this task's n_valid = {n_valid} digits"
-        fail("attnzoo", "task.classifier", wanted, f"{got} with task.n_valid = {held}")
+        fail(*CLASSIFIER, wanted, f"{got} with task.n_valid = {held}")
 
 
 class GanMnistTask:
@@ -191,7 +192,7 @@ class GanMnistTask:
         """Before training (the runs layer calls it): without a classifier no run of this task
         can be scored, an error naming task.classifier now, not after the whole budget."""
         if not self.config.classifier:
-            fail("attnzoo", "task.classifier", CLASSIFIER_HINT, "'' (none given)")
+            fail(*CLASSIFIER, CLASSIFIER_HINT, "'' (none given)")
 
     def use_run(self, field: str, config: dict, model: nn.Module) -> None:
         """Take the run of `field` (its resolved config and model), checked first."""
@@ -268,7 +269,7 @@ class GanMnistTask:
             given = repr(self.config.classifier) if self.config.classifier else "'' (none given)"
             if self.config.classifier:
                 given += " (not loaded: build the task through attnzoo.runs)"
-            fail("attnzoo", "task.classifier", CLASSIFIER_HINT, given)
+            fail(*CLASSIFIER, CLASSIFIER_HINT, given)
         key = str(device)
         if key not in self._classifier:
             moved = copy.deepcopy(self._loaded).to(device).eval()

@@ -167,7 +167,7 @@ class GlyphsConfig:
             fail("GlyphsConfig", "ways", "an int >= 2", repr(self.ways))
         if (
             not isinstance(self.test_scripts, tuple | list)
-            or not self.test_scripts  # no evaluation set (was refused after the inventory)
+            or not self.test_scripts  # no evaluation set: here, not after the font inventory
             or not all(isinstance(s, str) for s in self.test_scripts)
         ):
             wanted = "a non-empty tuple of script names"
