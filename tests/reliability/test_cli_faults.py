@@ -22,6 +22,7 @@ from attnzoo.cli import main
 from attnzoo.tasks.base import SPLITS, EvalConfig, MissingDataDependency
 from attnzoo.train.loop import TrainConfig
 from tests.train.test_loop import replacing
+from tests.train.test_loop import sets as dates_sets  # the dates TINY's (TINY here is reverse's)
 
 # luong on reverse, 10 steps, a checkpoint every 5 (step_00000004 and step_00000009 are kept)
 TINY = [
@@ -448,7 +449,6 @@ def test_a_torchrun_worker_other_than_rank_0_draws_and_prints_nothing(
 ):
     """Rank 0 alone writes the run directory: every rank drew the figures and printed the
     results table (identical bytes, written twice into one folder)."""
-    from attnzoo import runs
 
     monkeypatch.setattr(runs, "main_process", lambda: False)
     out = tmp_path / "run"
@@ -460,8 +460,6 @@ def test_a_torchrun_worker_other_than_rank_0_draws_and_prints_nothing(
 
 def test_a_torchrun_worker_of_the_demo_writes_and_prints_nothing(monkeypatch, tmp_path, capsys):
     """Every rank wrote the demo's explorer page and printed its lines."""
-    from attnzoo import runs
-    from tests.train.test_loop import sets as dates_sets  # (TINY here is for reverse)
 
     monkeypatch.setattr(runs, "main_process", lambda: False)
     out = tmp_path / "demo"
@@ -487,7 +485,6 @@ def test_a_torchrun_worker_of_the_demo_writes_and_prints_nothing(monkeypatch, tm
 def test_what_a_torchrun_job_cannot_train_is_refused_before_any_work(
     argv, named, monkeypatch, tmp_path, capsys
 ):
-    from attnzoo import runs
 
     monkeypatch.setattr(runs, "launched_world", lambda: 2)
     out = tmp_path / "run"
@@ -509,8 +506,6 @@ def test_demo_refuses_a_run_that_is_not_a_demo(trained, tmp_path, capsys):
 def test_an_interrupted_demo_runs_again(tmp_path, capsys, monkeypatch):
     """demo.json was written after training: a demo stopped part-way (Ctrl-C) left a folder
     the next demo refused as a user's run. The demo marks its run before it trains."""
-    from attnzoo import runs
-    from tests.train.test_loop import sets as dates_sets
 
     out = tmp_path / "demo"
     argv = ["demo", "--out", str(out), "--no-progress", *dates_sets(["train.steps=4"])]
@@ -532,7 +527,6 @@ def test_an_interrupted_demo_runs_again(tmp_path, capsys, monkeypatch):
 def test_demo_replaces_its_own_run_and_no_train_run_of_its_model(tmp_path, capsys):
     """A user's `attnzoo train bahdanau --task dates` run was taken for a demo's (same model
     and task) and replaced without --overwrite."""
-    from tests.train.test_loop import sets as dates_sets
 
     out = tmp_path / "demo"
     argv = ["demo", "--out", str(out), "--no-progress", *dates_sets(["train.steps=4"])]
@@ -619,7 +613,6 @@ def test_an_interrupted_extension_leaves_no_results_of_the_earlier_steps(
     loads; interrupted then, it left the 10-step run's final.json and timing.json beside a
     config.json of 20 steps, read as a finished 20-step run (the benchmark driver adopts a run
     by its config.json and final.json). They go when the changes are recorded."""
-    from attnzoo import runs
 
     run = copy_run(trained, tmp_path / "run")
     assert (run / "final.json").exists() and (run / "timing.json").exists()
