@@ -164,6 +164,43 @@ def test_every_train_command_of_the_docs_resolves():
             pytest.fail(f"{name}: {command!r}: {err}")
 
 
+FRAGMENT = "# a fragment"  # a block's first line when it reads names it does not define
+
+
+def _examples() -> dict[str, list[str]]:
+    """file -> the python code blocks of README.md and the docs pages meant to run, in order
+    (a page's blocks share one namespace, as its reader's session would)."""
+    found = {}
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        blocks = re.findall(r"^```python\n(.*?)^```", path.read_text(), re.S | re.M)
+        if runnable := [b for b in blocks if not b.startswith(FRAGMENT)]:
+            found[path.name] = runnable
+    return found
+
+
+def test_the_examples_find_the_readmes_and_keras_pages_code():
+    assert {"README.md", "keras.md"} <= set(_examples())
+
+
+@pytest.mark.parametrize("name", sorted(_examples()))
+def test_every_python_example_of_the_docs_runs(name):
+    """A page's python blocks run as written, in a fresh interpreter (Keras on the torch
+    backend, as the keras page says to set it): a renamed function or argument, or a shape
+    comment's claim checked by the block, fails here before a reader finds it."""
+    import importlib.util
+    import os
+    import subprocess
+
+    code = "\n".join(_examples()[name])
+    if "keras" in code and importlib.util.find_spec("keras") is None:
+        pytest.skip("keras is not installed (the [keras] extra)")
+    env = {**os.environ, "KERAS_BACKEND": "torch", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, f"{name}'s example failed:\n{done.stderr[-3000:]}"
+
+
 def test_every_attnzoo_command_of_the_docs_parses():
     """Every `attnzoo ...` line of the docs is a command and flags the CLI accepts."""
     import shlex
