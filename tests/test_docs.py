@@ -152,6 +152,9 @@ def test_every_train_command_of_the_docs_resolves():
     from attnzoo import cli, runs
 
     commands = [(f, c) for f, c in _commands("attnzoo") if c.split()[1] == "train"]
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:  # inline ones too
+        prose = re.sub(r"```.*?```", " ", path.read_text(), flags=re.S)
+        commands += [(path.name, c) for c in re.findall(r"`(attnzoo train [^`]*)`", prose)]
     assert len(commands) >= 30  # the README and every model page have some
     for name, command in commands:
         try:
