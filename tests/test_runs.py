@@ -203,7 +203,7 @@ def test_a_config_written_by_an_earlier_version_still_builds(model, tmp_path):
     config = runs.default_config(model, "reverse")
     config["model"] = OLD_MODEL_SECTIONS[model]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(TypeError):  # as written, today's config class refuses it
+    with pytest.raises(TypeError, match=r"argument 'model\.max_source_len' expected one of"):
         runs.build(config)
     upgraded = runs.read_config(tmp_path)
     assert "max_source_len" not in upgraded["model"]

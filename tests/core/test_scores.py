@@ -152,13 +152,6 @@ def test_cosine_rows_below_the_overflow_bound_are_normalised_as_before():
     torch.testing.assert_close(_unit(x, 1e-8), expected)
 
 
-def test_cosine_per_query_beta():
-    q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
-    beta = torch.rand(2, 3) * 5
-    s = scores.Cosine()
-    torch.testing.assert_close(s.logits(q, s.prepare_key(k), beta), beta[..., None] * s(q, k))
-
-
 @pytest.mark.parametrize(
     ("score", "arg"),
     [

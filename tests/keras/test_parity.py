@@ -342,7 +342,7 @@ def _reference(logits, value, value_mask, causal, query_mask):
     return (weights @ value) * query_mask[..., None], weights
 
 
-@pytest.mark.parametrize("score", ["dot", "general", "location"])
+@pytest.mark.parametrize("score", ak.LuongAttention.SCORES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_luong_scores(score, causal):
     layer = ak.LuongAttention(score, max_keys=TV + 3)

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from attnzoo.core.hard import reinforce_loss
+from attnzoo.core.hard import BOUNDS, reinforce_loss
 from attnzoo.models.ram import (
+    CORES,
     METHODS,
     RAM,
     GlimpseSensor,
@@ -239,13 +240,12 @@ def test_batched_forward_equals_one_image_at_a_time():
     "options",
     [
         {},
-        {"core": "lstm"},
-        {"method": "index"},
+        *({"core": c} for c in CORES),
+        *({"method": m} for m in METHODS),
+        *({"bound": b} for b in BOUNDS),
         {"learn_std": True},
         {"glimpses": 1},
         {"scales": 3, "patch": 4},
-        {"bound": "clamp"},
-        {"bound": "none"},
     ],
 )
 def test_every_option_runs_forward_and_backward(options):

@@ -357,7 +357,7 @@ def test_greedy_decoding_through_the_engine_agrees_with_teacher_forcing(variant)
 
 
 @pytest.mark.parametrize("last_kernel", [1, 3, 5])
-@pytest.mark.parametrize("variant", ["soft", "hard", "none"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_parameter_count_equals_the_built_models(variant, last_kernel):
     config = ShowAttendTellConfig(
         variant=variant, channels=(3, 5, 7), last_kernel=last_kernel, hidden=9, embed_dim=4
@@ -418,7 +418,7 @@ def test_an_option_its_variant_does_not_read_is_refused():
     """Set on a variant that never reads it, an option was recorded and ignored (an entropy
     bonus for soft attention, the doubly stochastic weight for hard)."""
     defaults = {f.name: f.default for f in dataclasses.fields(ShowAttendTellConfig)}
-    for variant in ("soft", "hard", "none"):
+    for variant in VARIANTS:
         config = ShowAttendTellConfig(variant=variant)
         for name in set(defaults) - config.reads():
             other = {"credit": "to_go"}.get(name, 0 if defaults[name] else 1)

@@ -298,6 +298,11 @@ PATHS = {
 }
 
 
+def test_the_fault_paths_cover_every_score():
+    """PATHS is typed by hand: a score added to the registry must get its garbage tests."""
+    assert {name for name, _, _ in PATHS.values()} == set(scores.SCORES)
+
+
 def _gradients(outputs, leaves):
     """d(sum of each output times a fixed random tensor) / d(each leaf); None where unused."""
     g = torch.Generator().manual_seed(1)

@@ -230,7 +230,7 @@ def test_reinforce_resume_restores_the_baseline(tmp_path):
 
 
 def test_figures_are_written(tmp_path):
-    for kind in ("tsp", "convex_hull", "sort_numbers"):
+    for kind in KINDS:
         task, model = task_and_model(kind)
         paths = task.figures(model, tmp_path, count=2)
         assert [p.name for p in paths] == ["pointer.png", "pointer_1.png"]

@@ -178,6 +178,8 @@ def test_bleu_of_a_prefix_is_the_brevity_penalty():
     12-word side is the hypothesis: BP = 1 and p_n < 1."""
     reference = "a b c d e f g h i j k l"
     assert bleu(["a b c d e f"], [reference]) == pytest.approx(100 * math.exp(1 - 12 / 6))
+    swapped = 100 * (6 / 12 * 5 / 11 * 4 / 10 * 3 / 9) ** 0.25  # p_n = (7 - n) / (13 - n)
+    assert bleu([reference], ["a b c d e f"]) == pytest.approx(swapped)
 
 
 def test_bleu_tokenizes_punctuation_apart_13a():

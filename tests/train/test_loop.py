@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 import random
@@ -613,10 +614,8 @@ def test_train_threads_are_the_runs_not_the_callers(tmp_path, fails):
         task = _ConvTask()
         if fails:
             task.batch = None  # not callable: the run raises at its first step
-        try:
+        with pytest.raises(TypeError) if fails else contextlib.nullcontext():
             loop.train(task, _LinearToy(), config, tmp_path, progress=False)
-        except TypeError:
-            assert fails
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
