@@ -648,6 +648,33 @@ def test_checkpoint_writes_are_not_training_time(tmp_path, monkeypatch):
     assert (timing["train_seconds"], timing["checkpoint_seconds"]) == (0, 300.0)
 
 
+def test_a_resumed_run_adds_its_checkpoints_recorded_time(tmp_path, monkeypatch):
+    """timing.json of a resumed run: the time its checkpoint recorded plus this process's, the
+    steps and sessions likewise. On a clock that moves 10 s per read in the resumed process,
+    against a recorded time no process could have taken (the SIGKILL test's wall clock could
+    not tell a dropped `earlier` from a slow second process)."""
+    from attnzoo.train import loop
+
+    config = TrainConfig(
+        steps=8, batch_size=2, warmup=0, threads=1, device="cpu", log_every=4,
+        checkpoint_every=3, schedule="constant",
+    )  # fmt: skip
+    loop.train(_ConvTask(), _LinearToy(), config, tmp_path, progress=False)
+    folder = tmp_path / "checkpoints" / "step_00000005"
+    recorded = {"train_seconds": 1000.0, "eval_seconds_during": 7.0, "steps_run": 6}
+    recorded["sessions"] = 3
+    monkeypatch.setattr(loop, "saved_timing", lambda f: recorded if f == folder else None)
+    ticks = iter(range(0, 10**6, 10))
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: float(next(ticks)))
+    loop.train(_ConvTask(), _LinearToy(), config, tmp_path, resume=folder, progress=False)
+    timing = json.loads((tmp_path / "timing.json").read_text())
+    assert timing["steps_run"] == 6 + 2 and timing["sessions"] == 4  # steps 6 and 7 ran again
+    assert timing["train_seconds"] > 1000.0  # this process's reads of the clock added to it
+    assert timing["eval_seconds_during"] == 7.0  # no evaluation during this run
+    ran = timing["train_seconds"] - 1000.0
+    assert ran == int(ran) and ran % 10 == 0  # whole ticks of the fake clock: none lost
+
+
 def test_a_logged_rate_is_the_one_its_step_trained_at(tmp_path):
     """The row of step s logged the scheduler's rate after its step, step s + 1's (the last
     row a rate of 0 under cosine, which no step used)."""
