@@ -91,7 +91,7 @@ def test_shorter_max_length_keeps_fewer_pairs(splits):
     kept = len(short.train) + len(short.valid) + len(short.test)
     assert kept < len(splits.train) + len(splits.valid) + len(splits.test)
     assert all(len(ex.source) <= 20 and len(ex.target) <= 20 for ex in short.train)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="cannot hold out"):
         kjv2web.make_splits(kjv2web.Kjv2WebConfig(max_source_len=1))
 
 

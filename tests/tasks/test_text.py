@@ -44,7 +44,7 @@ def test_vocab_build_max_size_counts_specials_and_min_freq_drops_rare():
     assert Vocab.build(sequences, max_size=6).tokens[4:] == ("b", "a")
     assert Vocab.build(sequences, min_freq=2).tokens[4:] == ("b", "a")
     assert Vocab.build(sequences, max_size=4).tokens == Vocab.SPECIALS
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_size must be at least"):
         Vocab.build(sequences, max_size=3)
 
 
@@ -79,9 +79,9 @@ def test_vocab_round_trips_through_json():
 
 
 def test_vocab_rejects_missing_specials_and_duplicates():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a Vocab must start with"):
         Vocab(["a", "b"])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="duplicate tokens"):
         Vocab([*Vocab.SPECIALS, "a", "a"])
 
 
@@ -136,7 +136,7 @@ def test_alignment_score_ties_go_to_the_first_position():
 def test_alignment_score_accepts_grad_tensors_and_rejects_wrong_rank():
     weights = torch.tensor(WEIGHTS, requires_grad=True)
     assert alignment_score(weights, [None, None, None]) == (0, 0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"weights must be \(target_len, source_len\)"):
         alignment_score(np.zeros((2, 3, 4)), [None, None])
 
 
@@ -146,9 +146,9 @@ def test_alignment_score_accepts_grad_tensors_and_rejects_wrong_rank():
 def test_exact_match():
     assert exact_match([["a", "b"], ["c"]], [["a", "b"], ["d"]]) == 0.5
     assert exact_match([("a",)], [["a"]]) == 1.0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="1 predictions for 2 references"):
         exact_match([["a"]], [["a"], ["b"]])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no examples"):
         exact_match([], [])
 
 
@@ -197,9 +197,9 @@ def test_chrf_of_identical_text_is_100():
 
 
 def test_metrics_reject_length_mismatch():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="1 hypotheses for 2 references"):
         bleu(["a"], ["a", "b"])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="1 hypotheses for 0 references"):
         chrf(["a"], [])
 
 

@@ -395,6 +395,8 @@ def _describe(kind: object) -> str:
         return named[kind]
     if kind is type(None):
         return "None"
+    if origin is typing.Literal:
+        return f"one of {list(args)}"
     if origin is tuple and args and args[-1] is not Ellipsis:
         return f"{len(args)} values: {', '.join(_describe(a) for a in args)}"
     if origin in (tuple, list) and args:
