@@ -1209,6 +1209,26 @@ BAD_CALLS = {
             ValueError,
             "'positions'",
         ),
+        (  # read as 0/1, not refused
+            lambda: LocalAttention(scores.Dot(), 2)(q3, k3, v3, positions=torch.ones(3) > 0),
+            ValueError,
+            "'positions' expected a .* numeric tensor, got torch.bool",
+        ),
+        (  # no key lies before position 0: every weight of such a query was 0
+            lambda: LocalAttention(scores.Dot(), 2)(q3, k3, v3, positions=torch.full((3,), -5)),
+            ValueError,
+            "'positions' expected positions >= 0, got min -5",
+        ),
+        (  # local-p predicts its centres: the positions went unread
+            lambda: LocalAttention(scores.Dot(), 2, 4)(q3, k3, v3, positions=torch.arange(3)),
+            ValueError,
+            "'positions' expected None for local-p",
+        ),
+        (  # read as lengths 1
+            lambda: LocalAttention(scores.Dot(), 2)(q3, k3, v3, lengths=torch.ones(2) > 0),
+            ValueError,
+            r"'lengths' expected a \(2,\) integer tensor of source lengths, got torch.bool",
+        ),
         (
             lambda: LocalAttention(scores.Dot(), 2)(q3, k3, v3, prepared_key=k3[:, :4]),
             ValueError,
@@ -1239,6 +1259,7 @@ BAD_CALLS = {
         (lambda: padding_mask(torch.tensor([-1, 2])), ValueError, "'lengths' expected values >= 0"),
         (lambda: padding_mask(torch.tensor([4, 2]), 3), ValueError, "<= max_len = 3, got 2 to 4"),
         (lambda: padding_mask(torch.tensor([1, 2]), 2.0), ValueError, "'max_len'"),
+        (lambda: padding_mask(torch.tensor([True, False]), 3), TypeError, "'lengths'.*torch.bool"),
     ],
     "causal_mask": [
         (lambda: causal_mask(-1), ValueError, "'query_len' expected a non-negative int"),
@@ -1307,6 +1328,7 @@ BAD_CALLS = {
     ],
     "HardSample": [],
     "LearnedPositionalEmbedding": [
+        (lambda: LearnedPositionalEmbedding(4, 8)(torch.randn(3, 8)), ValueError, r"\(3, 8\)"),
         (lambda: LearnedPositionalEmbedding(4, 8)(torch.randn(1, 5, 8)), ValueError, "'x'"),
         (lambda: LearnedPositionalEmbedding(0, 8), ValueError, "'max_len' expected a positive int"),
         (lambda: LearnedPositionalEmbedding(4, 0), ValueError, "'d_model' expected a positive int"),
@@ -1326,6 +1348,8 @@ BAD_CALLS = {
             "'x' expected a floating-point",
         ),
         (lambda: SinusoidalPositionalEncoding(4)(torch.randn(1, 2, 4), -1), ValueError, "'offset'"),
+        # a (batch, d_model) input read as (len, d_model): each row another position
+        (lambda: SinusoidalPositionalEncoding(4)(torch.randn(3, 4)), ValueError, r"'x'.*\(3, 4\)"),
     ],
     "sinusoidal_encoding": [
         (lambda: sinusoidal_encoding(2.5, 4), ValueError, "'length' expected a non-negative int"),
@@ -1476,6 +1500,14 @@ BAD_CALLS = {
             "General: argument 'query' expected dtype torch.float32",
         ),
         (lambda: scores.Dot()(q3.long(), k3.long()), TypeError, "Dot: argument 'query'"),
+        # a query without its batch dim broadcast over the key's batch; another batch's keys
+        (lambda: scores.Dot()(q3[0], k3), ValueError, r"Dot: argument 'query' .*rank 3 or 4"),
+        (lambda: scores.General(4, 4)(q3[0, 0], k3), ValueError, "General: argument 'query'"),
+        (
+            lambda: scores.Location(4, 5)(q3, torch.randn(3, 5, 5)),
+            ValueError,
+            r"Location: argument 'key' expected leading dims compatible with query \(2,\)",
+        ),
         (lambda: scores.ScaledDot()(q3, k3.long()), TypeError, "ScaledDot: argument 'key'"),
         (lambda: scores.Cosine()(q3.int(), k3), TypeError, "Cosine: argument 'query'"),
         (

@@ -16,6 +16,7 @@ from attnzoo.core.checks import (
     check_tensor,
     check_window,
     fail,
+    is_integer_tensor,
     one_dtype_under_autocast,
 )
 from attnzoo.core.masks import clear_unattended, combine_masks, window_mask
@@ -156,9 +157,13 @@ class LocalAttention(nn.Module):
         if lengths is not None and (
             not isinstance(lengths, torch.Tensor)
             or lengths.shape != (b,)
-            or lengths.is_floating_point()
+            or not is_integer_tensor(lengths)
         ):
-            got = tuple(lengths.shape) if isinstance(lengths, torch.Tensor) else lengths
+            got = (
+                f"{lengths.dtype} of shape {tuple(lengths.shape)}"
+                if isinstance(lengths, torch.Tensor)
+                else lengths
+            )
             fail(name, "lengths", f"a ({b},) integer tensor of source lengths", got)
         if lengths is not None:
             if lengths.device not in (query.device, torch.device("cpu")):
@@ -177,11 +182,24 @@ class LocalAttention(nn.Module):
         if self.predictive and query.shape[-1] != self.w_p.in_features:
             wanted = f"last dimension d_query = {self.w_p.in_features}"
             fail(name, "query", wanted, query.shape[-1])
-        if positions is not None and (
-            not isinstance(positions, torch.Tensor) or positions.shape not in ((i,), (b, i))
-        ):
-            got = tuple(positions.shape) if isinstance(positions, torch.Tensor) else positions
-            fail(name, "positions", f"a ({i},) or ({b}, {i}) tensor", got)
+        if positions is not None:
+            if self.predictive:  # local-p predicts its centres: positions would go unread
+                fail(name, "positions", "None for local-p (it predicts its centres)", "a tensor")
+            if (
+                not isinstance(positions, torch.Tensor)
+                or positions.shape not in ((i,), (b, i))
+                or positions.dtype == torch.bool
+            ):
+                got = (
+                    f"{positions.dtype} of shape {tuple(positions.shape)}"
+                    if isinstance(positions, torch.Tensor)
+                    else positions
+                )
+                fail(name, "positions", f"a ({i},) or ({b}, {i}) numeric tensor", got)
+            # a position past the keys is a query beyond the source (local-m's p_t = t); one
+            # before them is none. Read on the CPU only, as the lengths
+            if positions.is_cpu and positions.numel() and float(positions.min()) < 0:
+                fail(name, "positions", "positions >= 0", f"min {float(positions.min()):g}")
         if prepared_key is not None and (
             not isinstance(prepared_key, torch.Tensor) or prepared_key.shape[:2] != (b, j)
         ):

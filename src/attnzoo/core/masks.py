@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from attnzoo.core.checks import _broadcasts_to, broadcast_shape, check_count, check_window, fail
+from attnzoo.core.checks import (
+    _broadcasts_to,
+    broadcast_shape,
+    check_count,
+    check_window,
+    fail,
+    is_integer_tensor,
+)
 from attnzoo.core.types import mask_version
 
 
@@ -19,12 +26,9 @@ def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Ten
         lengths: (batch,) integer tensor of valid key counts.
         max_len: key_len; defaults to `lengths.max()` (a value: give it on the meta device).
     """
-    if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1 or lengths.is_floating_point():
-        got = (
-            type(lengths).__name__
-            if not isinstance(lengths, torch.Tensor)
-            else (f"{lengths.dtype} of shape {tuple(lengths.shape)}")
-        )
+    tensor = isinstance(lengths, torch.Tensor)
+    if not (tensor and lengths.dim() == 1 and is_integer_tensor(lengths)):  # (bool: not counts)
+        got = type(lengths).__name__ if not tensor else f"{lengths.dtype} {tuple(lengths.shape)}"
         fail("padding_mask", "lengths", "a 1-D integer tensor (batch,)", got, TypeError)
     check_count("padding_mask", "max_len", max_len, optional=True)
     if lengths.device.type == "meta":  # values cannot be read there

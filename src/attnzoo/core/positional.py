@@ -86,7 +86,8 @@ class LearnedPositionalEmbedding(nn.Module):
 
 
 def _check_positions_input(function: str, x: object, d_model: int) -> None:
-    """x is a floating (..., len, d_model) tensor."""
+    """x is a floating (batch, len, d_model) tensor: a (batch, d_model) one, read as (len,
+    d_model), would give each row of the batch another position."""
     check_floating(function, "x", x)
-    if x.dim() < 2 or x.shape[-1] != d_model:
+    if x.dim() != 3 or x.shape[-1] != d_model:
         fail(function, "x", f"a (batch, len, d_model = {d_model}) tensor", tuple(x.shape))

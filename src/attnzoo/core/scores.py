@@ -36,6 +36,7 @@ from attnzoo.core.checks import (
     check_floating,
     check_like_parameter,
     check_size,
+    check_tensor,
     fail,
 )
 from attnzoo.core.masks import clear_unattended, combine_masks, geometry_mask
@@ -63,6 +64,11 @@ class Score(nn.Module, abc.ABC):
         name = type(self).__name__
         check_floating(name, "query", query)
         check_floating(name, "key", key)
+        check_tensor(name, "query", query, (3, 4))  # a query without its batch dim would
+        check_tensor(name, "key", key, (query.dim(),))  # broadcast over the key's batch
+        if broadcast_shape(query.shape[:-2], key.shape[:-2]) is None:
+            expected = f"leading dims compatible with query {tuple(query.shape[:-2])}"
+            fail(name, "key", expected, tuple(key.shape[:-2]))
         return self.logits(query, self.prepare_key(key))
 
     def fused(
