@@ -190,6 +190,9 @@ def test_bad_input_is_a_clear_error():
         model(torch.rand(2, 5, 3), torch.zeros(2, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="targets"):
         model(torch.rand(2, 5, 2), torch.full((2, 5), 5))
+    # no steps: the decoder's first input alone gave one step of output
+    with pytest.raises(ValueError, match=r"'targets' expected .* with 1 to \d+ steps, got shape"):
+        model(torch.rand(2, 5, 2), torch.zeros(2, 0, dtype=torch.long))
     with pytest.raises(ValueError, match="hidden"):
         PointerNetConfig(hidden=0)
 

@@ -210,8 +210,8 @@ class PointerNet(nn.Module):
         if targets.dim() != 2:
             fail("PointerNet", "targets", expected, f"shape {tuple(targets.shape)}")
         b, steps, most = points.shape[0], targets.shape[1], self.max_steps(points.shape[1])
-        if steps > most:  # past them nothing is left to point at
-            wanted = f"{expected} with at most {most} steps"
+        if not 1 <= steps <= most:  # past them nothing is left to point at; none: no output
+            wanted = f"{expected} with 1 to {most} steps"
             fail("PointerNet", "targets", wanted, f"shape {tuple(targets.shape)}")
         # an integer dtype (bool would index as a mask) and the values (meta has none)
         check_integers(
