@@ -64,6 +64,15 @@ def ids(value):
 
 
 @pytest.mark.parametrize("kw", VARIANTS, ids=ids)
+def test_every_variant_takes_an_empty_batch(kw):
+    """Batch 0 gives empty logits, as every other model gives (Bahdanau's maxout readout
+    reshaped with -1, which an empty tensor cannot infer)."""
+    source, lengths, target_in, _ = batch()
+    out = make(**kw)(source[:0], lengths[:0], target_in[:0])
+    assert out.logits.shape == (0, 5, V_TGT)
+
+
+@pytest.mark.parametrize("kw", VARIANTS, ids=ids)
 def test_every_variant_shapes_gradients_and_step_consistency(kw):
     torch.manual_seed(0)
     model = make(**kw).eval()

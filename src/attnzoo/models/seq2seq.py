@@ -398,7 +398,8 @@ class BahdanauDecoder(AttentionDecoder):
 
     def readout(self, features):
         t = self.maxout(self.drop(features))  # (b, t, 2d)
-        return t.view(*t.shape[:-1], -1, 2).amax(-1)  # maxout: (b, t, d)
+        # maxout: (b, t, d); the sizes given, not -1, which an empty batch cannot infer
+        return t.unflatten(-1, (t.shape[-1] // 2, 2)).amax(-1)
 
 
 class LuongDecoder(AttentionDecoder):
@@ -443,7 +444,9 @@ class LuongLocalDecoder(LuongDecoder):
 
     def attend(self, query, state, need_weights):
         m = state.memory
-        positions = torch.arange(state.step, state.step + query.shape[1], device=query.device)
+        positions = None  # local-p predicts its centres; local-m's are the target positions
+        if not self.local.predictive:
+            positions = torch.arange(state.step, state.step + query.shape[1], device=query.device)
         out = self.local(
             query,
             m.annotations,
