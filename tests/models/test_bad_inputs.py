@@ -46,7 +46,9 @@ BAD = {
         ((torch.rand(2, 5, 2), torch.zeros(2, 6).bool()), TypeError, "'targets' expected integer"),
         ((torch.rand(2, 5, 2), torch.full((2, 6), 6)), ValueError, "'targets' .* got 6 to 6"),
         # past n + 1 steps (the end token's) nothing is left to point at
-        ((torch.rand(2, 5, 2), torch.zeros(2, 7).long()), ValueError, "'targets' .* at most 6"),
+        ((torch.rand(2, 5, 2), torch.zeros(2, 7).long()), ValueError, "'targets' .* 1 to 6 steps"),
+        # no steps: the decoder's first input alone gave one step of output
+        ((torch.rand(2, 5, 2), torch.zeros(2, 0).long()), ValueError, "'targets' .* 1 to 6 steps"),
         # a position twice before the end (a closed position would score about -3.4e38)
         (
             (torch.rand(2, 5, 2), torch.tensor([[1, 2, 0, 0, 0, 0], [3, 4, 3, 0, 0, 0]])),

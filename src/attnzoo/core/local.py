@@ -197,9 +197,14 @@ class LocalAttention(nn.Module):
                 )
                 fail(name, "positions", f"a ({i},) or ({b}, {i}) numeric tensor", got)
             # a position past the keys is a query beyond the source (local-m's p_t = t); one
-            # before them is none. Read on the CPU only, as the lengths
-            if positions.is_cpu and positions.numel() and float(positions.min()) < 0:
-                fail(name, "positions", "positions >= 0", f"min {float(positions.min()):g}")
+            # before them is none (a non-finite one propagates to its output instead). Read on
+            # the CPU only, as the lengths
+            if positions.is_cpu and positions.numel():
+                finite = (
+                    positions[positions.isfinite()] if positions.is_floating_point() else positions
+                )
+                if finite.numel() and float(finite.min()) < 0:
+                    fail(name, "positions", "positions >= 0", f"min {float(finite.min()):g}")
         if prepared_key is not None and (
             not isinstance(prepared_key, torch.Tensor) or prepared_key.shape[:2] != (b, j)
         ):
