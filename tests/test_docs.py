@@ -129,11 +129,16 @@ def test_every_number_of_a_page_is_in_its_json(page):
     assert not missing, f"docs/{page}.md shows numbers no JSON value reads as: {missing[:10]}"
 
 
+def _pages() -> list[Path]:
+    """README.md and the docs pages, the files a reader copies commands and code from."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def _commands(program: str) -> list[tuple[str, str]]:
     """(file, command) for every `program ...` line in a code block of README.md and the
     docs pages (a command joined by `&&` split into its parts, a trailing comment dropped)."""
     found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in _pages():
         for block in re.findall(r"^```[a-z]*\n(.*?)^```", path.read_text(), re.S | re.M):
             for line in block.splitlines():
                 for part in line.split(" #")[0].split("&&"):
@@ -152,7 +157,7 @@ def test_every_train_command_of_the_docs_resolves():
     from attnzoo import cli, runs
 
     commands = [(f, c) for f, c in _commands("attnzoo") if c.split()[1] == "train"]
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:  # inline ones too
+    for path in _pages():  # inline ones too
         prose = re.sub(r"```.*?```", " ", path.read_text(), flags=re.S)
         commands += [(path.name, c) for c in re.findall(r"`(attnzoo train [^`]*)`", prose)]
     assert len(commands) >= 30  # the README and every model page have some
@@ -174,7 +179,7 @@ def _examples() -> dict[str, list[str]]:
     """file -> the python code blocks of README.md and the docs pages meant to run, in order
     (a page's blocks share one namespace, as its reader's session would)."""
     found = {}
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in _pages():
         blocks = re.findall(r"^```python\n(.*?)^```", path.read_text(), re.S | re.M)
         if runnable := [b for b in blocks if not b.startswith(FRAGMENT)]:
             found[path.name] = runnable

@@ -159,12 +159,7 @@ class LocalAttention(nn.Module):
             or lengths.shape != (b,)
             or not is_integer_tensor(lengths)
         ):
-            got = (
-                f"{lengths.dtype} of shape {tuple(lengths.shape)}"
-                if isinstance(lengths, torch.Tensor)
-                else lengths
-            )
-            fail(name, "lengths", f"a ({b},) integer tensor of source lengths", got)
+            fail(name, "lengths", f"a ({b},) integer tensor of source lengths", _received(lengths))
         if lengths is not None:
             if lengths.device not in (query.device, torch.device("cpu")):
                 fail(
@@ -190,12 +185,8 @@ class LocalAttention(nn.Module):
                 or positions.shape not in ((i,), (b, i))
                 or positions.dtype == torch.bool
             ):
-                got = (
-                    f"{positions.dtype} of shape {tuple(positions.shape)}"
-                    if isinstance(positions, torch.Tensor)
-                    else positions
-                )
-                fail(name, "positions", f"a ({i},) or ({b}, {i}) numeric tensor", got)
+                expected = f"a ({i},) or ({b}, {i}) numeric tensor"
+                fail(name, "positions", expected, _received(positions))
             # a position past the keys is a query beyond the source (local-m's p_t = t); one
             # before them is none (a non-finite one propagates to its output instead). Read on
             # the CPU only, as the lengths
@@ -203,10 +194,18 @@ class LocalAttention(nn.Module):
                 finite = (
                     positions[positions.isfinite()] if positions.is_floating_point() else positions
                 )
-                if finite.numel() and float(finite.min()) < 0:
-                    fail(name, "positions", "positions >= 0", f"min {float(finite.min()):g}")
+                low = float(finite.min()) if finite.numel() else 0.0
+                if low < 0:
+                    fail(name, "positions", "positions >= 0", f"min {low:g}")
         if prepared_key is not None and (
             not isinstance(prepared_key, torch.Tensor) or prepared_key.shape[:2] != (b, j)
         ):
             got = tuple(prepared_key.shape) if isinstance(prepared_key, torch.Tensor) else None
             fail(name, "prepared_key", f"the score's prepared keys ({b}, {j}, ...)", got)
+
+
+def _received(value: object) -> object:
+    """How an error shows a tensor argument: its dtype and shape (else the value itself)."""
+    return (
+        f"{value.dtype} of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else value
+    )
